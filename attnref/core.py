@@ -1,0 +1,122 @@
+"""The tiled online-softmax engine behind every reference entry point.
+
+``attend_sequence`` computes one sequence (all heads) in fp32 or fp64, following the order of
+operations of ``../shared/SEMANTICS.md`` section 3:
+
+1. ``s = scale * q.k``
+2. soft-cap ``s = cap * tanh(s / cap)``
+3. mask (:mod:`attnref.mask`) to ``-inf``
+4. ALiBi ``s += -slope * |i + sk - sq - j|`` (the symmetric form; FA2's causal kernel adds
+   ``+slope * j`` instead, which changes only the LSE: adapters normalise that)
+5. softmax; a sink (per head, unscaled logit) joins only the denominator.
+
+Conventions (the package's, used by every entry point):
+
+* ``lse`` is the natural-log sum of ``exp`` of the final scores of the visible keys, plus the
+  sink's ``exp`` when sinks are given.
+* A fully masked row (no visible key, including ``sk == 0``) has output 0 and LSE ``-inf``, or
+  LSE equal to the sink when a sink is present (its output is still 0).
+
+Queries and keys are tiled so that at most ``numerics.max_tile_elems`` scores exist at once;
+key tiles that no row of a query tile can see are never computed.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .mask import row_bounds
+from .options import AttnOptions, Numerics
+
+__all__ = ["attend_sequence", "tile_shape"]
+
+
+def tile_shape(sq: int, sk: int, heads: int, budget: int) -> tuple[int, int]:
+    """Query and key tile lengths with ``heads * tq * tk <= max(budget, heads)``."""
+    tk = max(1, min(max(sk, 1), 1024, budget // max(heads, 1)))
+    tq = max(1, min(max(sq, 1), budget // (max(heads, 1) * tk)))
+    return tq, tk
+
+
+@torch.no_grad()
+def attend_sequence(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    options: AttnOptions = AttnOptions(),
+    *,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    numerics: Numerics = Numerics(),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of one sequence, no validation (callers validate).
+
+    Args:
+        q: (sq, h, d); k: (sk, hk, d); v: (sk, hk, dv), with ``h % hk == 0``.
+        alibi_slopes: (h,) or None.  sinks: (h,) or None.
+
+    Returns:
+        out (sq, h, dv) and lse (h, sq), both in ``numerics.dtype``.
+    """
+    sq, h, d = q.shape
+    sk, hk, dv = v.shape
+    group = h // hk
+    ct = numerics.dtype
+    dev = q.device
+    out = torch.zeros(sq, h, dv, dtype=ct, device=dev)
+    lse = torch.full((h, sq), -math.inf, dtype=ct, device=dev)
+    if sq == 0:
+        return out, lse
+    scale = options.scale if options.scale is not None else 1.0 / math.sqrt(d)
+    qh = q.to(ct).permute(1, 0, 2).reshape(hk, group, sq, d)
+    kh = k.to(ct).permute(1, 0, 2)  # (hk, sk, d)
+    vh = v.to(ct).permute(1, 0, 2)  # (hk, sk, dv)
+    slopes = None if alibi_slopes is None else alibi_slopes.to(dev, ct).reshape(hk, group, 1, 1)
+    tq, tk = tile_shape(sq, sk, h, numerics.max_tile_elems)
+    lo_all, hi_all = row_bounds(torch.arange(sq, device=dev), sq, sk, options)
+
+    for q0 in range(0, sq, tq):
+        q1 = min(sq, q0 + tq)
+        lo, hi = lo_all[q0:q1], hi_all[q0:q1]
+        span_lo, span_hi = int(lo.min()), int(hi.max())
+        if span_lo >= span_hi:
+            continue  # every row of this tile is fully masked
+        qt = qh[:, :, q0:q1]  # (hk, g, tq, d)
+        m = torch.full((hk, group, q1 - q0), -math.inf, dtype=ct, device=dev)
+        l = torch.zeros_like(m)
+        acc = torch.zeros(hk, group, q1 - q0, dv, dtype=ct, device=dev)
+        rows = torch.arange(q0, q1, device=dev)
+        for k0 in range(span_lo, span_hi, tk):
+            k1 = min(span_hi, k0 + tk)
+            s = torch.matmul(qt, kh[:, None, k0:k1].transpose(-1, -2)) * scale  # (hk, g, tq, tk)
+            if options.softcap is not None:
+                s = torch.tanh(s / options.softcap) * options.softcap
+            cols = torch.arange(k0, k1, device=dev)
+            if slopes is not None:
+                dist = (rows[:, None] + (sk - sq) - cols[None, :]).abs().to(ct)
+                s = s - slopes * dist
+            if not (bool((lo <= k0).all()) and bool((hi >= k1).all())):
+                visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+                s = s.masked_fill(~visible, -math.inf)
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - m_safe[..., None])
+            corr = torch.exp(m - m_safe)
+            l = l * corr + p.sum(dim=-1)
+            acc = acc * corr[..., None] + torch.matmul(p, vh[:, None, k0:k1])
+            m = m_new
+        has_keys = l > 0
+        m_safe = torch.where(has_keys, m, torch.zeros_like(m))
+        tile_out = torch.where(has_keys[..., None], acc / torch.where(has_keys, l, torch.ones_like(l))[..., None], 0.0)
+        tile_lse = torch.where(has_keys, m_safe + torch.log(torch.where(has_keys, l, torch.ones_like(l))), -math.inf)
+        out[q0:q1] = tile_out.reshape(h, q1 - q0, dv).permute(1, 0, 2)
+        lse[:, q0:q1] = tile_lse.reshape(h, q1 - q0)
+
+    if sinks is not None:
+        sink = sinks.to(dev, ct).reshape(h, 1)
+        total = torch.logaddexp(lse, sink.expand_as(lse))
+        weight = torch.exp(lse - total)  # 0 where the row saw no key
+        out = out * weight.transpose(0, 1)[..., None]
+        lse = total
+    return out, lse

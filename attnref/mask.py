@@ -1,0 +1,54 @@
+"""The visibility rule: which keys a query row may see, and conversions between window spellings.
+
+One rule for every kernel generation (``../shared/SEMANTICS.md`` section 2): with ``sq`` queries,
+``sk`` keys and ``p = i + sk - sq`` (the row's diagonal position), row ``i`` sees key ``j`` iff::
+
+    p - left <= j <= p + right            (None = unbounded on that side; causal: right = 0)
+    c0 <= j < c0 + chunk                  (only with chunk; c0 = p - p mod chunk, floor modulo)
+
+The helpers here return half-open per-row bounds ``[lo, hi)`` clamped to ``[0, sk]``; a row with
+``lo >= hi`` is fully masked.
+"""
+from __future__ import annotations
+
+import torch
+
+from .options import AttnOptions, Window
+
+__all__ = ["row_bounds", "visible_mask", "window_from_fa2", "window_to_fa2", "window_to_fa4"]
+
+
+def row_bounds(rows: torch.Tensor, sq: int, sk: int, options: AttnOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """Half-open key bounds ``[lo, hi)`` (int64, clamped to ``[0, sk]``) for the given query rows."""
+    pos = rows.to(torch.int64) + (sk - sq)
+    lo = torch.zeros_like(pos) if options.left is None else pos - options.left
+    hi = torch.full_like(pos, sk) if options.right is None else pos + options.right + 1
+    if options.chunk is not None:
+        start = pos - torch.remainder(pos, options.chunk)
+        lo = torch.maximum(lo, start)
+        hi = torch.minimum(hi, start + options.chunk)
+    return lo.clamp(0, sk), hi.clamp(0, sk)
+
+
+def visible_mask(sq: int, sk: int, options: AttnOptions, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Dense boolean (sq, sk) mask; for tests and small cases (the reference itself never builds it)."""
+    lo, hi = row_bounds(torch.arange(sq, device=device), sq, sk, options)
+    j = torch.arange(sk, device=device)
+    return (j[None, :] >= lo[:, None]) & (j[None, :] < hi[:, None])
+
+
+def window_from_fa2(left: int, right: int) -> Window:
+    """FA2/FA3 spelling (negative = unbounded) to :class:`Window`."""
+    return Window(None if left < 0 else left, None if right < 0 else right)
+
+
+def window_to_fa2(window: Window, causal: bool = False) -> tuple[int, int]:
+    """:class:`Window` to FA2/FA3's ``window_size`` tuple (``-1`` = unbounded)."""
+    left = -1 if window.left is None else window.left
+    right = 0 if causal else (-1 if window.right is None else window.right)
+    return left, right
+
+
+def window_to_fa4(window: Window, causal: bool = False) -> tuple[int | None, int | None]:
+    """:class:`Window` to FA4's ``window_size`` tuple (``None`` = unbounded, negatives are literal)."""
+    return window.left, (0 if causal else window.right)

@@ -1,0 +1,92 @@
+"""Varlen batches: sequences packed along the token dimension, delimited by ``cu_seqlens``.
+
+Keys of sequence ``b`` are ``k[cu_seqlens_k[b] : cu_seqlens_k[b] + n_b]`` where ``n_b`` is
+``seqused_k[b]`` when given (FA3/FA4 ``seqused_k``, torch's vendored FA2) and otherwise
+``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``.  With ``seqused_k`` and no ``cu_seqlens_k`` the keys are
+laid out as a padded ``(b, sk_max)`` batch flattened to ``(b * sk_max, hk, d)``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .core import attend_sequence
+from .options import AttnOptions, Numerics
+from .result import AttnResult
+from .validate import check_alibi, check_cu_seqlens, check_head_vector, check_qkv, check_seqlens
+
+__all__ = ["attention_varlen", "sequence_spans"]
+
+
+def sequence_spans(
+    total_k: int,
+    batch: int,
+    cu_seqlens_k: torch.Tensor | None,
+    seqused_k: torch.Tensor | None,
+) -> list[tuple[int, int]]:
+    """Validated (start, length) of each sequence's keys in a packed key tensor."""
+    if cu_seqlens_k is None and seqused_k is None:
+        raise ValueError("cu_seqlens_k or seqused_k must be given")
+    if cu_seqlens_k is not None:
+        cu_k = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k, exact=seqused_k is None)
+        if len(cu_k) != batch + 1:
+            raise ValueError(f"cu_seqlens_k must have {batch + 1} entries (batch + 1), got {len(cu_k)}")
+        starts = cu_k[:-1]
+        caps = [cu_k[b + 1] - cu_k[b] for b in range(batch)]
+        if seqused_k is not None:
+            caps = [total_k - s for s in starts]  # FA3/FA4: seqused_k may exceed the cu_seqlens span
+    else:
+        if batch == 0 or total_k % batch != 0:
+            raise ValueError(f"k must hold batch * max_seqlen_k tokens when only seqused_k is given; got {total_k} tokens for batch {batch}")
+        width = total_k // batch
+        starts = [b * width for b in range(batch)]
+        caps = [width] * batch
+    lens = caps if seqused_k is None else check_seqlens("seqused_k", seqused_k, batch, caps)
+    return list(zip(starts, lens))
+
+
+@torch.no_grad()
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None = None,
+    *,
+    seqused_k: torch.Tensor | None = None,
+    options: AttnOptions = AttnOptions(),
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    numerics: Numerics = Numerics(),
+) -> AttnResult:
+    """Reference attention over a varlen batch.
+
+    Args:
+        q: (total_q, h, d).  k: (total_k, hk, d).  v: (total_k, hk, dv).
+        cu_seqlens_q: (b + 1,) integer offsets of each sequence's queries.
+        cu_seqlens_k: (b + 1,) offsets of each sequence's keys, or None with ``seqused_k``.
+        seqused_k: (b,) number of keys each sequence uses from its start.
+        options: causal / window / softcap / scale / chunk.
+        alibi_slopes: (h,) or (b, h).  sinks: (h,) per-head sink logits.
+        numerics: accumulation dtype and tile budget.
+
+    Returns:
+        ``AttnResult(out (total_q, h, dv), lse (h, total_q))``.
+    """
+    h, hk, d, dv = check_qkv(q, k, v, token_dims=1)
+    cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+    batch = len(cu_q) - 1
+    spans = sequence_spans(k.shape[0], batch, cu_seqlens_k, seqused_k)
+    check_alibi(alibi_slopes, batch, h, q.device)
+    check_head_vector("sinks", sinks, h, q.device)
+
+    out = torch.zeros(q.shape[0], h, dv, dtype=numerics.dtype, device=q.device)
+    lse = torch.full((h, q.shape[0]), float("-inf"), dtype=numerics.dtype, device=q.device)
+    for b, (k0, n) in enumerate(spans):
+        q0, q1 = cu_q[b], cu_q[b + 1]
+        slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
+        o, l = attend_sequence(
+            q[q0:q1], k[k0:k0 + n], v[k0:k0 + n], options, alibi_slopes=slopes, sinks=sinks, numerics=numerics
+        )
+        out[q0:q1] = o
+        lse[:, q0:q1] = l
+    return AttnResult(out, lse)
