@@ -205,7 +205,7 @@ FULL: tuple[Sweep, ...] = DEFAULT + (
     Sweep("mods_x", {"batch": _MAIN, "mask": tuple(MASKS), "softcap": (None, 30.0), "alibi": (False, True), "sinks": (False, True)},
           {"heads": (8, 2), "dims": (128, 128)}),
     Sweep("window_x", {"batch": _MAIN, "mask": tuple(MASKS), "dims": ((64, 64), (128, 128), (256, 256)),
-                       "dtype": ("bf16", "fp16"), "heads": ((8, 2), (8, 8)), "sinks": (False, True)}),
+                       "dtype": ("bf16", "fp16"), "heads": ((8, 2), (8, 8), (16, 2)), "sinks": (False, True)}),
     Sweep("long_x", {"batch": ("pf16k", "pf32k", "dec32k", "chunk32k", "pf4k", "dec16k"), "mask": ("causal", "cw4096", "cw128"),
                      "kv": (CONTIG, ("NHD", 256), ("NHD", 16)), "dims": ((64, 64), (128, 128))}, {"heads": (8, 1)}),
 )
