@@ -1,0 +1,209 @@
+"""Plumbing shared by the flash-attention family adapters (``fa2``, ``fa3``, ``fa4``, ``torch-flash``).
+
+Everything here is pure tensor and metadata work, importable without any kernel package, so the
+translation logic can be tested on a CPU machine.  An adapter builds a :class:`KernelCall` (which
+entry point, with which keyword arguments, and how to read the result back) in ``prepare``; the
+returned :class:`PreparedKernel` runs only that call plus the few elementwise ops that bring the
+result into the reference's conventions (:mod:`attnfast.base`).
+
+Conventions converted here (``../shared/SEMANTICS.md`` sections 2-4):
+
+* windows: the case spells ``None`` = unbounded; FA2/FA3 spell it ``-1``; FA4 keeps ``None``;
+* LSE of a fully masked row: FA2 (and torch's vendored FA2) write ``+inf``, FA3 ``+inf`` when the
+  batch has no key at all; the reference says ``-inf``;
+* ALiBi: FA2's causal kernel adds ``+slope * j`` instead of ``-slope * |i + sk - sq - j|``; the
+  softmax is the same but the LSE is larger by ``slope * (i + sk - sq)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnref import Window, window_to_fa2, window_to_fa4
+from conformance.case import AttentionCase
+from conformance.inputs import CaseInputs
+
+from .base import KernelOutput, Support
+
+__all__ = [
+    "KernelCall",
+    "PreparedKernel",
+    "STALE_VALUE",
+    "alibi_causal_lse_shift",
+    "compute_capability",
+    "cuda_device_support",
+    "fa2_alibi_uses_causal_form",
+    "fa2_window",
+    "fa4_window",
+    "lse_posinf_to_neginf",
+    "padded_lse_to_varlen",
+    "padded_new_tokens",
+    "stale_padded_cache",
+    "uniform_q_len",
+]
+
+#: Value of cache slots no request owns.  Large and finite, as stale data in a real engine: a
+#: kernel that reads past its sequence length is then far off instead of hidden by zeros.
+STALE_VALUE = 100.0
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One planned kernel invocation.
+
+    Attributes:
+        entry: the entry point's qualified name (for messages and tests), e.g.
+            ``"flash_attn.flash_attn_varlen_func"``.
+        kwargs: the keyword arguments, every tensor already converted and on the device.
+        finish: turns the entry point's raw return value into a :class:`KernelOutput`.
+        notes: translation facts worth showing when a case fails (e.g. the ALiBi LSE correction).
+    """
+
+    entry: str
+    kwargs: Mapping[str, Any]
+    finish: Callable[[Any], KernelOutput]
+    notes: tuple[str, ...] = field(default=())
+
+
+class PreparedKernel:
+    """The zero-argument callable ``prepare`` returns.
+
+    ``kernel()`` runs only the kernel (for timing that must exclude even the result conversion);
+    calling the object runs the kernel and converts the result.  It holds no state that the call
+    changes, so calling it twice gives the same result (a kvcache append rewrites the same slots).
+    """
+
+    def __init__(self, fn: Callable[..., Any], call: KernelCall) -> None:
+        self._fn = fn
+        self.call = call
+
+    def kernel(self) -> Any:
+        return self._fn(**self.call.kwargs)
+
+    def __call__(self) -> KernelOutput:
+        return self.call.finish(self.kernel())
+
+    def __repr__(self) -> str:
+        names = ", ".join(k for k, v in self.call.kwargs.items() if v is not None)
+        return f"PreparedKernel({self.call.entry}({names}))"
+
+
+# ---------------------------------------------------------------------------------- devices
+def compute_capability(device: str | torch.device = "cuda") -> tuple[int, int] | None:
+    """(major, minor) of the CUDA device, or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    return torch.cuda.get_device_capability(dev)
+
+
+def cuda_device_support(min_major: int = 8) -> Support:
+    """Whether a CUDA device of compute capability ``>= min_major`` is present, and why not."""
+    cc = compute_capability("cuda")
+    if cc is None:
+        return Support(False, "no CUDA device (torch.cuda.is_available() is False)")
+    if cc[0] < min_major:
+        return Support(False, f"needs compute capability >= {min_major}.0, this GPU is {cc[0]}.{cc[1]}")
+    return Support(True)
+
+
+# ---------------------------------------------------------------------------------- windows
+def fa2_window(case: AttentionCase) -> tuple[int, int]:
+    """The case's window in FA2/FA3 spelling (``-1`` = unbounded; ``right = 0`` under causal)."""
+    return window_to_fa2(Window(*case.window), causal=case.causal)
+
+
+def fa4_window(case: AttentionCase) -> tuple[int | None, int | None]:
+    """The case's window in FA4 spelling (``None`` = unbounded, negatives would be literal)."""
+    return window_to_fa4(Window(*case.window), causal=case.causal)
+
+
+# ---------------------------------------------------------------------------------- batches
+def uniform_q_len(case: AttentionCase) -> int | None:
+    """The common q_len of every request, or None when they differ."""
+    lens = set(case.q_lens)
+    return lens.pop() if len(lens) == 1 else None
+
+
+def stale_padded_cache(inputs: CaseInputs, width: int, keep: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Contiguous ``(b, width, hk, d)`` / ``(b, width, hk, dv)`` caches for a kvcache entry point.
+
+    Request ``b``'s first ``keep[b]`` keys are its real keys; every other slot holds
+    :data:`STALE_VALUE` (a kernel that reads past ``cache_seqlens`` is then visibly wrong).
+    """
+    case = inputs.case
+    k, v = inputs.k, inputs.v
+    kc = k.new_full((case.batch, width, case.num_kv_heads, case.head_dim), STALE_VALUE)
+    vc = v.new_full((case.batch, width, case.num_kv_heads, case.dv), STALE_VALUE)
+    for b, n in enumerate(keep):
+        start = int(inputs.cu_seqlens_k[b])
+        kc[b, :n] = k[start : start + n]
+        vc[b, :n] = v[start : start + n]
+    return kc, vc
+
+
+def padded_new_tokens(inputs: CaseInputs, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``inputs.k_new``/``v_new`` (packed, ``q_len`` per request) as ``(b, q_len, hk, d)`` views."""
+    case = inputs.case
+    if inputs.k_new is None or inputs.v_new is None:
+        raise ValueError("the case appends but inputs.k_new / v_new are missing")
+    kn = inputs.k_new.reshape(case.batch, q_len, case.num_kv_heads, case.head_dim)
+    vn = inputs.v_new.reshape(case.batch, q_len, case.num_kv_heads, case.dv)
+    return kn, vn
+
+
+# ---------------------------------------------------------------------------------- LSE
+def lse_posinf_to_neginf(lse: torch.Tensor) -> torch.Tensor:
+    """fp32 LSE with ``+inf`` (FA2's mark of a row that saw no key) replaced by ``-inf``."""
+    lse = lse.float()
+    return torch.where(lse == math.inf, torch.full_like(lse, -math.inf), lse)
+
+
+def padded_lse_to_varlen(lse: torch.Tensor) -> torch.Tensor:
+    """``(b, h, sq)`` LSE of a padded batch with equal q lengths to the varlen ``(h, b * sq)``."""
+    b, h, sq = lse.shape
+    return lse.permute(1, 0, 2).reshape(h, b * sq)
+
+
+def fa2_alibi_uses_causal_form(causal: bool, window: tuple[int, int], seqlen_k: int) -> bool:
+    """Whether FA2 takes its causal kernel path, where ALiBi is added as ``+slope * j``.
+
+    Mirrors ``csrc/flash_attn/flash_api.cpp`` (2.8.3): ``causal`` forces ``right = 0``; a window
+    side ``>= seqlen_k`` becomes ``-1`` (``seqlen_k`` is ``max_seqlen_k`` for varlen, the cache
+    width for kvcache); then ``is_causal = left < 0 and right == 0``.  A bounded left window takes
+    the local path, which adds ALiBi in the symmetric form.
+    """
+    left, right = window
+    if causal:
+        right = 0
+    if left >= seqlen_k:
+        left = -1
+    if right >= seqlen_k:
+        right = -1
+    return left < 0 and right == 0
+
+
+def alibi_causal_lse_shift(case: AttentionCase, slopes: torch.Tensor) -> torch.Tensor:
+    """``(h, total_q)`` fp32: ``slope[h] * (i + sk - sq)`` for each query row.
+
+    Subtracting it from the LSE of FA2's causal ALiBi path gives the LSE of the symmetric form
+    the reference uses (``SEMANTICS.md`` section 3 step 4).  ``slopes`` is ``(h,)`` or ``(b, h)``.
+    """
+    rows = []
+    for ql, kl in case.requests:
+        rows.append(torch.arange(ql, dtype=torch.float32) + float(kl - ql))
+    pos = torch.cat(rows) if rows else torch.zeros(0)
+    pos = pos.to(slopes.device)
+    if slopes.dim() == 1:
+        return slopes.float()[:, None] * pos[None, :]
+    per_token = torch.repeat_interleave(
+        slopes.float(), torch.tensor(case.q_lens, device=slopes.device), dim=0
+    )  # (total_q, h)
+    return per_token.transpose(0, 1) * pos[None, :]

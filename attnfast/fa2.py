@@ -1,0 +1,223 @@
+"""flash-attn 2.x (``flash_attn``): ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache``.
+
+Entry point per case (:func:`fa2_entry`):
+
+* ``flash_attn_with_kvcache`` when the case appends (only that entry point writes new keys into
+  the cache), pins ``num_splits > 1`` (only that entry point takes ``num_splits``), or is a decode
+  / spec-decode batch (every request has the same ``q_len`` in ``1..16``).  Queries become a
+  padded ``(b, q_len, h, d)`` view; ``cache_seqlens`` (int32) holds the keys already in the cache
+  (``kv_len - q_len`` when appending, else ``kv_len``); the cache is the paged cache with
+  ``block_table``, or a contiguous ``(b, max_kv, hk, d)`` copy whose unused slots hold stale finite
+  values.  ``num_splits`` is the case's, or pinned to 1: FA2's heuristic (0) depends on the
+  allocated cache length and the SM count (flash-attention issues 1417, 1000), so records of two
+  GPUs would not be comparable.
+* ``flash_attn_varlen_func`` otherwise: packed q/k/v with ``cu_seqlens_q/k``; with a paged cache k/v
+  are the caches, ``block_table`` addresses them and ``cu_seqlens_k`` (cumulative kv lengths) is read
+  only for the lengths (``block_info.h``: the key offset comes from the block table).
+
+Outputs: LSE ``+inf`` of rows that saw no key becomes ``-inf``.  ALiBi: on FA2's causal path
+(:func:`attnfast._fa_common.fa2_alibi_uses_causal_form`) the kernel adds ``+slope * j`` and its LSE
+is larger by ``slope * (i + sk - sq)``; the adapter subtracts that (read from ``alibi.h``/``mask.h``;
+``tests/attnfast/test_fa2.py::test_gpu_alibi_lse_form`` shows which form the kernel really uses).
+
+Known FA2 behaviour left visible on purpose: with a bounded left window and an unbounded right
+(``window=(w, None)``, not causal) FA2 sets ``right = max_seqlen_k`` instead of unbounded, which
+hides keys from the top rows when ``sq > sk + 1`` (flash-attention issue 895).  The adapter passes
+``(w, -1)`` as a user would; the check reports the mismatch.
+
+Paged + ``num_splits > 1`` runs through ``flash_attn_with_kvcache``: only ``varlen_fwd`` rejects it
+(``flash_api.cpp`` 2.8.3, "num_splits > 1 is not supported for varlen paged KV").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from conformance.case import AttentionCase
+from conformance.inputs import CaseInputs
+
+from ._fa_common import (
+    KernelCall,
+    PreparedKernel,
+    alibi_causal_lse_shift,
+    cuda_device_support,
+    fa2_alibi_uses_causal_form,
+    fa2_window,
+    lse_posinf_to_neginf,
+    padded_lse_to_varlen,
+    padded_new_tokens,
+    stale_padded_cache,
+    uniform_q_len,
+)
+from .base import OK, Backend, KernelOutput, Support, package_version
+
+__all__ = ["FA2Backend", "fa2_entry", "fa2_plan", "MAX_DECODE_Q_LEN", "PAGE_MULTIPLE", "MAX_HEAD_DIM"]
+
+#: Largest common q_len routed to flash_attn_with_kvcache (decode and speculative decode).
+MAX_DECODE_Q_LEN = 16
+#: FA2 paged KV: "Paged KV cache block size must be divisible by 256" (flash_api.cpp).
+PAGE_MULTIPLE = 256
+#: "FlashAttention forward only supports head dimension at most 256".
+MAX_HEAD_DIM = 256
+
+VARLEN = "flash_attn.flash_attn_varlen_func"
+KVCACHE = "flash_attn.flash_attn_with_kvcache"
+
+
+def fa2_entry(case: AttentionCase) -> str:
+    """:data:`KVCACHE` or :data:`VARLEN` for ``case`` (see the module docstring)."""
+    q_len = uniform_q_len(case)
+    splits = case.num_splits is not None and case.num_splits > 1
+    if case.append or splits:
+        return KVCACHE
+    if q_len is not None and 1 <= q_len <= MAX_DECODE_Q_LEN:
+        return KVCACHE
+    return VARLEN
+
+
+def _shape_support(case: AttentionCase) -> Support:
+    if max(case.head_dim, case.dv) > MAX_HEAD_DIM:
+        return Support(False, f"head dim {case.head_dim}: FA2 supports head dims up to {MAX_HEAD_DIM}")
+    if case.paged and case.block_size % PAGE_MULTIPLE:
+        return Support(
+            False,
+            f"block size {case.block_size}: FA2 paged KV needs a block size divisible by {PAGE_MULTIPLE}",
+        )
+    q_len = uniform_q_len(case)
+    if fa2_entry(case) == KVCACHE and (q_len is None or q_len < 1):
+        why = "append" if case.append else f"num_splits={case.num_splits}"
+        return Support(
+            False,
+            f"{why} needs flash_attn_with_kvcache, which takes one q_len >= 1 for the whole batch; "
+            f"this case has q_lens {sorted(set(case.q_lens))}",
+        )
+    return OK
+
+
+def fa2_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
+    """The FA2 call for ``case`` with every tensor converted (no kernel import, no kernel run)."""
+    window = fa2_window(case)
+    common: dict[str, Any] = {
+        "softmax_scale": case.scale,
+        "causal": case.causal,
+        "window_size": window,
+        "softcap": case.softcap or 0.0,
+        "alibi_slopes": inputs.alibi_slopes,
+    }
+    if fa2_entry(case) == VARLEN:
+        return _varlen_call(case, inputs, common, window)
+    return _kvcache_call(case, inputs, common, window)
+
+
+def _alibi_fix(case: AttentionCase, inputs: CaseInputs, window: tuple[int, int], seqlen_k: int):
+    """The LSE shift to subtract (None when the kernel's ALiBi is already symmetric), and a note."""
+    if inputs.alibi_slopes is None or not fa2_alibi_uses_causal_form(case.causal, window, seqlen_k):
+        return None, ()
+    shift = alibi_causal_lse_shift(case, inputs.alibi_slopes)
+    return shift, ("alibi: FA2 causal path adds +slope*j; LSE corrected by -slope*(i + sk - sq)",)
+
+
+def _varlen_call(
+    case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]
+) -> KernelCall:
+    max_k = max(case.kv_lens)
+    k, v = (inputs.k_cache, inputs.v_cache) if case.paged else (inputs.k, inputs.v)
+    kwargs = dict(
+        q=inputs.q,
+        k=k,
+        v=v,
+        cu_seqlens_q=inputs.cu_seqlens_q,
+        cu_seqlens_k=inputs.cu_seqlens_k,
+        max_seqlen_q=max(case.q_lens),
+        max_seqlen_k=max_k,
+        dropout_p=0.0,
+        return_attn_probs=True,  # (out, lse, S); S is not materialised without dropout
+        block_table=inputs.block_table if case.paged else None,
+        **common,
+    )
+    shift, notes = _alibi_fix(case, inputs, window, max_k)
+
+    def finish(result: Any) -> KernelOutput:
+        out, lse = result[0], lse_posinf_to_neginf(result[1])
+        return KernelOutput(out, lse if shift is None else lse - shift)
+
+    return KernelCall(VARLEN, kwargs, finish, notes)
+
+
+def _kvcache_call(
+    case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]
+) -> KernelCall:
+    q_len = uniform_q_len(case)
+    assert q_len is not None and q_len >= 1, "supports() refuses kvcache cases without one q_len >= 1"
+    keep = [kl - (q_len if case.append else 0) for kl in case.kv_lens]
+    if case.paged:
+        k_cache, v_cache, table = inputs.k_cache, inputs.v_cache, inputs.block_table
+        width = table.shape[1] * case.block_size
+    else:
+        width = max(1, max(case.kv_lens))
+        k_cache, v_cache = stale_padded_cache(inputs, width, keep)
+        table = None
+    k_new, v_new = padded_new_tokens(inputs, q_len) if case.append else (None, None)
+    h, d = case.num_heads, case.head_dim
+    kwargs = dict(
+        q=inputs.q.view(case.batch, q_len, h, d),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        k=k_new,
+        v=v_new,
+        cache_seqlens=torch.tensor(keep, dtype=torch.int32, device=inputs.device),
+        block_table=table,
+        num_splits=case.num_splits or 1,
+        return_softmax_lse=True,
+        **common,
+    )
+    shift, notes = _alibi_fix(case, inputs, window, width)
+    total_q, dv = case.total_q, case.dv
+
+    def finish(result: Any) -> KernelOutput:
+        out, lse = result
+        lse = padded_lse_to_varlen(lse_posinf_to_neginf(lse))
+        return KernelOutput(out.reshape(total_q, h, dv), lse if shift is None else lse - shift)
+
+    return KernelCall(KVCACHE, kwargs, finish, notes)
+
+
+class FA2Backend(Backend):
+    """flash-attn 2.x on CUDA (sm80+); see the module docstring for the translation."""
+
+    name = "fa2"
+    family = "flash-attn-2"
+    description = (
+        "flash-attn 2.x: flash_attn_varlen_func (prefill, chunked, paged), "
+        "flash_attn_with_kvcache (decode, append, splits)"
+    )
+    refused = {
+        "sinks": "FA2 has no attention-sink argument",
+        "local_chunk": "FA2 has no chunked local attention (attention_chunk is FA3's)",
+        "fp32": "FA2 takes fp16 and bf16 inputs only",
+        "dv": "FA2 needs the value head dim equal to the qk head dim",
+        "hnd": "FA2 reads NHD pages (num_blocks, block_size, hk, d) only",
+    }
+
+    def version(self) -> str:
+        return package_version("flash-attn", "flash_attn")
+
+    def is_available(self) -> Support:
+        try:
+            from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache  # noqa: F401
+        except ImportError as exc:  # flash-attn-4 alone installs a flash_attn namespace without these
+            return Support(False, f"flash-attn 2.x is not importable: {exc}")
+        return cuda_device_support(min_major=8)
+
+    def supports(self, case: AttentionCase, device: str) -> Support:
+        base = super().supports(case, device)
+        return base if not base else _shape_support(case)
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
+        import flash_attn
+
+        call = fa2_plan(case, inputs)
+        fn = getattr(flash_attn, call.entry.rsplit(".", 1)[1])
+        return PreparedKernel(fn, call)

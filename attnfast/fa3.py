@@ -1,0 +1,180 @@
+"""flash-attn 3 (the Hopper build, module ``flash_attn_interface``).  UNVERIFIED on a GPU.
+
+FA3 has no package on the index and was not installed on the GPU machine this was written for;
+the translation follows ``hopper/flash_attn_interface.py`` and ``hopper/flash_api.cpp``
+(flash-attention main) and is tested on CPU against ``tests/attnfast/fake_fa3.py``, a fake module
+that implements the documented conventions with :mod:`attnref`.  Treat results as unverified until
+``tests/attnfast/test_fa3.py``'s GPU tests pass against a real build.
+
+Entry point per case (:func:`fa3_entry`):
+
+* ``flash_attn_varlen_func`` for contiguous KV without append: packed q/k/v, ``cu_seqlens_q/k``,
+  ``max_seqlen_q/k``, ``return_attn_probs=True`` for ``(out, lse)``;
+* ``flash_attn_with_kvcache`` for paged KV or append: q stays packed (``cu_seqlens_q``,
+  ``max_seqlen_q``); ``page_table`` is the block table (any page size); ``cache_seqlens`` (int32)
+  counts the keys already in the cache (``kv_len - q_len`` when appending); new keys are packed
+  ``k``/``v`` with ``cu_seqlens_k_new = cu_seqlens_q`` (one new key per query); a contiguous
+  appending case gets a ``(b, max_kv, hk, d)`` cache whose unused slots hold stale finite values.
+  An HND cache is passed as its ``(num_blocks, page, hk, d)`` strided view (FA3 reads the cache
+  through its strides, as vLLM does for HND layouts).
+
+Translations: window ``-1`` = unbounded (:func:`attnref.window_to_fa2`); ``attention_chunk`` = the
+case's chunk (0 = off); ``softcap`` 0 = off; ``num_splits`` the case's or pinned 1 (the kvcache
+default 0 is a heuristic whose result depends on the GPU).  LSE ``(h, total_q)``: ``-inf`` for
+rows that saw no key, but ``+inf`` for the whole batch when it has no key at all
+(``flash_api.cpp``: ``softmax_lse.fill_(infinity)``), normalised to ``-inf``.
+
+Limits (``flash_api.cpp``): head dims <= 256, multiples of 8; ``d != dv`` only for d in (128, 192]
+with dv in (96, 128], or d <= 64 with dv <= 512, and only on Hopper.  No ALiBi, no sinks upstream.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from conformance.case import AttentionCase
+from conformance.inputs import CaseInputs
+
+from ._fa_common import (
+    KernelCall,
+    PreparedKernel,
+    compute_capability,
+    cuda_device_support,
+    fa2_window,
+    lse_posinf_to_neginf,
+    stale_padded_cache,
+)
+from .base import OK, Backend, KernelOutput, Support, package_version
+
+__all__ = ["FA3Backend", "fa3_entry", "fa3_plan", "fa3_shape_support", "import_fa3"]
+
+VARLEN = "flash_attn_interface.flash_attn_varlen_func"
+KVCACHE = "flash_attn_interface.flash_attn_with_kvcache"
+#: Where Hopper builds put the interface: the top-level module, or inside the flash_attn_3 package.
+MODULES = ("flash_attn_interface", "flash_attn_3.flash_attn_interface")
+
+
+def import_fa3() -> ModuleType:
+    """The FA3 interface module; ``ImportError`` naming every place looked at."""
+    errors = []
+    for name in MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:
+            errors.append(f"{name}: {exc}")
+    raise ImportError("flash-attn 3 (Hopper build) is not importable: " + "; ".join(errors))
+
+
+def fa3_entry(case: AttentionCase) -> str:
+    """:data:`KVCACHE` for paged or appending cases, else :data:`VARLEN`."""
+    return KVCACHE if case.paged or case.append else VARLEN
+
+
+def fa3_shape_support(case: AttentionCase, cc: tuple[int, int] | None) -> Support:
+    """FA3's head-dim limits for ``case``; ``cc`` None skips the Hopper-only check."""
+    d, dv = case.head_dim, case.dv
+    if max(d, dv) > 256:
+        return Support(False, f"head dims ({d}, {dv}): FA3 supports head dims up to 256")
+    if d % 8 or dv % 8:
+        return Support(False, f"head dims ({d}, {dv}): FA3 needs head dims divisible by 8 for 16-bit inputs")
+    if d != dv:
+        if not ((128 < d <= 192 and 96 < dv <= 128) or (d <= 64 and dv <= 512)):
+            return Support(
+                False,
+                f"head dims ({d}, {dv}): FA3 takes d != dv only for d in (128, 192] with dv in (96, 128], "
+                "or d <= 64",
+            )
+        if cc is not None and cc[0] != 9:
+            return Support(
+                False, f"head dims ({d}, {dv}): FA3 supports a different V head dim on Hopper (sm_90) only"
+            )
+    return OK
+
+
+def fa3_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
+    """The FA3 call for ``case`` with every tensor converted (no kernel import, no kernel run)."""
+    common: dict[str, Any] = dict(
+        softmax_scale=case.scale,
+        causal=case.causal,
+        window_size=fa2_window(case),
+        attention_chunk=case.chunk or 0,
+        softcap=case.softcap or 0.0,
+        num_splits=case.num_splits or 1,
+    )
+    if fa3_entry(case) == VARLEN:
+        kwargs = dict(
+            q=inputs.q,
+            k=inputs.k,
+            v=inputs.v,
+            cu_seqlens_q=inputs.cu_seqlens_q,
+            cu_seqlens_k=inputs.cu_seqlens_k,
+            max_seqlen_q=max(case.q_lens),
+            max_seqlen_k=max(case.kv_lens),
+            return_attn_probs=True,
+            **common,
+        )
+        return KernelCall(VARLEN, kwargs, _finish)
+    keep = [kl - (ql if case.append else 0) for ql, kl in case.requests]
+    if case.paged:
+        k_cache, v_cache, table = inputs.k_cache, inputs.v_cache, inputs.block_table
+        if case.kv_layout == "HND":  # (num_blocks, hk, page, d) memory seen as (num_blocks, page, hk, d)
+            k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    else:
+        k_cache, v_cache = stale_padded_cache(inputs, max(1, max(case.kv_lens)), keep)
+        table = None
+    kwargs = dict(
+        q=inputs.q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        k=inputs.k_new if case.append else None,
+        v=inputs.v_new if case.append else None,
+        cache_seqlens=torch.tensor(keep, dtype=torch.int32, device=inputs.device),
+        page_table=table,
+        cu_seqlens_q=inputs.cu_seqlens_q,
+        cu_seqlens_k_new=inputs.cu_seqlens_q if case.append else None,
+        max_seqlen_q=max(case.q_lens),
+        return_softmax_lse=True,
+        **common,
+    )
+    return KernelCall(KVCACHE, kwargs, _finish)
+
+
+def _finish(result: Any) -> KernelOutput:
+    """``(out, lse, ...)`` from either entry point (kvcache returns 4 values with the LSE)."""
+    return KernelOutput(result[0], lse_posinf_to_neginf(result[1]))
+
+
+class FA3Backend(Backend):
+    """flash-attn 3 (Hopper build) on CUDA.  Unverified: see the module docstring."""
+
+    name = "fa3"
+    family = "flash-attn-3"
+    description = "flash-attn 3 Hopper build (flash_attn_interface), UNVERIFIED: varlen and kvcache"
+    refused = {
+        "alibi": "FA3 has no ALiBi argument",
+        "sinks": "upstream FA3 (hopper/flash_attn_interface.py) has no attention-sink argument",
+        "fp32": "FA3 takes fp16, bf16 and fp8 e4m3 inputs only",
+    }
+
+    def version(self) -> str:
+        return package_version("flash_attn_3", "flash-attn-3")
+
+    def is_available(self) -> Support:
+        try:
+            import_fa3()
+        except ImportError as exc:
+            return Support(False, str(exc))
+        return cuda_device_support(min_major=8)
+
+    def supports(self, case: AttentionCase, device: str) -> Support:
+        base = super().supports(case, device)
+        return base if not base else fa3_shape_support(case, compute_capability(device))
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
+        call = fa3_plan(case, inputs)
+        fn = getattr(import_fa3(), call.entry.rsplit(".", 1)[1])
+        return PreparedKernel(fn, call)

@@ -1,0 +1,150 @@
+"""flash-attn 4 (package ``flash-attn-4``, module ``flash_attn.cute``): ``flash_attn_varlen_func``.
+
+One entry point for every case:
+
+* contiguous KV: packed q/k/v with ``cu_seqlens_q``/``cu_seqlens_k`` and integer max lengths;
+* paged KV: k/v are the ``(num_pages, page_size, hk, d)`` caches, ``page_table`` the block table
+  (int32) and ``seqused_k`` the kv lengths; ``cu_seqlens_k`` is left out because FA4 asserts
+  "page_table is not supported with cu_seqlens_k".  Slots past ``seqused_k`` in a partially used
+  page must be finite (FA4's docstring: P = 0 times a NaN V row is NaN); the case inputs fill them
+  with large finite stale values.
+
+Translations: window via :func:`attnref.window_to_fa4` (``None`` = unbounded; FA4 takes negatives
+literally, so FA2's ``-1`` must never reach it) plus ``causal``; ``learnable_sink`` is the case's
+fp32 ``(h,)`` sinks (FA4 accepts fp16/bf16/fp32: ``_LEARNABLE_SINK_DTYPES``; fp32 keeps the values
+the reference uses); ``softcap`` 0 = off; ``num_splits`` the case's or 1 (FA4's default);
+``return_lse=True`` gives ``(h, total_q)`` with ``-inf`` (or the sink) for rows that saw no key,
+already the reference convention.
+
+Limits by compute capability (``flash_attn/cute/interface.py``, 4.0.0b30 and main; measured on an
+H200 with 4.0.0b36, ``SEMANTICS.md`` section 5): sm_90 refuses ``num_splits > 1`` ("SplitKV not
+supported on SM 9.0"); head dims 8..256 divisible by 8 on sm_90, and of the ``d != dv`` pairs only
+(192, 128) is measured there, so the others are refused until a GPU run shows them; SM100/110 take
+d, dv <= 128, (192, 128) or (256, 256).  sm_80 and sm_120 have no paged KV and no split KV.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.case import AttentionCase
+from conformance.inputs import CaseInputs
+
+from ._fa_common import KernelCall, PreparedKernel, compute_capability, cuda_device_support, fa4_window
+from .base import OK, Backend, KernelOutput, Support, package_version
+
+__all__ = ["FA4Backend", "fa4_plan", "fa4_shape_support"]
+
+ENTRY = "flash_attn.cute.flash_attn_varlen_func"
+SM90_DV_PAIRS = {(192, 128)}
+
+
+def fa4_shape_support(case: AttentionCase, cc: tuple[int, int]) -> Support:
+    """What FA4 refuses for ``case`` on a GPU of compute capability ``cc`` (see the module docstring)."""
+    major = cc[0]
+    d, dv = case.head_dim, case.dv
+    arch = f"sm_{major}{cc[1]}"
+    splits = case.num_splits is not None and case.num_splits > 1
+    if splits and major in (8, 9, 12):
+        return Support(
+            False, f"num_splits={case.num_splits}: SplitKV not supported on {arch} (FA4 asserts it)"
+        )
+    if case.paged and major in (8, 12):
+        return Support(False, f"paged KV: FA4 has no paged KV on {arch}")
+    if d % 8 or dv % 8:
+        return Support(False, f"head dims ({d}, {dv}): FA4 needs head dims divisible by 8 for 16-bit inputs")
+    if major == 9:
+        if not (8 <= d <= 256 and 8 <= dv <= 256):
+            return Support(False, f"head dims ({d}, {dv}): FA4 on {arch} takes head dims 8..256")
+        if d != dv and (d, dv) not in SM90_DV_PAIRS:
+            return Support(
+                False,
+                f"head dims ({d}, {dv}): on {arch} FA4's d != dv is measured only for "
+                f"{sorted(SM90_DV_PAIRS)}",
+            )
+    elif major in (10, 11):
+        if not ((d <= 128 and dv <= 128) or (d, dv) in ((192, 128), (256, 256))):
+            return Support(
+                False, f"head dims ({d}, {dv}): FA4 on {arch} takes d, dv <= 128, (192, 128) or (256, 256)"
+            )
+    elif d != dv or d > 256:
+        return Support(False, f"head dims ({d}, {dv}): FA4 on {arch} is only known to take d == dv <= 256")
+    return OK
+
+
+def fa4_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
+    """The FA4 call for ``case`` with every tensor converted (no kernel import, no kernel run)."""
+    kwargs: dict[str, Any] = dict(
+        q=inputs.q,
+        cu_seqlens_q=inputs.cu_seqlens_q,
+        max_seqlen_q=max(case.q_lens),
+        softmax_scale=case.scale,
+        causal=case.causal,
+        window_size=fa4_window(case),
+        learnable_sink=inputs.sinks,
+        softcap=case.softcap or 0.0,
+        num_splits=case.num_splits or 1,
+        return_lse=True,
+    )
+    if case.paged:
+        kwargs.update(
+            k=inputs.k_cache,
+            v=inputs.v_cache,
+            page_table=inputs.block_table,
+            seqused_k=inputs.seqlens_k,
+        )
+    else:
+        kwargs.update(
+            k=inputs.k,
+            v=inputs.v,
+            cu_seqlens_k=inputs.cu_seqlens_k,
+            max_seqlen_k=max(case.kv_lens),
+        )
+
+    def finish(result: Any) -> KernelOutput:
+        out, lse = result[0], result[1]
+        return KernelOutput(out, None if lse is None else lse.float())
+
+    return KernelCall(ENTRY, kwargs, finish)
+
+
+class FA4Backend(Backend):
+    """flash-attn 4 (CuTe DSL) on CUDA; see the module docstring for the translation."""
+
+    name = "fa4"
+    family = "flash-attn-4"
+    description = (
+        "flash-attn 4 (flash_attn.cute.flash_attn_varlen_func): contiguous and paged KV, sinks, softcap"
+    )
+    refused = {
+        "alibi": (
+            "FA4 has no ALiBi argument (a score_mod could add it, but that would test our score_mod, "
+            "not the kernel)"
+        ),
+        "local_chunk": "FA4 has no chunked local attention argument",
+        "hnd": "FA4 reads pages as (num_pages, page_size, hk, d) only",
+        "append": "FA4 has no kvcache entry point that writes new keys into the cache",
+        "fp32": "FA4 takes fp16 and bf16 inputs (fp8 on SM100 only)",
+    }
+
+    def version(self) -> str:
+        return package_version("flash-attn-4")
+
+    def is_available(self) -> Support:
+        try:
+            from flash_attn.cute import flash_attn_varlen_func  # noqa: F401
+        except ImportError as exc:
+            return Support(False, f"flash-attn-4 (flash_attn.cute) is not importable: {exc}")
+        return cuda_device_support(min_major=8)
+
+    def supports(self, case: AttentionCase, device: str) -> Support:
+        base = super().supports(case, device)
+        if not base:
+            return base
+        cc = compute_capability(device)
+        return OK if cc is None else fa4_shape_support(case, cc)
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
+        from flash_attn.cute import flash_attn_varlen_func
+
+        return PreparedKernel(flash_attn_varlen_func, fa4_plan(case, inputs))

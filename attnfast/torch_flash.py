@@ -1,0 +1,117 @@
+"""PyTorch's vendored FlashAttention-2: ``torch.ops.aten._flash_attention_forward`` (varlen form).
+
+Why the aten op and not ``torch.nn.attention.varlen.varlen_attn``: on torch 2.11 (the GPU machine)
+``varlen_attn`` takes only ``window_size`` and ``scale``; the aten op it wraps also takes
+``is_causal``, ``alibi_slopes`` and ``seqused_k``, so more of the kernel can be checked, and the
+call is exactly what SDPA's flash backend runs.
+
+Call: packed q/k/v, ``cum_seq_q``/``cum_seq_k`` (int32), ``max_q``/``max_k``, ``dropout_p=0``,
+``is_causal``, ``scale``, ``window_size_left/right`` in FA2 spelling (``-1`` = unbounded; the
+vendored kernel has FA2's clamping, including flash-attention issue 895 for ``(w, -1)`` when
+``sq > sk + 1``), ``alibi_slopes`` fp32 ``(h,)``.  ``seqused_k`` is left None: contiguous cases have
+exact ``cum_seq_k`` spans.  Returns ``(out, logsumexp (h, total_q), rng_state, unused, debug_mask)``;
+the LSE of a row that saw no key is ``+inf`` (measured on the H200, torch 2.11) and becomes
+``-inf``; on the causal path ALiBi's LSE is shifted exactly as in FA2 (same kernel) and corrected
+the same way (:func:`attnfast._fa_common.alibi_causal_lse_shift`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from conformance.case import AttentionCase
+from conformance.inputs import CaseInputs
+
+from ._fa_common import (
+    KernelCall,
+    PreparedKernel,
+    alibi_causal_lse_shift,
+    cuda_device_support,
+    fa2_alibi_uses_causal_form,
+    fa2_window,
+    lse_posinf_to_neginf,
+)
+from .base import OK, Backend, KernelOutput, Support
+
+__all__ = ["TorchFlashBackend", "torch_flash_plan"]
+
+ENTRY = "torch.ops.aten._flash_attention_forward"
+MAX_HEAD_DIM = 256
+
+
+def torch_flash_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
+    """The aten call for ``case`` with every tensor converted (no kernel run)."""
+    left, right = fa2_window(case)
+    max_k = max(case.kv_lens)
+    kwargs: dict[str, Any] = dict(
+        query=inputs.q,
+        key=inputs.k,
+        value=inputs.v,
+        cum_seq_q=inputs.cu_seqlens_q,
+        cum_seq_k=inputs.cu_seqlens_k,
+        max_q=max(case.q_lens),
+        max_k=max_k,
+        dropout_p=0.0,
+        is_causal=case.causal,
+        return_debug_mask=False,
+        scale=case.scale,
+        window_size_left=left,
+        window_size_right=right,
+        seqused_k=None,
+        alibi_slopes=inputs.alibi_slopes,
+    )
+    shift, notes = None, ()
+    if inputs.alibi_slopes is not None and fa2_alibi_uses_causal_form(case.causal, (left, right), max_k):
+        shift = alibi_causal_lse_shift(case, inputs.alibi_slopes)
+        notes = ("alibi: vendored FA2 causal path adds +slope*j; LSE corrected by -slope*(i + sk - sq)",)
+
+    def finish(result: Any) -> KernelOutput:
+        out, lse = result[0], lse_posinf_to_neginf(result[1])
+        return KernelOutput(out, lse if shift is None else lse - shift)
+
+    return KernelCall(ENTRY, kwargs, finish, notes)
+
+
+class TorchFlashBackend(Backend):
+    """torch's vendored FlashAttention-2 on CUDA (sm80+); see the module docstring."""
+
+    name = "torch-flash"
+    family = "torch-flash"
+    description = "torch.ops.aten._flash_attention_forward (vendored FA2, varlen): causal, windows, ALiBi"
+    refused = {
+        "softcap": "aten._flash_attention_forward has no softcap argument",
+        "sinks": "aten._flash_attention_forward has no attention-sink argument",
+        "paged": "aten._flash_attention_forward takes no block table",
+        "hnd": "aten._flash_attention_forward takes no block table",
+        "local_chunk": "aten._flash_attention_forward has no chunked local attention",
+        "dv": "torch's vendored FA2 needs the value head dim equal to the qk head dim",
+        "fp32": "torch's vendored FA2 takes fp16 and bf16 inputs only",
+        "append": "aten._flash_attention_forward does not write into a KV cache",
+        "splits": "aten._flash_attention_forward has no num_splits argument",
+    }
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def is_available(self) -> Support:
+        cuda = cuda_device_support(min_major=8)
+        if not cuda:
+            return cuda
+        flash_ok = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)()
+        if not flash_ok:
+            return Support(False, f"torch {torch.__version__} was built without flash attention")
+        return OK
+
+    def supports(self, case: AttentionCase, device: str) -> Support:
+        base = super().supports(case, device)
+        if base and case.head_dim > MAX_HEAD_DIM:
+            return Support(
+                False,
+                f"head dim {case.head_dim}: torch's vendored FA2 supports head dims up to {MAX_HEAD_DIM}",
+            )
+        return base
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
+        return PreparedKernel(torch.ops.aten._flash_attention_forward, torch_flash_plan(case, inputs))
