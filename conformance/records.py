@@ -71,7 +71,9 @@ class ErrorStats:
 
 @dataclass(frozen=True)
 class Timing:
-    """Kernel time and the roofline figures derived from it (see conformance.perf)."""
+    """Kernel time (conformance.timing) and the roofline figures derived from it (conformance.roofline).
+
+    Percentages are 0-100."""
 
     median_ms: float
     p20_ms: float
@@ -84,6 +86,9 @@ class Timing:
     gbps: float | None = None
     roofline_pct: float | None = None
     bound: str | None = None
+    pct_of_measured_bw: float | None = None
+    measured_copy_gbps: float | None = None
+    note: str = ""
 
 
 @dataclass(frozen=True)
