@@ -79,8 +79,10 @@ class TorchFlashBackend(Backend):
 
     name = "torch-flash"
     family = "torch-flash"
-    description = "torch.ops.aten._flash_attention_forward (vendored FA2, varlen): causal, windows, ALiBi"
+    description = "torch.ops.aten._flash_attention_forward (vendored FA2, varlen): causal, windows, seqused_k"
     refused = {
+        # measured on torch 2.11.0+cu130 (H200): the call raises this RuntimeError for any alibi_slopes
+        "alibi": "torch's vendored FA2 build raises 'This flash attention build does not support alibi.'",
         "softcap": "aten._flash_attention_forward has no softcap argument",
         "sinks": "aten._flash_attention_forward has no attention-sink argument",
         "paged": "aten._flash_attention_forward takes no block table",

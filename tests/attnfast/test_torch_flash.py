@@ -112,9 +112,6 @@ CASES = {
     "cross": C([(77, 300), (1, 77), (200, 50)]),
     "window_causal": C([(100, 200), (64, 64)], causal=True, window=(32, None)),
     "window_sym": C([(100, 200), (64, 64)], window=(16, 16)),
-    "alibi_causal": C([(60, 90), (5, 77)], causal=True, alibi=True),
-    "alibi_noncausal": C([(60, 90), (5, 77)], alibi=True),
-    "alibi_window": C([(60, 90), (5, 77)], causal=True, window=(16, None), alibi=True),
     "scale": C([(20, 40)], causal=True, scale=0.05),
     "mqa_d128_fp16": C(
         [(30, 50), (1, 20)], num_heads=8, num_kv_heads=1, head_dim=128, dtype="fp16", causal=True

@@ -1,0 +1,7 @@
+"""``python -m conformance``: the same command line as ``attnconf``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,315 @@
+"""``attnconf``: the command line (also ``python -m conformance``).
+
+Subcommands and exit statuses (2 is always a usage error: bad flags, unknown suite or backend,
+an empty selection):
+
+* ``run``: sweep cases x backends into a JSONL file (:mod:`conformance.runner`); 0 when no
+  selected (case, backend) has status fail/error/crash/timeout, else 1.
+* ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.report`); 0.
+* ``compare``: diff two results files (:mod:`conformance.compare`); 1 when anything regressed.
+* ``backends``: capability matrix of the installed backends; 0.
+* ``cases``: the cases of a suite; 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+__all__ = ["build_parser", "main"]
+
+
+def _margin(text: str) -> float | None:
+    """``--perf-threshold``: ``auto`` (None: derived from the measured spread) or a fraction >= 0."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="attnconf", description="Attention-kernel conformance harness.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser(
+        "run",
+        help="run a suite against backends, one JSON line per (case, backend)",
+        description="Exit status: 0 if no selected (case, backend) failed, errored, crashed or timed out; "
+        "1 otherwise; 2 on usage errors.",
+    )
+    r.add_argument("--suite", help="suite name (see `attnconf cases`); optional with --case-json")
+    r.add_argument(
+        "--backend",
+        action="append",
+        required=True,
+        metavar="NAME",
+        help="registry name or module:Class; repeat for several (cases outer, backends inner)",
+    )
+    r.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    r.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results.jsonl"),
+        help="results file (default results.jsonl); without --resume an existing one moves to NAME.prev.jsonl",
+    )
+    r.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the file's records and run only the missing (case, backend) pairs",
+    )
+    r.add_argument("--shard", metavar="I/N", help="run every N-th case starting at the I-th (0 <= I < N)")
+    r.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds per (case, backend) before the worker is killed (default 300)",
+    )
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        metavar="ID_OR_GLOB",
+        help="keep suite cases whose id matches (repeatable)",
+    )
+    r.add_argument("--case-json", metavar="JSON", help="a case (or list) as AttentionCase JSON, or @file")
+    r.add_argument("--time", action="store_true", help="time each kernel (conformance.timing)")
+    r.add_argument(
+        "--tol",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="tolerance override (conformance.tolerance), repeatable",
+    )
+    r.add_argument("--tol-file", metavar="TOML", help="tolerance overrides from a TOML file (below --tol)")
+    r.add_argument("--limit", type=int, help="at most N cases (after --case and --shard)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    rep = sub.add_parser("report", help="write DIR/report.md and DIR/report.html")
+    rep.add_argument("results", nargs="+", type=Path)
+    rep.add_argument("--out", type=Path, default=Path("report"), help="output directory (default report/)")
+    rep.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
+
+    c = sub.add_parser("compare", help="diff two results files; exit 1 when anything regressed")
+    c.add_argument("old", type=Path)
+    c.add_argument("new", type=Path)
+    c.add_argument("--out", type=Path, help="also write the Markdown summary here")
+    c.add_argument(
+        "--ratio-threshold", type=float, default=2.0, help="error-ratio growth factor that counts (default 2)"
+    )
+    c.add_argument(
+        "--ratio-floor",
+        type=float,
+        default=0.5,
+        help="new error ratios at or below this never count (default 0.5)",
+    )
+    c.add_argument(
+        "--perf-threshold",
+        default=None,
+        type=_margin,
+        metavar="auto|FRACTION",
+        help="margin over the old p80 a new p20 must exceed, e.g. 0.1; auto = the median p20-p80 spread",
+    )
+
+    b = sub.add_parser("backends", help="capability matrix of the installed backends")
+    b.add_argument("--json", action="store_true", help="machine-readable, with every refusal's reason")
+    b.add_argument(
+        "--backend",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only these (registry name or module:Class)",
+    )
+
+    cs = sub.add_parser("cases", help="list the cases of a suite")
+    cs.add_argument("--suite", required=True)
+    cs.add_argument(
+        "--case", action="append", default=[], metavar="GLOB", help="keep ids matching (repeatable)"
+    )
+    cs.add_argument("--json", action="store_true")
+    return p
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from .runner import RunConfig, main_run, parse_shard
+
+    config = RunConfig(
+        backends=tuple(args.backend),
+        suite=args.suite,
+        device=args.device,
+        out=args.out,
+        resume=args.resume,
+        shard=parse_shard(args.shard) if args.shard else None,
+        timeout=args.timeout,
+        seed=args.seed,
+        case_patterns=tuple(args.case),
+        case_json=args.case_json,
+        time=args.time,
+        tol=tuple(args.tol),
+        tol_file=args.tol_file,
+        limit=args.limit,
+        progress=not args.no_progress,
+        argv=("attnconf", *argv),
+    )
+    return main_run(config)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    missing = [str(p) for p in args.results if not p.is_file()]
+    if missing:
+        print(f"attnconf report: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    md, html = write_report(args.results, args.out, args.ledger_dir)
+    print(f"wrote {md} and {html}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import compare_files, render_markdown
+
+    for p in (args.old, args.new):
+        if not p.is_file():
+            print(f"attnconf compare: no such file: {p}", file=sys.stderr)
+            return 2
+    cmp = compare_files(
+        args.old,
+        args.new,
+        ratio_threshold=args.ratio_threshold,
+        ratio_floor=args.ratio_floor,
+        perf_margin=args.perf_threshold,
+    )
+    text = render_markdown(cmp)
+    sys.stdout.write(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    return 1 if cmp.regressed else 0
+
+
+def _backends(args: argparse.Namespace) -> int:
+    from attnfast.registry import available_names
+
+    from .case import FEATURES
+    from .env import backend_info, refused_features, resolve_backend
+
+    infos: dict[str, dict[str, str]] = {}
+    for spec in args.backend or available_names():
+        try:
+            infos[spec] = backend_info(resolve_backend(spec), spec)
+        except Exception as exc:  # noqa: BLE001 - a broken adapter is shown, not fatal
+            infos[spec] = {
+                "name": spec,
+                "available": "no",
+                "unavailable_reason": f"cannot load: {type(exc).__name__}: {exc}",
+            }
+    if args.json:
+        out = {
+            spec: {
+                **{k: v for k, v in i.items() if not k.startswith("refuses.")},
+                "refused": refused_features(i),
+            }
+            for spec, i in infos.items()
+        }
+        print(json.dumps(out, indent=2, sort_keys=True))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="attnconf backends: declared capabilities (--json gives every refusal's reason)")
+    table.add_column("feature", no_wrap=True)
+    for spec, info in infos.items():
+        table.add_column(info.get("name", spec), no_wrap=True)
+    table.add_row(
+        "[bold]available",
+        *["[green]yes" if i.get("available") == "yes" else "[red]no" for i in infos.values()],
+    )
+    table.add_row("[bold]version", *[i.get("version", "?") for i in infos.values()])
+    table.add_row("[bold]family", *[i.get("family", "?") for i in infos.values()])
+    table.add_row("[bold]devices", *[i.get("devices", "?") for i in infos.values()], end_section=True)
+    for feature in FEATURES:
+        table.add_row(
+            feature, *["[red]no" if feature in refused_features(i) else "[green]yes" for i in infos.values()]
+        )
+    # Piped output has no terminal width; the matrix is wider than rich's 80-column default.
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    for spec, info in infos.items():
+        if info.get("available") != "yes":
+            console.print(
+                f"{info.get('name', spec)}: not available: {info.get('unavailable_reason', '')}",
+                highlight=False,
+            )
+    return 0
+
+
+def _cases(args: argparse.Namespace) -> int:
+    from .runner import select_cases
+
+    cases = select_cases(args.suite, tuple(args.case))
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "id": c.id,
+                        "summary": c.summary(),
+                        "features": sorted(c.features()),
+                        "case": c.to_json(),
+                    }
+                    for c in cases
+                ],
+                indent=1,
+            )
+        )
+        return 0
+    width = max(len(c.id) for c in cases)
+    for c in cases:
+        print(f"{c.id:<{width}}  {c.summary()}")
+    counts = Counter(f for c in cases for f in c.features())
+    print(
+        f"\n{len(cases)} cases; per feature: "
+        + ", ".join(f"{f} {counts[f]}" for f in sorted(counts, key=lambda f: (-counts[f], f)))
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``attnconf``; returns the exit status (see the module docstring)."""
+    from .runner import UsageError
+    from .worker import WorkerStartError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad flags, 0 on --help
+        return int(exc.code or 0)
+    try:
+        if args.command == "run":
+            return _run(args, argv)
+        if args.command == "report":
+            return _report(args)
+        if args.command == "compare":
+            return _compare(args)
+        if args.command == "backends":
+            return _backends(args)
+        return _cases(args)
+    except UsageError as exc:
+        print(f"attnconf {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except WorkerStartError as exc:  # not the user's fault: the machine or an adapter import is broken
+        print(f"attnconf {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
