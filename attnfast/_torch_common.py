@@ -1,0 +1,204 @@
+"""Helpers shared by the torch-native adapters (``sdpa.py``, ``flex.py``).
+
+These adapters are implementations *under test*, so nothing here calls :mod:`attnref` (not even
+its mask rule): the visibility rule, the ALiBi bias, the paged gather and the kvcache-append
+write are re-derived from ``../shared/SEMANTICS.md`` so that a bug in the reference is not shared.
+
+Conventions of this module:
+
+* one sequence at a time: ``q (sq, h, d)``, ``k (sk, hk, d)``, ``v (sk, hk, dv)``;
+* a *sink column*: a sink is expressed as one extra key appended after the ``sk`` real keys, with
+  ``k = 0`` (its raw score is exactly 0) and ``v = 0`` (it adds nothing to the output), whose
+  score is set to the sink's logit by a bias or a score modifier.  It then enters only the
+  softmax denominator, which is exactly the sink semantics (SEMANTICS section 3, step 5).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from conformance.case import AttentionCase
+from conformance.inputs import CaseInputs
+
+__all__ = [
+    "SeqTensors",
+    "alibi_bias",
+    "derived_lse",
+    "score_bias",
+    "sequences",
+    "softmax_scale",
+    "visibility",
+    "with_sink_column",
+]
+
+
+@dataclass
+class SeqTensors:
+    """One request's tensors, keys already gathered (paged) and appended (kvcache append)."""
+
+    index: int
+    q0: int
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def sq(self) -> int:
+        return int(self.q.shape[0])
+
+    @property
+    def sk(self) -> int:
+        return int(self.k.shape[0])
+
+
+def softmax_scale(case: AttentionCase) -> float:
+    """The case's scale, or the kernels' default ``1/sqrt(d)``."""
+    return case.scale if case.scale is not None else 1.0 / math.sqrt(case.head_dim)
+
+
+def visibility(case: AttentionCase, sq: int, sk: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boolean ``(sq, sk)``: may query row ``i`` see key ``j`` (bottom-right aligned).
+
+    With ``p = i + sk - sq``: ``p - left <= j <= p + right`` (``right = 0`` under causal; ``None``
+    unbounded) and, with a chunk ``C``, ``j`` in the chunk of ``p``: ``floor(p / C) == floor(j / C)``.
+    The chunk test is written as an equality of chunk numbers (not FA3's ``c0 = p - p % C``
+    spelling) on purpose: two spellings that agree are evidence both are right.
+    """
+    i = torch.arange(sq, device=device, dtype=torch.int64)[:, None]
+    j = torch.arange(sk, device=device, dtype=torch.int64)[None, :]
+    p = i + (sk - sq)
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    left, right = case.window
+    if case.causal:
+        right = 0
+    if left is not None:
+        ok &= j >= p - left
+    if right is not None:
+        ok &= j <= p + right
+    if case.chunk is not None:
+        ok &= torch.div(p, case.chunk, rounding_mode="floor") == torch.div(j, case.chunk, rounding_mode="floor")
+    return ok
+
+
+def alibi_bias(slopes: torch.Tensor, sq: int, sk: int) -> torch.Tensor:
+    """fp32 ``(h, sq, sk)`` bias ``-slope * |i + sk - sq - j|`` (FA2's symmetric form)."""
+    dev = slopes.device
+    i = torch.arange(sq, device=dev, dtype=torch.float32)[:, None]
+    j = torch.arange(sk, device=dev, dtype=torch.float32)[None, :]
+    dist = (i + float(sk - sq) - j).abs()
+    return -slopes.to(torch.float32)[:, None, None] * dist[None]
+
+
+def score_bias(case: AttentionCase, inputs: CaseInputs, sq: int, sk: int) -> torch.Tensor:
+    """fp32 additive bias ``(h or 1, sq, sk [+ 1])``: ``-inf`` where masked, ALiBi, sink column.
+
+    The last column is the sink column when ``case.sinks`` (see the module docstring); the sink
+    is visible from every row, including rows that see no real key.
+    """
+    dev = inputs.q.device
+    vis = visibility(case, sq, sk, dev)
+    bias = torch.zeros(1, sq, sk, dtype=torch.float32, device=dev).masked_fill(~vis, -math.inf)
+    if case.alibi:
+        assert inputs.alibi_slopes is not None, "an ALiBi case must carry alibi_slopes"
+        bias = bias + alibi_bias(inputs.alibi_slopes.to(dev), sq, sk)
+    if case.sinks:
+        assert inputs.sinks is not None, "a sinks case must carry sinks"
+        h = case.num_heads
+        sink_col = inputs.sinks.to(dev, torch.float32).reshape(h, 1, 1).expand(h, sq, 1)
+        bias = torch.cat([bias.expand(h, sq, sk), sink_col], dim=-1)
+    return bias
+
+
+def with_sink_column(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append the sink key (zeros) to ``k (sk, hk, d)`` and ``v (sk, hk, dv)``."""
+    return torch.cat([k, k.new_zeros(1, *k.shape[1:])]), torch.cat([v, v.new_zeros(1, *v.shape[1:])])
+
+
+def derived_lse(
+    q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float, max_score_elems: int = 1 << 24
+) -> torch.Tensor:
+    """fp32 ``(h, sq)`` natural-log LSE of ``scale * q.k + bias`` (GQA by head grouping).
+
+    For backends whose kernel does not return the LSE (SDPA): a separate small fp32 computation
+    from the same inputs and the same bias the kernel was given.  It checks the adapter's
+    translation (mask, ALiBi, sink), not the kernel; a row whose bias is all ``-inf`` gets ``-inf``.
+    """
+    sq, h, _ = q.shape
+    hk = k.shape[1]
+    if sq == 0:
+        return torch.empty(h, 0, dtype=torch.float32, device=q.device)
+    if k.shape[0] == 0:
+        return torch.full((h, sq), -math.inf, dtype=torch.float32, device=q.device)
+    kf = k.to(torch.float32).repeat_interleave(h // hk, dim=1)  # (sk, h, d)
+    qf = q.to(torch.float32)
+    rows = max(1, max_score_elems // (h * k.shape[0]))  # query tiles bound the fp32 score block
+    out = []
+    for r0 in range(0, sq, rows):
+        s = torch.einsum("qhd,khd->hqk", qf[r0:r0 + rows], kf) * scale + bias[:, r0:r0 + rows]
+        out.append(torch.logsumexp(s, dim=-1))
+    return torch.cat(out, dim=1)
+
+
+def _token_slots(table_row: torch.Tensor, positions: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block id, offset) of token positions of one sequence through its block-table row."""
+    blocks = table_row.to(torch.int64)[torch.div(positions, block_size, rounding_mode="floor")]
+    return blocks, torch.remainder(positions, block_size)
+
+
+def _read_paged(cache: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, hnd: bool) -> torch.Tensor:
+    # Advanced indexing on the two token axes; for HND the head axis sits between them, and
+    # torch moves the broadcast index dimension to the front: (n, hk, d) either way.
+    return cache[blocks, :, offs] if hnd else cache[blocks, offs]
+
+
+def _write_paged(cache: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, hnd: bool, values: torch.Tensor) -> None:
+    if hnd:
+        cache[blocks, :, offs] = values.to(cache.dtype)
+    else:
+        cache[blocks, offs] = values.to(cache.dtype)
+
+
+def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
+    """Per-request tensors as a kernel without paging or append support must be given them.
+
+    * paged: with ``append``, ``k_new``/``v_new`` are first written into a *clone* of the cache at
+      positions ``kv_len - q_len ..`` through the block table (the engine's write; the clone keeps
+      the inputs untouched so the case can be rerun), then every request's keys are gathered.
+    * contiguous with ``append``: the cache is the first ``kv_len - q_len`` keys of ``inputs.k``
+      and the new tokens are written after them, so ``k_new`` (not ``k``'s copy of the new
+      tokens) is what is attended.
+    """
+    out: list[SeqTensors] = []
+    cu_q = [int(x) for x in inputs.cu_seqlens_q.tolist()]
+    dev = inputs.q.device
+    hnd = case.kv_layout == "HND"
+    k_cache, v_cache = inputs.k_cache, inputs.v_cache
+    if case.paged and case.append:
+        assert k_cache is not None and v_cache is not None
+        k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    for b, (ql, kl) in enumerate(case.requests):
+        q = inputs.q[cu_q[b]:cu_q[b + 1]]
+        new = slice(cu_q[b], cu_q[b + 1])
+        if case.paged:
+            assert k_cache is not None and v_cache is not None and inputs.block_table is not None
+            bs = case.block_size
+            assert bs is not None
+            row = inputs.block_table[b].to(dev)
+            if case.append and ql:
+                assert inputs.k_new is not None and inputs.v_new is not None
+                blocks, offs = _token_slots(row, torch.arange(kl - ql, kl, device=dev), bs)
+                _write_paged(k_cache, blocks, offs, hnd, inputs.k_new[new])
+                _write_paged(v_cache, blocks, offs, hnd, inputs.v_new[new])
+            blocks, offs = _token_slots(row, torch.arange(kl, device=dev), bs)
+            k = _read_paged(k_cache, blocks, offs, hnd)
+            v = _read_paged(v_cache, blocks, offs, hnd)
+        else:
+            k, v = inputs.k_of(b), inputs.v_of(b)
+            if case.append and ql:
+                assert inputs.k_new is not None and inputs.v_new is not None
+                k = torch.cat([k[: kl - ql], inputs.k_new[new].to(k.dtype)])
+                v = torch.cat([v[: kl - ql], inputs.v_new[new].to(v.dtype)])
+        out.append(SeqTensors(b, cu_q[b], q, k.contiguous(), v.contiguous()))
+    return out
