@@ -49,6 +49,9 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, token_dims: int
             _fail(f"{name} must have {rank} dims ({'tokens, ' * token_dims}heads, head_dim), got shape {tuple(t.shape)}")
         if not t.dtype.is_floating_point:
             _fail(f"{name} must be a floating tensor, got dtype {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        # Kernels refuse mixed dtypes; silently upcasting here would let such a call "pass".
+        _fail(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     h, d = q.shape[-2:]

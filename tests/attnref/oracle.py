@@ -15,6 +15,7 @@ Semantics (SEMANTICS.md sections 2-4):
   (or the sink value when a sink is given);
 * GQA: query head ``i`` reads kv head ``i // (h / hk)``.
 """
+
 from __future__ import annotations
 
 import math
@@ -152,14 +153,15 @@ def oracle_batch(
     outs, lses = [], []
     for b, (q, k, v) in enumerate(zip(qs, ks, vs)):
         slopes = None if alibi is None else (alibi if alibi.dim() == 1 else alibi[b])
-        o, l = oracle_attention(q, k, v, alibi=slopes, sinks=sinks, **kwargs)
-        outs.append(o)
-        lses.append(l)
+        out, lse = oracle_attention(q, k, v, alibi=slopes, sinks=sinks, **kwargs)
+        outs.append(out)
+        lses.append(lse)
     return torch.cat(outs, 0), torch.cat(lses, 1)
 
 
 def build_paged_cache(
-    seqs: Sequence[torch.Tensor],
+    ks: Sequence[torch.Tensor],
+    vs: Sequence[torch.Tensor],
     block_size: int,
     layout: str,
     generator: torch.Generator,
@@ -167,31 +169,37 @@ def build_paged_cache(
     spare_blocks: int = 2,
     extra_columns: int = 1,
     garbage: float = 1e3,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Place per-sequence tokens (n_b, hk, d) in a paged cache with a random permuted block table.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Place per-sequence keys/values (n_b, hk, d|dv) in paged caches with a random permuted table.
 
     Written with plain loops, independently of ``attnref.write_kv_cache``.  Unused slots and spare
     blocks hold large finite values, so reading past a sequence's length is a visible error.
-    Block-table columns past what a sequence needs point at a random block (never read).
+    Block-table columns past what a sequence needs point at random blocks (never to be read).
 
     Returns:
-        cache in ``layout`` ("NHD": (nb, bs, hk, d); "HND": (nb, hk, bs, d)) and the int32 table.
+        k_cache, v_cache in ``layout`` ("NHD": (nb, bs, hk, d); "HND": (nb, hk, bs, d)) and the
+        int32 block table (b, max_blocks + extra_columns).
     """
-    hk, d = seqs[0].shape[1:]
-    need = [-(-s.shape[0] // block_size) for s in seqs]
+    hk = ks[0].shape[1]
+    need = [-(-kb.shape[0] // block_size) for kb in ks]
     num_blocks = sum(need) + spare_blocks
     perm = torch.randperm(num_blocks, generator=generator).tolist()
-    cache = torch.randn(num_blocks, block_size, hk, d, generator=generator, dtype=torch.float64) * garbage
     width = max(need, default=0) + extra_columns
-    table = torch.randint(0, num_blocks, (len(seqs), width), generator=generator, dtype=torch.int32)
+    table = torch.randint(0, num_blocks, (len(ks), width), generator=generator, dtype=torch.int32)
     cursor = 0
-    for b, seq in enumerate(seqs):
+    for b in range(len(ks)):
         for c in range(need[b]):
             table[b, c] = perm[cursor]
             cursor += 1
-        for t in range(seq.shape[0]):
-            cache[int(table[b, t // block_size]), t % block_size] = seq[t].to(torch.float64)
-    cache = cache.to(seqs[0].dtype)
-    if layout == "HND":
-        cache = cache.permute(0, 2, 1, 3).contiguous()
-    return cache, table
+    caches = []
+    for seqs in (ks, vs):
+        dim = seqs[0].shape[2]
+        cache = (
+            torch.randn(num_blocks, block_size, hk, dim, generator=generator, dtype=torch.float64) * garbage
+        )
+        for b, seq in enumerate(seqs):
+            for t in range(seq.shape[0]):
+                cache[int(table[b, t // block_size]), t % block_size] = seq[t].to(torch.float64)
+        cache = cache.to(seqs[0].dtype)
+        caches.append(cache.permute(0, 2, 1, 3).contiguous() if layout == "HND" else cache)
+    return caches[0], caches[1], table

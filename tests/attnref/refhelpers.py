@@ -1,11 +1,11 @@
 """Input builders and the comparison used by the attnref tests (kept apart from the oracle)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-
-from oracle import oracle_batch, options_kwargs
+from oracle import options_kwargs, oracle_batch
 
 __all__ = ["Packed", "make_packed", "cu", "tolerance", "assert_close_to", "check_against_oracle"]
 
@@ -58,7 +58,9 @@ def make_packed(
     ks = [torch.randn(sk, hk, d, generator=gen, dtype=torch.float64).to(dtype) for _, sk in lens]
     vs = [torch.randn(sk, hk, dv, generator=gen, dtype=torch.float64).to(dtype) for _, sk in lens]
     return Packed(
-        qs, ks, vs,
+        qs,
+        ks,
+        vs,
         torch.cat(qs, 0) if qs else torch.zeros(0, h, d, dtype=dtype),
         torch.cat(ks, 0) if ks else torch.zeros(0, hk, d, dtype=dtype),
         torch.cat(vs, 0) if vs else torch.zeros(0, hk, dv, dtype=dtype),
@@ -67,18 +69,26 @@ def make_packed(
     )
 
 
-def assert_close_to(out: torch.Tensor, lse: torch.Tensor, want_out: torch.Tensor, want_lse: torch.Tensor, dtype: torch.dtype) -> None:
+def assert_close_to(
+    out: torch.Tensor, lse: torch.Tensor, want_out: torch.Tensor, want_lse: torch.Tensor, dtype: torch.dtype
+) -> None:
     """Output and LSE against expected values at the tolerance of accumulation dtype ``dtype``.
 
     Infinite LSE entries (fully masked rows) must match exactly, sign included.
     """
     tol = tolerance(dtype)
     assert out.dtype == dtype and lse.dtype == dtype, (out.dtype, lse.dtype, dtype)
-    torch.testing.assert_close(out.to(torch.float64), want_out.to(torch.float64), **tol, msg=lambda m: "out: " + m)
-    torch.testing.assert_close(lse.to(torch.float64), want_lse.to(torch.float64), **tol, msg=lambda m: "lse: " + m)
+    torch.testing.assert_close(
+        out.to(torch.float64), want_out.to(torch.float64), **tol, msg=lambda m: "out: " + m
+    )
+    torch.testing.assert_close(
+        lse.to(torch.float64), want_lse.to(torch.float64), **tol, msg=lambda m: "lse: " + m
+    )
 
 
-def check_against_oracle(result, packed: Packed, options, dtype: torch.dtype, *, alibi=None, sinks=None) -> None:
+def check_against_oracle(
+    result, packed: Packed, options, dtype: torch.dtype, *, alibi=None, sinks=None
+) -> None:
     """Compare a varlen-layout ``AttnResult`` with the oracle of the same per-sequence tensors."""
     want_out, want_lse = oracle_batch(
         packed.qs, packed.ks, packed.vs, alibi=alibi, sinks=sinks, **options_kwargs(options)
