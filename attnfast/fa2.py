@@ -8,9 +8,10 @@ Entry point per case (:func:`fa2_entry`):
   padded ``(b, q_len, h, d)`` view; ``cache_seqlens`` (int32) holds the keys already in the cache
   (``kv_len - q_len`` when appending, else ``kv_len``); the cache is the paged cache with
   ``block_table``, or a contiguous ``(b, max_kv, hk, d)`` copy whose unused slots hold stale finite
-  values.  ``num_splits`` is the case's, or pinned to 1: FA2's heuristic (0) depends on the
-  allocated cache length and the SM count (flash-attention issues 1417, 1000), so records of two
-  GPUs would not be comparable.
+  values.  ``num_splits`` is the case's, or FA2's own heuristic (0) when the case leaves it unset:
+  that is the path engines run (and the one whose speed matters); the heuristic's result depends on
+  the allocated cache length and the SM count (flash-attention issues 1417, 1000), so cases that
+  need a pinned split count say so (``num_splits=1`` etc. in the suites).
 * ``flash_attn_varlen_func`` otherwise: packed q/k/v with ``cu_seqlens_q/k``; with a paged cache k/v
   are the caches, ``block_table`` addresses them and ``cu_seqlens_k`` (cumulative kv lengths) is read
   only for the lengths (``block_info.h``: the key offset comes from the block table).
@@ -169,7 +170,7 @@ def _kvcache_call(
         v=v_new,
         cache_seqlens=torch.tensor(keep, dtype=torch.int32, device=inputs.device),
         block_table=table,
-        num_splits=case.num_splits or 1,
+        num_splits=0 if case.num_splits is None else case.num_splits,
         return_softmax_lse=True,
         **common,
     )

@@ -19,8 +19,8 @@ Entry point per case (:func:`fa3_entry`):
   through its strides, as vLLM does for HND layouts).
 
 Translations: window ``-1`` = unbounded (:func:`attnref.window_to_fa2`); ``attention_chunk`` = the
-case's chunk (0 = off); ``softcap`` 0 = off; ``num_splits`` the case's or pinned 1 (the kvcache
-default 0 is a heuristic whose result depends on the GPU).  LSE ``(h, total_q)``: ``-inf`` for
+case's chunk (0 = off); ``softcap`` 0 = off; ``num_splits`` the case's, or FA3's heuristic (0)
+when unset (the engines' path; suites pin it in separate cases).  LSE ``(h, total_q)``: ``-inf`` for
 rows that saw no key, but ``+inf`` for the whole batch when it has no key at all
 (``flash_api.cpp``: ``softmax_lse.fill_(infinity)``), normalised to ``-inf``.
 
@@ -103,7 +103,7 @@ def fa3_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
         window_size=fa2_window(case),
         attention_chunk=case.chunk or 0,
         softcap=case.softcap or 0.0,
-        num_splits=case.num_splits or 1,
+        num_splits=0 if case.num_splits is None else case.num_splits,
     )
     if fa3_entry(case) == VARLEN:
         kwargs = dict(
