@@ -116,8 +116,8 @@ def cuda_device_support(min_major: int = 8) -> Support:
 
 # ---------------------------------------------------------------------------------- windows
 def fa2_window(case: AttentionCase) -> tuple[int, int]:
-    """The case's window in FA2/FA3 spelling (``-1`` = unbounded; ``right = 0`` under causal)."""
-    return window_to_fa2(Window(*case.window), causal=case.causal)
+    """The case's window in FA2/FA3 spelling (``-1`` = unbounded; causal travels in the separate flag)."""
+    return window_to_fa2(Window(*case.window))
 
 
 def fa4_window(case: AttentionCase) -> tuple[int | None, int | None]:

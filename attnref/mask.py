@@ -42,10 +42,17 @@ def window_from_fa2(left: int, right: int) -> Window:
     return Window(None if left < 0 else left, None if right < 0 else right)
 
 
-def window_to_fa2(window: Window, causal: bool = False) -> tuple[int, int]:
-    """:class:`Window` to FA2/FA3's ``window_size`` tuple (``-1`` = unbounded)."""
+def window_to_fa2(window: Window) -> tuple[int, int]:
+    """:class:`Window` to FA2/FA3's ``window_size`` tuple (``-1`` = unbounded).
+
+    Causality travels in the kernels' separate ``causal`` flag, as engines pass it (vLLM:
+    ``causal=True, window_size=(-1, -1)``); the kernels set ``right = 0`` themselves, *after*
+    dropping causality for ``seqlen_q == 1``.  Spelling causal as ``(-1, 0)`` instead gives the same
+    numbers but disables FA2's GQA query packing for decode (``seqlenq_ngroups_swapped`` in
+    ``flash_api.cpp`` needs ``right < 0``): measured 6-10x slower paged decode on an H200.
+    """
     left = -1 if window.left is None else window.left
-    right = 0 if causal else (-1 if window.right is None else window.right)
+    right = -1 if window.right is None else window.right
     return left, right
 
 

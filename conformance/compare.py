@@ -63,6 +63,12 @@ class Comparison:
     capability_gained: list[Pair] = field(default_factory=list)
     only_old: list[Key] = field(default_factory=list)
     only_new: list[Key] = field(default_factory=list)
+    #: families present in one file only (e.g. a one-backend run compared with a full run): counts
+    families_only_old: dict[str, int] = field(default_factory=dict)
+    families_only_new: dict[str, int] = field(default_factory=dict)
+    #: checked pairs whose max error and LSE error are equal in both runs (bit-identical numerics, in practice)
+    identical_errors: int = 0
+    compared_errors: int = 0
     duplicates: int = 0
     margin: float = 0.0
     margin_auto: bool = True
@@ -116,10 +122,20 @@ def compare_results(
     old_ix, dup_old = _index(old)
     new_ix, dup_new = _index(new)
     cmp = Comparison(duplicates=dup_old + dup_new, ratio_threshold=ratio_threshold, ratio_floor=ratio_floor)
-    cmp.only_old = sorted(set(old_ix) - set(new_ix))
-    cmp.only_new = sorted(set(new_ix) - set(old_ix))
+    shared = {k[1] for k in old_ix} & {k[1] for k in new_ix}
+    for ix, mine, other in ((old_ix, "only_old", new_ix), (new_ix, "only_new", old_ix)):
+        setattr(cmp, mine, sorted(k for k in set(ix) - set(other) if k[1] in shared))
+        counts = getattr(cmp, "families_" + mine)
+        for k in ix:
+            if k[1] not in shared:
+                counts[k[1]] = counts.get(k[1], 0) + 1
     pairs = [Pair(old_ix[k], new_ix[k]) for k in sorted(set(old_ix) & set(new_ix))]
     cmp.common = len(pairs)
+    for p in pairs:
+        so, sn = p.old.stats, p.new.stats
+        if so is not None and sn is not None:
+            cmp.compared_errors += 1
+            cmp.identical_errors += so.max_abs == sn.max_abs and so.lse_max_abs == sn.lse_max_abs
     for p in pairs:
         o, n = p.old.status, p.new.status
         if not o.is_problem and n.is_problem:
@@ -195,6 +211,15 @@ def render_markdown(cmp: Comparison) -> str:
         f"performance margin {margin}."
     )
     out += ["", scope]
+    if cmp.compared_errors:
+        out.append(
+            f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs have the same "
+            f"max error and LSE error (identical outputs, in practice); {cmp.compared_errors - cmp.identical_errors} changed."
+        )
+    for label, counts in (("old", cmp.families_only_old), ("new", cmp.families_only_new)):
+        if counts:
+            listed = ", ".join(f"{f} ({n} records)" for f, n in sorted(counts.items()))
+            out.append(f"Families only in the {label} file, not compared: {listed}.")
     if cmp.duplicates:
         out.append(
             f"Warning: {cmp.duplicates} records share a (case, family) key with another of their file; "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import gzip
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -157,7 +158,8 @@ def append_record(path: Path, record: CheckResult | Header) -> None:
 
 
 def read_records(path: Path) -> tuple[list[Header], list[CheckResult]]:
-    """Every header and result of a JSONL file; a truncated last line (killed writer) is skipped."""
+    """Every header and result of a JSONL file (``.jsonl.gz`` too); a truncated last line (killed
+    writer) is skipped."""
     headers: list[Header] = []
     results: list[CheckResult] = []
     for line in _lines(path):
@@ -170,7 +172,9 @@ def read_records(path: Path) -> tuple[list[Header], list[CheckResult]]:
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
+    # committed reports are gzipped JSONL (reports/ stays small); the runner writes plain JSONL
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
         for raw in fh:
             raw = raw.strip()
             if not raw:

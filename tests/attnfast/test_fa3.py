@@ -91,7 +91,7 @@ def test_kvcache_arguments():
     )
     assert kw["cache_seqlens"].tolist() == [38, 94] and kw["cache_seqlens"].dtype == torch.int32
     assert kw["cu_seqlens_k_new"] is inputs.cu_seqlens_q and kw["k"] is inputs.k_new
-    assert kw["window_size"] == (8, 0) and kw["attention_chunk"] == 32 and kw["num_splits"] == 0
+    assert kw["window_size"] == (8, -1) and kw["attention_chunk"] == 32 and kw["num_splits"] == 0
     assert kw["page_table"] is inputs.block_table and kw["max_seqlen_q"] == 3
 
 

@@ -138,3 +138,14 @@ def test_join_is_by_family_not_backend_name() -> None:
     new = [dataclasses.replace(rec("a", "fail", family="fam"), backend="renamed-adapter")]
     cmp = compare_results(old, new)
     assert [p.key for p in cmp.new_failures] == [("a", "fam")] and not cmp.only_new
+
+
+def test_families_in_one_file_only_are_summarised_and_identical_numerics_counted() -> None:
+    old = [rec("a"), rec("b", ratio=0.2)]
+    new = [rec("a"), rec("b", ratio=0.3), rec("a", family="other"), rec("c", family="other")]
+    cmp = compare_results(old, new)
+    assert cmp.only_new == [] and cmp.families_only_new == {"other": 2}
+    assert (cmp.identical_errors, cmp.compared_errors) == (1, 2)
+    text = render_markdown(cmp)
+    assert "Families only in the new file, not compared: other (2 records)." in text
+    assert "1 of 2 pairs checked in both runs have the same max error" in text and "1 changed" in text
