@@ -16,7 +16,7 @@ from importlib import metadata
 
 from .base import Backend
 
-__all__ = ["BUILTIN", "available_names", "get_backend", "load_all"]
+__all__ = ["BUILTIN", "available_names", "get_backend", "load_all", "runnable_names"]
 
 #: name -> "module:attribute" of the built-in adapters.
 BUILTIN: dict[str, str] = {
@@ -58,6 +58,20 @@ def get_backend(name: str) -> Backend:
     if not isinstance(backend, Backend):
         raise TypeError(f"entry point {name!r} ({target}) must produce an attnfast.base.Backend, got {type(backend).__name__}")
     return backend
+
+
+def runnable_names(device: str) -> list[str]:
+    """Registered backends that are available here and run on ``device`` (``cpu``, ``cuda``, ``cuda:N``)."""
+    kind = device.split(":")[0]
+    names = []
+    for name in available_names():
+        try:
+            backend = get_backend(name)
+        except Exception:  # a broken third-party entry point must not hide the others
+            continue
+        if kind in backend.devices and backend.is_available():
+            names.append(name)
+    return names
 
 
 def load_all() -> list[Backend]:

@@ -49,11 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--backend",
         action="append",
-        required=True,
         metavar="NAME",
-        help="registry name or module:Class; repeat for several (cases outer, backends inner)",
+        help="registry name or module:Class; repeat for several (cases outer, backends inner); "
+        "default: every installed backend available on the device",
     )
-    r.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    r.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when present; default)")
     r.add_argument(
         "--out",
         type=Path,
@@ -139,12 +139,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from .runner import RunConfig, main_run, parse_shard
+    from .runner import RunConfig, UsageError, main_run, parse_shard
 
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    backends = args.backend
+    if not backends:
+        from attnfast.registry import runnable_names
+
+        backends = runnable_names(device)
+        if not backends:
+            raise UsageError(f"no installed backend runs on {device}; name one with --backend")
+        print(f"attnconf run: device {device}, backends {', '.join(backends)}", file=sys.stderr)
     config = RunConfig(
-        backends=tuple(args.backend),
+        backends=tuple(backends),
         suite=args.suite,
-        device=args.device,
+        device=device,
         out=args.out,
         resume=args.resume,
         shard=parse_shard(args.shard) if args.shard else None,

@@ -59,7 +59,7 @@ def test_backends_table_accepts_import_paths(capsys: pytest.CaptureFixture) -> N
         ["run", "--suite", "smoke", "--backend", "sdpa-cpu", "--case", "matches-nothing"],
         ["run", "--suite", "smoke", "--backend", "no-such-backend"],
         ["run", "--suite", "smoke", "--backend", "sdpa-cpu", "--tol", "factor=abc"],
-        ["run", "--suite", "smoke"],  # --backend is required
+        ["run", "--suite", "smoke", "--device", "tpu"],  # no installed backend runs on that device
         ["cases"],
         ["frobnicate"],
     ],
@@ -87,3 +87,17 @@ def test_python_dash_m_conformance() -> None:
     )
     assert res.returncode == 0, res.stderr
     assert "_sink-" in res.stdout and "cases; per feature" in res.stdout
+
+
+def test_run_without_backend_uses_every_available_backend_of_the_device(tmp_path) -> None:
+    import torch
+
+    from conformance.cli import main
+    from conformance.records import read_records
+
+    out = tmp_path / "auto.jsonl"
+    assert main(["run", "--suite", "smoke", "--limit", "1", "--out", str(out), "--no-progress"]) == 0
+    headers, results = read_records(out)
+    expected = {"sdpa-cpu", "flex-cpu"} if not torch.cuda.is_available() else None
+    if expected is not None:
+        assert {r.backend for r in results} == expected and headers[0].env["device"] == "cpu"
