@@ -170,6 +170,9 @@ DEFAULT: tuple[Sweep, ...] = (
     Sweep("window", {"batch": ("pfvar", "dec", "chunk", "mixdf", "pf257"),
                      "mask": ("w0-0", "w1-0", "w16-0", "cw127", "cw128", "w32-32", "w64-inf", "winf-16", "cw4096"),
                      "dims": ((64, 64), (128, 128), (256, 256)), "dtype": ("bf16", "fp16")}, {"heads": (8, 2)}),
+    # windows with q_len > kv_len: where FA2 clamps an unbounded right side to sk (flash-attention 895)
+    Sweep("window_sqgtsk", {"batch": ("sqgtsk",), "mask": ("w1-0", "w16-0", "w32-32", "w64-inf", "winf-16", "cw128"),
+                            "dims": ((64, 64), (128, 128))}, {"heads": (8, 2)}),
     Sweep("softcap", {"batch": ("pfvar", "dec", "chunk", "mixdl"), "softcap": (30.0, 50.0), "mask": ("none", "causal", "cw128"),
                       "dims": ((64, 64), (128, 128), (256, 256)), "dtype": ("bf16", "fp16")}, {"heads": (8, 2)}),
     Sweep("sinks", {"batch": ("pfvar", "dec", "spec4", "mixdf"), "mask": ("none", "causal", "cw128"), "heads": ((8, 8), (8, 2)),
