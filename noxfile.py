@@ -4,6 +4,7 @@
 With ``--no-venv`` nothing is installed (the current interpreter must already have the project's
 dependencies); otherwise each session installs the CPU torch pin first, then the project.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,7 @@ def _python(session: nox.Session, *args: str) -> None:
 def tests(session: nox.Session) -> None:
     """CPU unit tests (GPU tests skip with a reason)."""
     _install(session, "test")
-    _python(session, "-m", "pytest", "-q", "tests", *session.posargs)
+    _python(session, "-m", "pytest", "-q", *(session.posargs or ["tests"]))
 
 
 @nox.session
@@ -48,8 +49,18 @@ def conformance(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """pytest-benchmark: the reference on CPU, the kernels of the perf suite on CUDA."""
     _install(session, "test")
-    _python(session, "-m", "pytest", "-q", "benchmarks", "tests/attnref/test_bench.py", "--benchmark-enable",
-            "--benchmark-json", "benchmark.json", *session.posargs)
+    _python(
+        session,
+        "-m",
+        "pytest",
+        "-q",
+        "benchmarks",
+        "tests/attnref/test_bench.py",
+        "--benchmark-enable",
+        "--benchmark-json",
+        "benchmark.json",
+        *session.posargs,
+    )
 
 
 @nox.session
@@ -66,4 +77,6 @@ def lint(session: nox.Session) -> None:
     """ruff over the packages and tests."""
     if not isinstance(session.virtualenv, PassthroughEnv):
         session.install("ruff")
-    session.run("ruff", "check", "attnref", "attnfast", "conformance", "tests", "benchmarks", "noxfile.py")
+    paths = ("attnref", "attnfast", "conformance", "tests", "benchmarks", "examples", "noxfile.py")
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)

@@ -2,6 +2,7 @@
 
 See :mod:`attnfast.base` for the protocol and :mod:`attnfast.registry` for discovery.
 """
+
 from .base import OK, Backend, KernelOutput, Support
 from .registry import available_names, get_backend
 

@@ -12,6 +12,7 @@ Conventions of this module:
   score is set to the sink's logit by a bias or a score modifier.  It then enters only the
   softmax denominator, which is exactly the sink semantics (SEMANTICS section 3, step 5).
 """
+
 from __future__ import annotations
 
 import math
@@ -136,12 +137,14 @@ def derived_lse(
     rows = max(1, max_score_elems // (h * k.shape[0]))  # query tiles bound the fp32 score block
     out = []
     for r0 in range(0, sq, rows):
-        s = torch.einsum("qhd,khd->hqk", qf[r0:r0 + rows], kf) * scale + bias[:, r0:r0 + rows]
+        s = torch.einsum("qhd,khd->hqk", qf[r0 : r0 + rows], kf) * scale + bias[:, r0 : r0 + rows]
         out.append(torch.logsumexp(s, dim=-1))
     return torch.cat(out, dim=1)
 
 
-def _token_slots(table_row: torch.Tensor, positions: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _token_slots(
+    table_row: torch.Tensor, positions: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(block id, offset) of token positions of one sequence through its block-table row."""
     blocks = table_row.to(torch.int64)[torch.div(positions, block_size, rounding_mode="floor")]
     return blocks, torch.remainder(positions, block_size)
@@ -153,7 +156,9 @@ def _read_paged(cache: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, h
     return cache[blocks, :, offs] if hnd else cache[blocks, offs]
 
 
-def _write_paged(cache: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, hnd: bool, values: torch.Tensor) -> None:
+def _write_paged(
+    cache: torch.Tensor, blocks: torch.Tensor, offs: torch.Tensor, hnd: bool, values: torch.Tensor
+) -> None:
     if hnd:
         cache[blocks, :, offs] = values.to(cache.dtype)
     else:
@@ -179,7 +184,7 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
         assert k_cache is not None and v_cache is not None
         k_cache, v_cache = k_cache.clone(), v_cache.clone()
     for b, (ql, kl) in enumerate(case.requests):
-        q = inputs.q[cu_q[b]:cu_q[b + 1]]
+        q = inputs.q[cu_q[b] : cu_q[b + 1]]
         new = slice(cu_q[b], cu_q[b + 1])
         if case.paged:
             assert k_cache is not None and v_cache is not None and inputs.block_table is not None

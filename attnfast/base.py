@@ -14,6 +14,7 @@ work that is not the kernel (layout conversions, metadata) and returns a zero-ar
 that runs only the kernel, so timing measures the kernel alone.  The callable must be idempotent:
 calling it twice gives the same result (a kvcache append rewrites the same slots).
 """
+
 from __future__ import annotations
 
 import abc

@@ -120,9 +120,7 @@ def _alibi_fix(case: AttentionCase, inputs: CaseInputs, window: tuple[int, int],
     return shift, ("alibi: FA2 causal path adds +slope*j; LSE corrected by -slope*(i + sk - sq)",)
 
 
-def _varlen_call(
-    case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]
-) -> KernelCall:
+def _varlen_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]) -> KernelCall:
     max_k = max(case.kv_lens)
     k, v = (inputs.k_cache, inputs.v_cache) if case.paged else (inputs.k, inputs.v)
     kwargs = dict(
@@ -147,9 +145,7 @@ def _varlen_call(
     return KernelCall(VARLEN, kwargs, finish, notes)
 
 
-def _kvcache_call(
-    case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]
-) -> KernelCall:
+def _kvcache_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]) -> KernelCall:
     q_len = uniform_q_len(case)
     assert q_len is not None and q_len >= 1, "supports() refuses kvcache cases without one q_len >= 1"
     keep = [kl - (q_len if case.append else 0) for kl in case.kv_lens]

@@ -85,13 +85,10 @@ def fa3_shape_support(case: AttentionCase, cc: tuple[int, int] | None) -> Suppor
         if not ((128 < d <= 192 and 96 < dv <= 128) or (d <= 64 and dv <= 512)):
             return Support(
                 False,
-                f"head dims ({d}, {dv}): FA3 takes d != dv only for d in (128, 192] with dv in (96, 128], "
-                "or d <= 64",
+                f"head dims ({d}, {dv}): FA3 takes d != dv only for d in (128, 192] with dv in (96, 128], or d <= 64",
             )
         if cc is not None and cc[0] != 9:
-            return Support(
-                False, f"head dims ({d}, {dv}): FA3 supports a different V head dim on Hopper (sm_90) only"
-            )
+            return Support(False, f"head dims ({d}, {dv}): FA3 supports a different V head dim on Hopper (sm_90) only")
     return OK
 
 

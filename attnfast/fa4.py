@@ -46,9 +46,7 @@ def fa4_shape_support(case: AttentionCase, cc: tuple[int, int]) -> Support:
     arch = f"sm_{major}{cc[1]}"
     splits = case.num_splits is not None and case.num_splits > 1
     if splits and major in (8, 9, 12):
-        return Support(
-            False, f"num_splits={case.num_splits}: SplitKV not supported on {arch} (FA4 asserts it)"
-        )
+        return Support(False, f"num_splits={case.num_splits}: SplitKV not supported on {arch} (FA4 asserts it)")
     if case.paged and major in (8, 12):
         return Support(False, f"paged KV: FA4 has no paged KV on {arch}")
     if d % 8 or dv % 8:
@@ -59,14 +57,11 @@ def fa4_shape_support(case: AttentionCase, cc: tuple[int, int]) -> Support:
         if d != dv and (d, dv) not in SM90_DV_PAIRS:
             return Support(
                 False,
-                f"head dims ({d}, {dv}): on {arch} FA4's d != dv is measured only for "
-                f"{sorted(SM90_DV_PAIRS)}",
+                f"head dims ({d}, {dv}): on {arch} FA4's d != dv is measured only for {sorted(SM90_DV_PAIRS)}",
             )
     elif major in (10, 11):
         if not ((d <= 128 and dv <= 128) or (d, dv) in ((192, 128), (256, 256))):
-            return Support(
-                False, f"head dims ({d}, {dv}): FA4 on {arch} takes d, dv <= 128, (192, 128) or (256, 256)"
-            )
+            return Support(False, f"head dims ({d}, {dv}): FA4 on {arch} takes d, dv <= 128, (192, 128) or (256, 256)")
     elif d != dv or d > 256:
         return Support(False, f"head dims ({d}, {dv}): FA4 on {arch} is only known to take d == dv <= 256")
     return OK
@@ -113,13 +108,10 @@ class FA4Backend(Backend):
 
     name = "fa4"
     family = "flash-attn-4"
-    description = (
-        "flash-attn 4 (flash_attn.cute.flash_attn_varlen_func): contiguous and paged KV, sinks, softcap"
-    )
+    description = "flash-attn 4 (flash_attn.cute.flash_attn_varlen_func): contiguous and paged KV, sinks, softcap"
     refused = {
         "alibi": (
-            "FA4 has no ALiBi argument (a score_mod could add it, but that would test our score_mod, "
-            "not the kernel)"
+            "FA4 has no ALiBi argument (a score_mod could add it, but that would test our score_mod, not the kernel)"
         ),
         "local_chunk": "FA4 has no chunked local attention argument",
         "hnd": "FA4 reads pages as (num_pages, page_size, hk, d) only",

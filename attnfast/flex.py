@@ -25,6 +25,7 @@ C++ kernel (14 s for the first shape, about 2.5 s per new shape) but refuses the
 `return_lse` is not supported yet."  The adapter trades the fused CPU kernel for the LSE check.
 To bound the materialised scores, long requests are split into query tiles (``max_score_elems``).
 """
+
 from __future__ import annotations
 
 import math
@@ -93,7 +94,9 @@ def make_score_mod(
         return None
     shift = sk - sq + q_offset
 
-    def score_mod(score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+    def score_mod(
+        score: torch.Tensor, b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
         s = score
         if cap is not None:
             s = torch.tanh(s / cap) * cap
@@ -133,7 +136,9 @@ class FlexCpuBackend(Backend):
     name: ClassVar[str] = "flex-cpu"
     family: ClassVar[str] = "torch-flex"
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
-    description: ClassVar[str] = "torch flex_attention on CPU (eager); mask_mod/score_mod per request; sinks as an extra key"
+    description: ClassVar[str] = (
+        "torch flex_attention on CPU (eager); mask_mod/score_mod per request; sinks as an extra key"
+    )
     refused: ClassVar[dict[str, str]] = {}
 
     def __init__(self, max_score_elems: int = 1 << 24) -> None:
@@ -186,8 +191,8 @@ class FlexCpuBackend(Backend):
             for t in tiles:
                 n = t.q.shape[2]
                 o, l = _flex_call(t.q, t.k, t.v, **t.kwargs)
-                out[t.q0:t.q0 + n] = o[0].transpose(0, 1)
-                lse[:, t.q0:t.q0 + n] = l[0].to(torch.float32)
+                out[t.q0 : t.q0 + n] = o[0].transpose(0, 1)
+                lse[:, t.q0 : t.q0 + n] = l[0].to(torch.float32)
             return KernelOutput(out, lse)
 
         return run

@@ -8,6 +8,7 @@ A vendor registers a backend without touching this repository, in its own ``pypr
 The entry point names a :class:`attnfast.base.Backend` subclass (or a zero-argument factory).
 Built-ins are imported lazily, so a missing kernel package never breaks the registry.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -56,7 +57,9 @@ def get_backend(name: str) -> Backend:
     obj = getattr(importlib.import_module(module_name), attr)
     backend = obj()
     if not isinstance(backend, Backend):
-        raise TypeError(f"entry point {name!r} ({target}) must produce an attnfast.base.Backend, got {type(backend).__name__}")
+        raise TypeError(
+            f"entry point {name!r} ({target}) must produce an attnfast.base.Backend, got {type(backend).__name__}"
+        )
     return backend
 
 

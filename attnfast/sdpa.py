@@ -24,6 +24,7 @@ memory-efficient, cuDNN), so a fall-back to math raises instead of passing silen
 backend can take which call is :func:`plan_cuda_call`, a pure function tested on CPU, from
 limits measured on an H200 with torch 2.11.0+cu130 (see ``FUSED_LIMITS``).
 """
+
 from __future__ import annotations
 
 import abc
@@ -212,7 +213,9 @@ class _SdpaBase(Backend):
                 return plan
         return OK
 
-    def _prepare_one(self, case: AttentionCase, inputs: CaseInputs, seq: SeqTensors, scale: float) -> tuple[_Prepared | None, torch.Tensor]:
+    def _prepare_one(
+        self, case: AttentionCase, inputs: CaseInputs, seq: SeqTensors, scale: float
+    ) -> tuple[_Prepared | None, torch.Tensor]:
         """The call of one request (None when no kernel runs) and its derived LSE (h, sq)."""
         from torch.nn.attention import SDPBackend
         from torch.nn.attention.bias import causal_lower_right
@@ -221,7 +224,7 @@ class _SdpaBase(Backend):
         plan = self._plan(case, sq, sk)
         if isinstance(plan, Support):
             raise ValueError(f"{self.name}: {plan.reason}")  # noqa: TRY004 - a refused case, not a wrong type
-        k, v = (with_sink_column(seq.k, seq.v) if case.sinks else (seq.k, seq.v))
+        k, v = with_sink_column(seq.k, seq.v) if case.sinks else (seq.k, seq.v)
         bias = score_bias(case, inputs, sq, sk)
         lse = derived_lse(seq.q, k, bias, scale)
         if plan.skip:
@@ -261,7 +264,7 @@ class _SdpaBase(Backend):
         calls: list[_Prepared] = []
         for seq in sequences(case, inputs):
             call, seq_lse = self._prepare_one(case, inputs, seq, scale)
-            lse[:, seq.q0:seq.q0 + seq.sq] = seq_lse
+            lse[:, seq.q0 : seq.q0 + seq.sq] = seq_lse
             if call is not None:
                 calls.append(call)
         total_q, dtype, device = case.total_q, inputs.q.dtype, inputs.q.device
@@ -272,8 +275,10 @@ class _SdpaBase(Backend):
                 with sdpa_kernel(c.backends):
                     o = sdpa(c.q, c.k, c.v, **c.kwargs)[0].transpose(0, 1)  # (sq, h, dv)
                 # SDPA's convention for a row with no visible key is NaN; the kernels' is 0.
-                o = torch.where(c.dead_rows[:, None, None] & o.isnan(), torch.zeros((), dtype=o.dtype, device=o.device), o)
-                out[c.q0:c.q0 + c.sq] = o
+                o = torch.where(
+                    c.dead_rows[:, None, None] & o.isnan(), torch.zeros((), dtype=o.dtype, device=o.device), o
+                )
+                out[c.q0 : c.q0 + c.sq] = o
             return KernelOutput(out, lse)
 
         return run
@@ -310,7 +315,9 @@ class SdpaCudaBackend(_SdpaBase):
     name: ClassVar[str] = "sdpa-cuda"
     family: ClassVar[str] = "torch-sdpa-cuda"
     devices: ClassVar[tuple[str, ...]] = ("cuda",)
-    description: ClassVar[str] = "torch SDPA fused CUDA backends (flash, efficient, cuDNN); per request; LSE derived in fp32"
+    description: ClassVar[str] = (
+        "torch SDPA fused CUDA backends (flash, efficient, cuDNN); per request; LSE derived in fp32"
+    )
     default_backends: ClassVar[tuple[str, ...]] = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 
     def __init__(self, sdpa_backends: tuple[str, ...] | None = None) -> None:

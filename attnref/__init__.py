@@ -11,6 +11,7 @@ Entry points (each validates its metadata and raises ``ValueError`` naming the a
 Conventions: :mod:`attnref.options` (window spelling), :mod:`attnref.core` (order of
 operations, LSE of fully masked rows).
 """
+
 from .core import attend_sequence
 from .mask import row_bounds, visible_mask, window_from_fa2, window_to_fa2, window_to_fa4
 from .merge import merge_many, merge_states

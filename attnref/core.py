@@ -20,6 +20,7 @@ Conventions (the package's, used by every entry point):
 Queries and keys are tiled so that at most ``numerics.max_tile_elems`` scores exist at once;
 key tiles that no row of a query tile can see are never computed.
 """
+
 from __future__ import annotations
 
 import math

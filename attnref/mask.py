@@ -9,6 +9,7 @@ One rule for every kernel generation (``../shared/SEMANTICS.md`` section 2): wit
 The helpers here return half-open per-row bounds ``[lo, hi)`` clamped to ``[0, sk]``; a row with
 ``lo >= hi`` is fully masked.
 """
+
 from __future__ import annotations
 
 import torch

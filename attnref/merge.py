@@ -10,6 +10,7 @@ A part where a row saw nothing has ``lse = -inf`` and weight 0; a row that saw n
 keeps output 0 and LSE ``-inf`` (the package convention).  Sinks must be added exactly once: give
 them to one part only.  Layout is the varlen one: ``out (n, h, dv)``, ``lse (h, n)``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -27,10 +28,14 @@ def merge_many(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> At
         raise ValueError(f"outs and lses must be non-empty and of equal length, got {len(outs)} and {len(lses)}")
     for i, (o, l) in enumerate(zip(outs, lses)):
         if o.dim() != 3 or l.dim() != 2 or tuple(l.shape) != (o.shape[1], o.shape[0]):
-            raise ValueError(f"part {i}: out must be (n, h, dv) and lse (h, n), got {tuple(o.shape)} and {tuple(l.shape)}")
+            raise ValueError(
+                f"part {i}: out must be (n, h, dv) and lse (h, n), got {tuple(o.shape)} and {tuple(l.shape)}"
+            )
         if o.shape != outs[0].shape:
             raise ValueError(f"part {i}: out shape {tuple(o.shape)} differs from part 0 {tuple(outs[0].shape)}")
-    stacked = torch.stack([l.to(torch.float64 if l.dtype == torch.float64 else torch.float32) for l in lses])  # (p, h, n)
+    stacked = torch.stack(
+        [l.to(torch.float64 if l.dtype == torch.float64 else torch.float32) for l in lses]
+    )  # (p, h, n)
     total = torch.logsumexp(stacked, dim=0)
     finite = torch.isfinite(total)
     safe_total = torch.where(finite, total, torch.zeros_like(total))

@@ -17,6 +17,7 @@ Chunked local attention (FA3 ``attention_chunk``, Llama-4 style) is ``chunk=C``:
 ``p = i + sk - sq`` the row sees keys in ``[p - p % C, p - p % C + C)``, intersected with the
 causal/window range.
 """
+
 from __future__ import annotations
 
 import math
@@ -84,7 +85,9 @@ class AttnOptions:
             raise ValueError(f"softcap must be a positive finite float or None (off), got {self.softcap!r}")
         if self.scale is not None and not math.isfinite(self.scale):
             raise ValueError(f"scale must be finite or None (1/sqrt(d)), got {self.scale!r}")
-        if self.chunk is not None and (isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk <= 0):
+        if self.chunk is not None and (
+            isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk <= 0
+        ):
             raise ValueError(f"chunk must be a positive int or None (off), got {self.chunk!r}")
 
     @property

@@ -1,5 +1,6 @@
 """Padded batches ``(b, s, h, d)``: every sequence has ``sq`` queries; keys may be limited per
 sequence by ``seqlens_k`` (FA2 ``flash_attn_with_kvcache``'s ``cache_seqlens``)."""
+
 from __future__ import annotations
 
 import torch

@@ -10,6 +10,7 @@ K and V may be separate tensors or stacked as ``(2, num_blocks, ...)`` (pass the
 ``block_table[b, t // block_size]`` at offset ``t % block_size``.  Any block size works here; the
 kernels' own limits (FA2: a multiple of 256) are the adapters' business.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -43,7 +44,9 @@ def cache_geometry(cache: torch.Tensor, layout: KVLayout = "NHD") -> tuple[int, 
     """(num_blocks, block_size, hk, d) of one K or V cache."""
     _check_layout(layout)
     if not isinstance(cache, torch.Tensor) or cache.dim() != 4:
-        raise ValueError(f"cache must be 4-D (num_blocks, ...) in layout {layout}, got shape {tuple(getattr(cache, 'shape', ()))}")
+        raise ValueError(
+            f"cache must be 4-D (num_blocks, ...) in layout {layout}, got shape {tuple(getattr(cache, 'shape', ()))}"
+        )
     n, a, b, d = cache.shape
     return (n, a, b, d) if layout == "NHD" else (n, b, a, d)
 
@@ -92,7 +95,10 @@ def write_kv_cache(
     if value.dim() != 3 or tuple(value.shape[1:]) != (hkv, dv):
         raise ValueError(f"value must have shape (n, {hkv}, {dv}) to match v_cache, got {tuple(value.shape)}")
     if len(slots) != key.shape[0] or value.shape[0] != key.shape[0]:
-        raise ValueError(f"slot_mapping ({len(slots)}), key ({key.shape[0]}) and value ({value.shape[0]}) must have one entry per token")
+        raise ValueError(
+            f"slot_mapping ({len(slots)}), key ({key.shape[0]}) and value ({value.shape[0]}) "
+            "must have one entry per token"
+        )
     for t, s in enumerate(slots):
         if s < -1 or s >= nb * bs:
             raise ValueError(f"slot_mapping[{t}] = {s} is outside the cache (-1 or 0 <= slot < {nb * bs})")
@@ -158,9 +164,13 @@ def attention_paged(
     nb, bs, hk, d = cache_geometry(k_cache, layout)
     nbv, bsv, hkv, dv = cache_geometry(v_cache, layout)
     if (nb, bs, hk) != (nbv, bsv, hkv):
-        raise ValueError(f"k_cache and v_cache must agree in blocks, block size and heads, got {(nb, bs, hk)} and {(nbv, bsv, hkv)}")
+        raise ValueError(
+            f"k_cache and v_cache must agree in blocks, block size and heads, got {(nb, bs, hk)} and {(nbv, bsv, hkv)}"
+        )
     if k_cache.device != q.device or v_cache.device != q.device:
-        raise ValueError(f"q, k_cache, v_cache must be on one device, got {q.device}, {k_cache.device}, {v_cache.device}")
+        raise ValueError(
+            f"q, k_cache, v_cache must be on one device, got {q.device}, {k_cache.device}, {v_cache.device}"
+        )
     h, _, _, _ = check_qkv(q, k_cache.new_empty(0, hk, d), v_cache.new_empty(0, hk, dv), token_dims=1)
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
     batch = len(cu_q) - 1

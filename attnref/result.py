@@ -1,4 +1,5 @@
 """The value every reference entry point returns."""
+
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -3,6 +3,7 @@
 Each failure raises ``ValueError`` whose message starts with the argument's name and states the
 constraint and the offending value, so a user can fix a call without reading this code.
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,7 +47,9 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, token_dims: int
         if not isinstance(t, torch.Tensor):
             _fail(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != rank:
-            _fail(f"{name} must have {rank} dims ({'tokens, ' * token_dims}heads, head_dim), got shape {tuple(t.shape)}")
+            _fail(
+                f"{name} must have {rank} dims ({'tokens, ' * token_dims}heads, head_dim), got shape {tuple(t.shape)}"
+            )
         if not t.dtype.is_floating_point:
             _fail(f"{name} must be a floating tensor, got dtype {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
@@ -125,10 +128,15 @@ def check_alibi(t: torch.Tensor | None, batch: int, heads: int, device: torch.de
         _fail(f"alibi_slopes must be on {device}, got {t.device}")
 
 
-def check_block_table(block_table: torch.Tensor, batch: int, num_blocks: int, block_size: int, seqlens: list[int]) -> list[list[int]]:
+def check_block_table(
+    block_table: torch.Tensor, batch: int, num_blocks: int, block_size: int, seqlens: list[int]
+) -> list[list[int]]:
     """Block table (batch, max_blocks): the entries each sequence needs exist and lie in the cache."""
     if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
-        _fail(f"block_table must be a 2-D (batch, max_blocks) tensor, got shape {tuple(getattr(block_table, 'shape', ()))}")
+        _fail(
+            "block_table must be a 2-D (batch, max_blocks) tensor, "
+            f"got shape {tuple(getattr(block_table, 'shape', ()))}"
+        )
     if block_table.dtype.is_floating_point or block_table.dtype == torch.bool:
         _fail(f"block_table must be an integer tensor, got dtype {block_table.dtype}")
     if block_table.shape[0] != batch:

@@ -5,6 +5,7 @@ Keys of sequence ``b`` are ``k[cu_seqlens_k[b] : cu_seqlens_k[b] + n_b]`` where 
 ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``.  With ``seqused_k`` and no ``cu_seqlens_k`` the keys are
 laid out as a padded ``(b, sk_max)`` batch flattened to ``(b * sk_max, hk, d)``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,7 +37,10 @@ def sequence_spans(
             caps = [total_k - s for s in starts]  # FA3/FA4: seqused_k may exceed the cu_seqlens span
     else:
         if batch == 0 or total_k % batch != 0:
-            raise ValueError(f"k must hold batch * max_seqlen_k tokens when only seqused_k is given; got {total_k} tokens for batch {batch}")
+            raise ValueError(
+                "k must hold batch * max_seqlen_k tokens when only seqused_k is given; "
+                f"got {total_k} tokens for batch {batch}"
+            )
         width = total_k // batch
         starts = [b * width for b in range(batch)]
         caps = [width] * batch
@@ -85,7 +89,7 @@ def attention_varlen(
         q0, q1 = cu_q[b], cu_q[b + 1]
         slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
         o, l = attend_sequence(
-            q[q0:q1], k[k0:k0 + n], v[k0:k0 + n], options, alibi_slopes=slopes, sinks=sinks, numerics=numerics
+            q[q0:q1], k[k0 : k0 + n], v[k0 : k0 + n], options, alibi_slopes=slopes, sinks=sinks, numerics=numerics
         )
         out[q0:q1] = o
         lse[:, q0:q1] = l

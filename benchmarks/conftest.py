@@ -14,6 +14,7 @@ so two conftests of one run registering it would crash argparse.
 Every number is taken by :mod:`conformance.timing` (STYLE item 9) and stored in the benchmark's
 ``extra_info``; pytest-benchmark's own columns time the whole measurement loop, not the kernel.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,10 +27,20 @@ ENV = "ATTNCONF_BENCH_BACKENDS"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("attnconf-bench")
-    group.addoption("--bench-backend", action="append", default=[], dest="bench_backend", metavar="NAME",
-                    help=f"adapter to benchmark (repeatable); default: --backend, else ${ENV} (comma-separated)")
-    group.addoption("--bench-cuda-graph", action="store_true", default=False,
-                    help="time CUDA-graph replays of each call (no launch gaps in short decode kernels)")
+    group.addoption(
+        "--bench-backend",
+        action="append",
+        default=[],
+        dest="bench_backend",
+        metavar="NAME",
+        help=f"adapter to benchmark (repeatable); default: --backend, else ${ENV} (comma-separated)",
+    )
+    group.addoption(
+        "--bench-cuda-graph",
+        action="store_true",
+        default=False,
+        help="time CUDA-graph replays of each call (no launch gaps in short decode kernels)",
+    )
 
 
 def bench_backends(config: pytest.Config) -> list[str]:

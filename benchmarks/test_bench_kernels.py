@@ -4,6 +4,7 @@ One benchmark per (perf case, backend).  The kernel call is the adapter's prepar
 by :func:`conformance.timing.make_timer` (CUDA events, L2 flushed, warm-up by time, median with
 p20/p80); the figures land in ``extra_info`` so ``--benchmark-json`` keeps them with each case id.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -3,6 +3,7 @@
 Runs everywhere, so the ``bench`` session measures something on a CPU-only machine too; the
 number tracks the reference's own speed (a slow reference makes the conformance suites slow).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,10 +16,24 @@ from conformance.reference import reference
 from conformance.timing import make_timer
 
 CASES = [
-    AttentionCase(requests=((256, 256), (1, 300), (64, 512)), num_heads=8, num_kv_heads=2, head_dim=64,
-                  causal=True, batch_name="mix3"),
-    AttentionCase(requests=((1, 1024),) * 4, num_heads=8, num_kv_heads=1, head_dim=128, causal=True,
-                  kv_layout="NHD", block_size=16, batch_name="dec4x1k"),
+    AttentionCase(
+        requests=((256, 256), (1, 300), (64, 512)),
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        causal=True,
+        batch_name="mix3",
+    ),
+    AttentionCase(
+        requests=((1, 1024),) * 4,
+        num_heads=8,
+        num_kv_heads=1,
+        head_dim=128,
+        causal=True,
+        kv_layout="NHD",
+        block_size=16,
+        batch_name="dec4x1k",
+    ),
 ]
 
 

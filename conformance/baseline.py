@@ -15,6 +15,7 @@ Fully masked rows give 0 output and LSE ``-inf`` (the sink's value with sinks), 
 convention.  The LSE is fp32, computed from the low-precision scores.  Each tile holds at most
 ``MAX_TILE_ELEMS`` scores (heads x query rows x keys), so memory stays bounded for long sequences.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,7 +35,10 @@ MAX_TILE_ELEMS = 1 << 24
 
 @torch.no_grad()
 def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same-dtype PyTorch attention of ``case``: ``out (total_q, h, dv)`` in the case dtype, ``lse (h, total_q)`` fp32."""
+    """Same-dtype PyTorch attention of ``case``.
+
+    Returns ``out (total_q, h, dv)`` in the case dtype and ``lse (h, total_q)`` fp32.
+    """
     dt = case.torch_dtype
     dev = inputs.q.device
     h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
@@ -55,19 +59,21 @@ def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, tor
                 continue
             if sk == 0:  # nothing to attend: output stays 0, LSE is the sink or -inf
                 if sink is not None:
-                    lse[:, q0:q0 + sq] = sink
+                    lse[:, q0 : q0 + sq] = sink
                 continue
             # (h, sk, d): query head i reads kv head i // group
-            kb = inputs.k[k0:k0 + sk].to(dt).repeat_interleave(group, dim=1).permute(1, 0, 2)
-            vb = inputs.v[k0:k0 + sk].to(dt).repeat_interleave(group, dim=1).permute(1, 0, 2)
-            qb = (inputs.q[q0:q0 + sq].to(dt) * scale).permute(1, 0, 2)  # rounded to dt, like attention_ref
+            kb = inputs.k[k0 : k0 + sk].to(dt).repeat_interleave(group, dim=1).permute(1, 0, 2)
+            vb = inputs.v[k0 : k0 + sk].to(dt).repeat_interleave(group, dim=1).permute(1, 0, 2)
+            qb = (inputs.q[q0 : q0 + sq].to(dt) * scale).permute(1, 0, 2)  # rounded to dt, like attention_ref
             cols = torch.arange(sk, device=dev)
             tq = max(1, min(sq, MAX_TILE_ELEMS // (h * sk)))
             for t0 in range(0, sq, tq):
                 t1 = min(sq, t0 + tq)
-                o, l = _tile(qb[:, t0:t1], kb, vb, torch.arange(t0, t1, device=dev), cols, sq, sk, options, slopes, sink)
-                out[q0 + t0:q0 + t1] = o.permute(1, 0, 2)
-                lse[:, q0 + t0:q0 + t1] = l
+                o, l = _tile(
+                    qb[:, t0:t1], kb, vb, torch.arange(t0, t1, device=dev), cols, sq, sk, options, slopes, sink
+                )
+                out[q0 + t0 : q0 + t1] = o.permute(1, 0, 2)
+                lse[:, q0 + t0 : q0 + t1] = l
     return out, lse
 
 

@@ -13,6 +13,7 @@ JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from the
 adding a field with a default keeps every existing id, hash and record valid; :meth:`from_json`
 ignores keys it does not know (records written by a newer version stay readable).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -256,7 +257,7 @@ class AttentionCase:
         mods = sorted(self.features() - {self.dtype})
         return (
             f"q/kv lens [{shown}] h={self.num_heads} hk={self.num_kv_heads} d={self.head_dim} dv={self.dv} "
-            f"{self.dtype} {'paged ' + self.kv_layout + ' block ' + str(self.block_size) if self.paged else 'contiguous'}"
+            f"{self.dtype} {f'paged {self.kv_layout} block {self.block_size}' if self.paged else 'contiguous'}"
             f" window={self.window} softcap={self.softcap} [{' '.join(mods)}]"
         )
 

@@ -10,6 +10,7 @@ Failure text has one fixed shape per sub-check, ``"<check>: <what> at <where> > 
 (<how the bound is made>)"``, several joined by ``" | "``; the record's ``repro`` field holds the
 one-line command that reruns exactly this (case, backend, device, seed).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -121,10 +122,22 @@ def check_backend(
     ) -> CheckResult:
         elapsed = time.perf_counter() - t_start + ref_share
         return CheckResult(
-            case_id=case.id, backend=backend.name, family=backend.family, status=status, case=case.to_json(),
-            reason=reason, version=version, device=ctx.device, seed=ctx.seed, stats=stats, timing=timing,
-            repro=repro_command(case, backend.name, ctx.device, ctx.seed), elapsed_s=elapsed,
-            kernel_s=clock["kernel"], harness_s=elapsed - clock["kernel"] - clock["bench"], extra=extra,
+            case_id=case.id,
+            backend=backend.name,
+            family=backend.family,
+            status=status,
+            case=case.to_json(),
+            reason=reason,
+            version=version,
+            device=ctx.device,
+            seed=ctx.seed,
+            stats=stats,
+            timing=timing,
+            repro=repro_command(case, backend.name, ctx.device, ctx.seed),
+            elapsed_s=elapsed,
+            kernel_s=clock["kernel"],
+            harness_s=elapsed - clock["kernel"] - clock["bench"],
+            extra=extra,
         )
 
     try:
@@ -282,11 +295,20 @@ def _compare(ref: AttnResult, base, kernel_out: KernelOutput, tol: Tolerance) ->
 
     failed = [c for c in CHECKS if c in details]
     stats = ErrorStats(
-        max_abs=max_abs, max_rel=max_rel, mean_abs=mean_abs,
+        max_abs=max_abs,
+        max_rel=max_rel,
+        mean_abs=mean_abs,
         worst=(worst_flat // (h * dv), (worst_flat // dv) % h, worst_flat % dv) if n else (-1, -1, -1),
-        mismatch_frac=mismatch_frac, error_ratio=error_ratio, baseline_max_abs=b_max, baseline_mean_abs=b_mean,
-        allowed_max_abs=allowed_max, cosine=cosine, nonfinite=nonfinite, lse_max_abs=lse_max_abs,
-        lse_allowed=lse_allowed, failed_checks=tuple(failed),
+        mismatch_frac=mismatch_frac,
+        error_ratio=error_ratio,
+        baseline_max_abs=b_max,
+        baseline_mean_abs=b_mean,
+        allowed_max_abs=allowed_max,
+        cosine=cosine,
+        nonfinite=nonfinite,
+        lse_max_abs=lse_max_abs,
+        lse_allowed=lse_allowed,
+        failed_checks=tuple(failed),
     )
     return stats, [details[c] for c in failed]
 

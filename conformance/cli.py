@@ -131,9 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cs = sub.add_parser("cases", help="list the cases of a suite")
     cs.add_argument("--suite", required=True)
-    cs.add_argument(
-        "--case", action="append", default=[], metavar="GLOB", help="keep ids matching (repeatable)"
-    )
+    cs.add_argument("--case", action="append", default=[], metavar="GLOB", help="keep ids matching (repeatable)")
     cs.add_argument("--json", action="store_true")
     return p
 
@@ -249,9 +247,7 @@ def _backends(args: argparse.Namespace) -> int:
     table.add_row("[bold]family", *[i.get("family", "?") for i in infos.values()])
     table.add_row("[bold]devices", *[i.get("devices", "?") for i in infos.values()], end_section=True)
     for feature in FEATURES:
-        table.add_row(
-            feature, *["[red]no" if feature in refused_features(i) else "[green]yes" for i in infos.values()]
-        )
+        table.add_row(feature, *["[red]no" if feature in refused_features(i) else "[green]yes" for i in infos.values()])
     # Piped output has no terminal width; the matrix is wider than rich's 80-column default.
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table)

@@ -77,9 +77,7 @@ class Comparison:
 
     @property
     def regressed(self) -> bool:
-        return bool(
-            self.new_failures or self.ratio_regressions or self.perf_regressions or self.capability_lost
-        )
+        return bool(self.new_failures or self.ratio_regressions or self.perf_regressions or self.capability_lost)
 
 
 def _family(r: CheckResult) -> str:
@@ -214,7 +212,8 @@ def render_markdown(cmp: Comparison) -> str:
     if cmp.compared_errors:
         out.append(
             f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs have the same "
-            f"max error and LSE error (identical outputs, in practice); {cmp.compared_errors - cmp.identical_errors} changed."
+            "max error and LSE error (identical outputs, in practice); "
+            f"{cmp.compared_errors - cmp.identical_errors} changed."
         )
     for label, counts in (("old", cmp.families_only_old), ("new", cmp.families_only_new)):
         if counts:
@@ -248,9 +247,7 @@ def render_markdown(cmp: Comparison) -> str:
         "New failures",
         cmp.new_failures,
         "| family | case | old | new | reason |",
-        lambda p: (
-            f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {p.new.status.value} | {_cell(p.new.reason)} |"
-        ),
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {p.new.status.value} | {_cell(p.new.reason)} |",
     )
     section(
         "Error-ratio regressions",

@@ -11,6 +11,7 @@ a CPU rerun of one case see the same numbers.  Choices that make bugs visible:
   large finite values (stale data, as in a real engine) so a kernel that reads past
   ``seqused_k`` is caught rather than masked by zeros.
 """
+
 from __future__ import annotations
 
 import math
@@ -87,7 +88,9 @@ class CaseInputs:
         return kp, vp
 
 
-def _paged_cache(case: AttentionCase, k: torch.Tensor, v: torch.Tensor, cu_k: list[int], keep: list[int], gen: torch.Generator):
+def _paged_cache(
+    case: AttentionCase, k: torch.Tensor, v: torch.Tensor, cu_k: list[int], keep: list[int], gen: torch.Generator
+):
     bs = case.block_size
     assert bs is not None
     need = [max(1, -(-n // bs)) for n in case.kv_lens]
@@ -99,17 +102,17 @@ def _paged_cache(case: AttentionCase, k: torch.Tensor, v: torch.Tensor, cu_k: li
     table = torch.zeros(case.batch, max(need), dtype=torch.int32)
     cursor = 0
     for b, n in enumerate(case.kv_lens):
-        blocks = perm[cursor:cursor + need[b]]
+        blocks = perm[cursor : cursor + need[b]]
         cursor += need[b]
         table[b, : need[b]] = blocks.to(torch.int32)
         if need[b] < table.shape[1]:
-            table[b, need[b]:] = int(perm[-1])  # padding entries point at the spare block
+            table[b, need[b] :] = int(perm[-1])  # padding entries point at the spare block
         written = keep[b]
         for t0 in range(0, written, bs):
             t1 = min(written, t0 + bs)
             blk = int(blocks[t0 // bs])
-            kc[blk, : t1 - t0] = k[cu_k[b] + t0: cu_k[b] + t1].float()
-            vc[blk, : t1 - t0] = v[cu_k[b] + t0: cu_k[b] + t1].float()
+            kc[blk, : t1 - t0] = k[cu_k[b] + t0 : cu_k[b] + t1].float()
+            vc[blk, : t1 - t0] = v[cu_k[b] + t0 : cu_k[b] + t1].float()
     kc, vc = kc.to(k.dtype), vc.to(v.dtype)
     if case.kv_layout == "HND":
         kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
@@ -149,7 +152,11 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
         sinks=sinks,
     )
     if case.append:
-        idx = torch.cat([torch.arange(cu_k[b + 1] - ql, cu_k[b + 1]) for b, (ql, _) in enumerate(case.requests)]) if case.total_q else torch.zeros(0, dtype=torch.long)
+        idx = (
+            torch.cat([torch.arange(cu_k[b + 1] - ql, cu_k[b + 1]) for b, (ql, _) in enumerate(case.requests)])
+            if case.total_q
+            else torch.zeros(0, dtype=torch.long)
+        )
         inputs.k_new, inputs.v_new = k[idx], v[idx]
     if case.paged:
         keep = [kl - (ql if case.append else 0) for ql, kl in case.requests]

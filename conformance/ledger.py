@@ -45,9 +45,7 @@ def toml_module() -> Any:
 
             return tomli
         except ModuleNotFoundError:
-            raise RuntimeError(
-                "reading ledgers needs Python 3.11+ (tomllib) or `pip install tomli` on 3.10"
-            ) from None
+            raise RuntimeError("reading ledgers needs Python 3.11+ (tomllib) or `pip install tomli` on 3.10") from None
 
 
 @dataclass(frozen=True)
@@ -132,9 +130,7 @@ def _entry(backend: str, raw: Any, source: str) -> LedgerEntry:
     statuses = (statuses,) if isinstance(statuses, str) else tuple(statuses)
     bad = [s for s in statuses if s not in _PROBLEMS]
     if bad or not statuses:
-        raise ValueError(
-            f"{source}: statuses must be a non-empty subset of {_PROBLEMS}, got {list(statuses)}"
-        )
+        raise ValueError(f"{source}: statuses must be a non-empty subset of {_PROBLEMS}, got {list(statuses)}")
     return LedgerEntry(backend, raw["pattern"], raw["reason"], evidence, statuses, source)
 
 
@@ -156,7 +152,5 @@ def load_ledger(directory: Path | str | None = None) -> Ledger:
         unknown = set(data) - {"failure"}
         if unknown:
             raise ValueError(f"{path}: top-level keys must be [[failure]] entries, got {sorted(unknown)}")
-        ledger.entries.extend(
-            _entry(path.stem, raw, f"{path}[{i}]") for i, raw in enumerate(data.get("failure", []))
-        )
+        ledger.entries.extend(_entry(path.stem, raw, f"{path}[{i}]") for i, raw in enumerate(data.get("failure", [])))
     return ledger

@@ -59,9 +59,7 @@ def error_ratio_histograms(ratios: Mapping[str, Sequence[float]]) -> bytes | Non
         ax.set_xscale("log")
         ax.set_ylabel("cases")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(
-            f"{backend}: {len(rs)} checks, {over} above the limit (ratio > 1)", fontsize=9, loc="left"
-        )
+        ax.set_title(f"{backend}: {len(rs)} checks, {over} above the limit (ratio > 1)", fontsize=9, loc="left")
     axes[-1, 0].set_xlabel(f"error ratio = max error / allowed (log; ratios < {lo:g} drawn at {lo:g})")
     fig.tight_layout()
     return _png(fig)
@@ -86,9 +84,7 @@ def throughput_plot(points: Mapping[str, Sequence[tuple[str, float]]], unit: str
     ax.set_yticks([i + (len(backends) - 1) * height / 2 for i in range(len(cases))])
     ax.set_yticklabels([c if len(c) <= 60 else c[:57] + "..." for c in cases], fontsize=7)
     ax.set_ylim(len(cases) - 0.5 + (len(backends) - 1) * height / 2, -0.5)
-    ax.set_xlabel(
-        unit + (f" (first {len(cases)} of {len(every)} cases by id)" if len(every) > len(cases) else "")
-    )
+    ax.set_xlabel(unit + (f" (first {len(cases)} of {len(every)} cases by id)" if len(every) > len(cases) else ""))
     ax.legend(fontsize=8)
     fig.tight_layout()
     return _png(fig)

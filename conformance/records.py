@@ -5,6 +5,7 @@ A results file is JSON lines: one ``header`` record (environment, suite, backend
 ``schema``; readers ignore keys they do not know and fill missing ones with defaults, so files
 written by older and newer versions stay readable.
 """
+
 from __future__ import annotations
 
 import dataclasses

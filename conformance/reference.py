@@ -9,6 +9,7 @@ On CUDA, TF32 is switched off for the duration (:func:`strict_fp32`): with TF32 
 keeps only 10 mantissa bits, which would make the "exact" side of every comparison as noisy as
 the bf16 kernels it judges.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -199,8 +199,7 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
     caps = _capabilities(backends, infos)
     cap_backends = [b for b in backends if b in caps]
     capability = [
-        {"feature": f, "description": FEATURES[f], "cells": [caps[b].get(f) for b in cap_backends]}
-        for f in FEATURES
+        {"feature": f, "description": FEATURES[f], "cells": [caps[b].get(f) for b in cap_backends]} for f in FEATURES
     ]
     ratios = {b: [r.stats.error_ratio for r in by_backend[b] if r.stats is not None] for b in backends}
     timed = sorted((r for r in results if r.timing is not None), key=lambda r: (r.case_id, r.backend))
@@ -260,8 +259,7 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
             for r, e in verdict.unexpected_passes
         ],
         "stale": [
-            {"backend": e.backend, "pattern": e.pattern, "reason": e.reason, "source": e.source}
-            for e in verdict.stale
+            {"backend": e.backend, "pattern": e.pattern, "reason": e.reason, "source": e.source} for e in verdict.stale
         ],
         "cap_backends": cap_backends,
         "capability": capability,

@@ -38,6 +38,7 @@ Peaks (:data:`PEAKS`) are datasheet numbers (dense, no sparsity) for 16-bit inpu
 calls them leads, so :func:`roofline` also reports the fraction of a *measured* copy bandwidth
 (``conformance.timing.measure_copy_bandwidth``) next to the spec one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,9 +83,7 @@ def _clamped_sum(a: int, m: int, n: int) -> int:
     return _clamped_prefix(a + m, n) - _clamped_prefix(a, n)
 
 
-def _row_bounds(
-    sq: int, sk: int, left: int | None, right: int | None, chunk: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_bounds(sq: int, sk: int, left: int | None, right: int | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Half-open per-row key bounds with a chunk (the one case without a closed form used here)."""
     pos = torch.arange(sq, dtype=torch.int64) + (sk - sq)
     start = pos - torch.remainder(pos, chunk)  # floor modulo: rows above the diagonal get a negative chunk
@@ -93,9 +92,7 @@ def _row_bounds(
     return lo.clamp(0, sk), hi.clamp(0, sk)
 
 
-def visible_pairs(
-    sq: int, sk: int, left: int | None = None, right: int | None = None, chunk: int | None = None
-) -> int:
+def visible_pairs(sq: int, sk: int, left: int | None = None, right: int | None = None, chunk: int | None = None) -> int:
     """Number of (row, key) pairs one request of ``sq`` queries over ``sk`` keys may see.
 
     Row ``i`` (diagonal position ``p = i + sk - sq``) sees ``[p - left, p + right]`` intersected

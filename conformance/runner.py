@@ -186,9 +186,7 @@ def _describe(client: WorkerClient, config: RunConfig) -> tuple[dict[str, Any], 
         timeout=max(120.0, config.timeout),
     )
     if reply.kind != "ok" or not reply.data.get("ok"):
-        raise UsageError(
-            f"the worker could not describe the backends: {reply.reason or reply.data.get('error')}"
-        )
+        raise UsageError(f"the worker could not describe the backends: {reply.reason or reply.data.get('error')}")
     errors = reply.data.get("errors", {})
     if errors:
         raise UsageError("; ".join(f"{spec}: {msg}" for spec, msg in errors.items()))
@@ -214,9 +212,7 @@ def _previous(config: RunConfig) -> dict[tuple[str, str], CheckResult]:
     return {(r.case_id, r.backend): r for r in results}
 
 
-def _record(
-    reply: Reply, case: AttentionCase, spec: str, info: dict[str, str], config: RunConfig
-) -> CheckResult:
+def _record(reply: Reply, case: AttentionCase, spec: str, info: dict[str, str], config: RunConfig) -> CheckResult:
     """The record of one request: the worker's verdict, or one the parent writes for it."""
     from .check import repro_command
 
@@ -338,9 +334,7 @@ def run(config: RunConfig) -> RunSummary:
         todo = [(c, s) for c, s in pairs if (c.id, infos[s]["name"]) not in done]
         summary.skipped = len(pairs) - len(todo)
         summary.problems = sum(
-            1
-            for c, s in pairs
-            if (c.id, infos[s]["name"]) in done and done[c.id, infos[s]["name"]].status.is_problem
+            1 for c, s in pairs if (c.id, infos[s]["name"]) in done and done[c.id, infos[s]["name"]].status.is_problem
         )
         with _progress(config, len(todo)) as bar:
             task = bar.add_task(config.suite or "cases", total=len(todo), counts="")

@@ -21,8 +21,9 @@ Method on CUDA, recorded with each number as ``cuda-events,l2-flush-read,warmup-
   prefill cases.  A read rather than Triton ``do_bench``'s ``zero_()``: a write leaves the L2 full
   of dirty lines, which are written back to HBM *during* the next timed call as it evicts them:
   up to an L2's worth of extra write traffic (50 MB on an H100, 60 MB on an H200: 12-15 us) on
-  a memory-bound kernel; after a read the L2 holds clean lines whose eviction costs nothing.  Four times the L2 (and at least Triton's
-  256 MiB) because the replacement policy is not strict LRU and Hopper's L2 is two partitions.
+  a memory-bound kernel; after a read the L2 holds clean lines whose eviction costs nothing.
+  Four times the L2 (and at least Triton's 256 MiB) because the replacement policy is not strict
+  LRU and Hopper's L2 is two partitions.
 * **CUDA graph** (``cuda_graph=True``): the callable is captured once on a side stream and
   ``graph.replay()`` is timed, removing launch gaps between the several kernels an adapter may
   launch (METHOD.md: "for many small launches, capture a graph").  If capture fails (a host sync,
@@ -40,6 +41,7 @@ each call (method ``perf-counter,warmup-time``); there is no flush.
   when the flush alone had to hide it) runs while the GPU is still busy and is never timed.
   ``cuda_graph=True`` removes the launch path altogether.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -268,8 +270,7 @@ def measure_copy_bandwidth(device: str | torch.device, nbytes: int = 2**30) -> f
     gen = torch.Generator(device=dev).manual_seed(0)
     src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=dev, generator=gen)
     dst = torch.empty_like(src)
-    sample = measure(lambda: dst.copy_(src), device=dev, warmup_s=0.05, min_reps=5, max_reps=200,
-                     target_s=0.2)
+    sample = measure(lambda: dst.copy_(src), device=dev, warmup_s=0.05, min_reps=5, max_reps=200, target_s=0.2)
     return 2 * nbytes / (sample.median_ms * 1e-3) / 1e9
 
 
@@ -322,8 +323,19 @@ def make_timer(device: str | torch.device, **opts: Any) -> CaseTimer:
             "p80_ms": sample.p80_ms,
             "reps": sample.reps,
             "method": method,
-            **{k: figures[k] for k in ("flops", "bytes", "tflops", "gbps", "roofline_pct", "bound",
-                                       "pct_of_measured_bw", "measured_copy_gbps")},
+            **{
+                k: figures[k]
+                for k in (
+                    "flops",
+                    "bytes",
+                    "tflops",
+                    "gbps",
+                    "roofline_pct",
+                    "bound",
+                    "pct_of_measured_bw",
+                    "measured_copy_gbps",
+                )
+            },
             "note": notes,
         }
         return Timing(**{k: v for k, v in values.items() if k in record_fields})

@@ -58,6 +58,7 @@ A TOML file (:func:`load_toml`) holds the same layers::
 Resolution: dtype default -> feature -> backend -> case -> overrides; later layers win and a field
 left ``None`` inherits.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -134,12 +135,42 @@ SCOPES: tuple[str, ...] = ("dtype", "feature", "backend", "case")
 
 #: Complete defaults per dtype (every field set); see the module docstring for the reasoning.
 DTYPE_DEFAULTS: dict[str, Tolerance] = {
-    "bf16": Tolerance(factor=2, atol=2**-8, rtol=0, mean_factor=2, mean_atol=2**-11, lse_factor=2,
-                      lse_atol=1e-3, lse_rtol=1e-5, min_cosine=0.999, max_mismatch_frac=0),
-    "fp16": Tolerance(factor=2, atol=2**-11, rtol=0, mean_factor=2, mean_atol=2**-14, lse_factor=2,
-                      lse_atol=1e-4, lse_rtol=1e-5, min_cosine=0.99999, max_mismatch_frac=0),
-    "fp32": Tolerance(factor=2, atol=1e-5, rtol=0, mean_factor=2, mean_atol=1e-6, lse_factor=2,
-                      lse_atol=1e-5, lse_rtol=1e-6, min_cosine=0.999999, max_mismatch_frac=0),
+    "bf16": Tolerance(
+        factor=2,
+        atol=2**-8,
+        rtol=0,
+        mean_factor=2,
+        mean_atol=2**-11,
+        lse_factor=2,
+        lse_atol=1e-3,
+        lse_rtol=1e-5,
+        min_cosine=0.999,
+        max_mismatch_frac=0,
+    ),
+    "fp16": Tolerance(
+        factor=2,
+        atol=2**-11,
+        rtol=0,
+        mean_factor=2,
+        mean_atol=2**-14,
+        lse_factor=2,
+        lse_atol=1e-4,
+        lse_rtol=1e-5,
+        min_cosine=0.99999,
+        max_mismatch_frac=0,
+    ),
+    "fp32": Tolerance(
+        factor=2,
+        atol=1e-5,
+        rtol=0,
+        mean_factor=2,
+        mean_atol=1e-6,
+        lse_factor=2,
+        lse_atol=1e-5,
+        lse_rtol=1e-6,
+        min_cosine=0.999999,
+        max_mismatch_frac=0,
+    ),
 }
 
 #: Feature -> layer, applied in this order for every feature the case has.
@@ -186,7 +217,9 @@ def _scope_matches(scope: Mapping[str, Any], case: AttentionCase, backend_name: 
 def _override_layer(override: Mapping[str, Any]) -> Tolerance:
     unknown = set(override) - set(FIELDS) - set(SCOPES)
     if unknown:
-        raise ValueError(f"tolerance override keys must be among {list(FIELDS)} or scopes {list(SCOPES)}, got {sorted(unknown)}")
+        raise ValueError(
+            f"tolerance override keys must be among {list(FIELDS)} or scopes {list(SCOPES)}, got {sorted(unknown)}"
+        )
     return Tolerance(**{k: v for k, v in override.items() if k in FIELDS})
 
 
@@ -238,7 +271,9 @@ def parse_override(text: str) -> dict[str, Any]:
         if not colon:
             kind, name = "dtype", scope_text
         if kind not in SCOPES or not name:
-            raise ValueError(f"--tol scope must be a dtype or one of {[s + ':NAME' for s in SCOPES]}, got {scope_text!r}")
+            raise ValueError(
+                f"--tol scope must be a dtype or one of {[s + ':NAME' for s in SCOPES]}, got {scope_text!r}"
+            )
         if kind == "dtype" and name not in DTYPES:
             raise ValueError(f"--tol dtype scope must be one of {sorted(DTYPES)}, got {name!r}")
         if kind == "feature" and name not in FEATURES:

@@ -106,9 +106,7 @@ class _Worker:
             case_timer, case = self.timers[device], self.ctx.case
             # make_timer's timer takes (case, fn) for the roofline; check_backend calls timer(fn).
             timer = lambda fn: case_timer(case, fn)
-        result = check_backend(
-            self.ctx, self.backend(req["backend"]), overrides=self.overrides[tol_key], timer=timer
-        )
+        result = check_backend(self.ctx, self.backend(req["backend"]), overrides=self.overrides[tol_key], timer=timer)
         return {"ok": True, "result": result.to_json()}
 
     def load(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -276,12 +274,8 @@ class WorkerClient:
         replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         tail: collections.deque[str] = collections.deque(maxlen=200)
         self._replies, self._tail = replies, tail
-        threading.Thread(
-            target=self._read_replies, args=(self.proc.stdout, replies, tail), daemon=True
-        ).start()
-        self._err_thread = threading.Thread(
-            target=self._read_stderr, args=(self.proc.stderr, tail), daemon=True
-        )
+        threading.Thread(target=self._read_replies, args=(self.proc.stdout, replies, tail), daemon=True).start()
+        self._err_thread = threading.Thread(target=self._read_stderr, args=(self.proc.stderr, tail), daemon=True)
         self._err_thread.start()
         try:
             ready = replies.get(timeout=self.startup_timeout)
@@ -289,9 +283,7 @@ class WorkerClient:
             ready = None
         if not ready or ready.get("op") != "ready":
             self.kill()
-            raise WorkerStartError(
-                f"worker did not start: {_exit_text(self.proc.returncode)}\n{self.stderr_tail()}"
-            )
+            raise WorkerStartError(f"worker did not start: {_exit_text(self.proc.returncode)}\n{self.stderr_tail()}")
         if self.preload:
             reply = self.request({"op": "load", "backends": self.preload}, timeout=self.startup_timeout)
             if reply.kind != "ok" or not reply.data.get("ok"):
@@ -341,9 +333,7 @@ class WorkerClient:
                 wall_s=time.perf_counter() - t0,
             )
         if reply is None:
-            return Reply(
-                "crash", reason=f"{self._reap()}\n{self.stderr_tail()}", wall_s=time.perf_counter() - t0
-            )
+            return Reply("crash", reason=f"{self._reap()}\n{self.stderr_tail()}", wall_s=time.perf_counter() - t0)
         return Reply("ok", data=reply, wall_s=time.perf_counter() - t0)
 
     def _dump_stacks(self) -> None:

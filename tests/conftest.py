@@ -33,7 +33,5 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="backend for test_conformance (registry name or module:Class); repeatable; default sdpa-cpu",
     )
     group.addoption("--suite", default="smoke", help="conformance suite for test_conformance (default smoke)")
-    group.addoption(
-        "--device", default="cpu", help="device for test_conformance: cpu, cuda, cuda:N (default cpu)"
-    )
+    group.addoption("--device", default="cpu", help="device for test_conformance: cpu, cuda, cuda:N (default cpu)")
     group.addoption("--ledger-dir", default=None, help="known-failure ledgers (default conformance/ledgers)")

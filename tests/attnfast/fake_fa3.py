@@ -31,16 +31,12 @@ from conformance.inputs import CaseInputs
 from conformance.reference import reference
 
 
-def options_from_fa(
-    causal: bool, window_size, softcap: float, scale: float | None, chunk: int = 0
-) -> AttnOptions:
+def options_from_fa(causal: bool, window_size, softcap: float, scale: float | None, chunk: int = 0) -> AttnOptions:
     """AttnOptions from FA2/FA3-spelled arguments (``-1`` = unbounded, 0 = off)."""
     window = window_from_fa2(*window_size)
     if causal:
         window = Window(window.left, None)
-    return AttnOptions(
-        causal=causal, window=window, softcap=softcap or None, scale=scale, chunk=chunk or None
-    )
+    return AttnOptions(causal=causal, window=window, softcap=softcap or None, scale=scale, chunk=chunk or None)
 
 
 def attend_sequences(
@@ -72,9 +68,7 @@ def _check_int32(name: str, t) -> None:
         raise RuntimeError(f"{name} must have dtype torch.int32, got {t.dtype}")
 
 
-def kvcache_sequences(
-    k_cache, v_cache, cache_seqlens, page_table, k_new: list, v_new: list
-) -> tuple[list, list]:
+def kvcache_sequences(k_cache, v_cache, cache_seqlens, page_table, k_new: list, v_new: list) -> tuple[list, list]:
     """Write each sequence's new keys at ``cache_seqlens[b]`` (in place), return its keys and values.
 
     ``k_cache`` is ``(num_pages, page, hk, d)`` with ``page_table``, else ``(b, width, hk, d)``.

@@ -67,18 +67,14 @@ def test_unknown_name_lists_the_known_ones(example):
 
 def test_example_declares_refusals_with_reasons(example):
     backend = registry.get_backend(example)
-    paged = AttentionCase(
-        requests=((3, 40),), num_heads=4, num_kv_heads=2, head_dim=64, kv_layout="NHD", block_size=16
-    )
+    paged = AttentionCase(requests=((3, 40),), num_heads=4, num_kv_heads=2, head_dim=64, kv_layout="NHD", block_size=16)
     got = backend.supports(paged, "cpu")
     assert not got and got.reason.startswith("paged: reads contiguous keys only"), got.reason
     assert not backend.capabilities()["alibi"] and backend.capabilities()["sinks"]
 
 
 CASES = [
-    AttentionCase(
-        requests=((33, 33), (1, 1), (70, 150)), num_heads=4, num_kv_heads=2, head_dim=64, causal=True
-    ),
+    AttentionCase(requests=((33, 33), (1, 1), (70, 150)), num_heads=4, num_kv_heads=2, head_dim=64, causal=True),
     AttentionCase(
         requests=((40, 20), (5, 0), (9, 130)),
         num_heads=4,

@@ -100,9 +100,7 @@ def make_fake_fa2() -> types.ModuleType:
         cu_q = [i * sq for i in range(b + 1)]
         opts = options_from_fa(causal, window_size, softcap, softmax_scale)
         res = attend_sequences(q.reshape(b * sq, h, d), cu_q, keys, values, opts, alibi_slopes)
-        lse = fa2_convention_lse(
-            res.lse, cu_q, [x.shape[0] for x in keys], alibi_slopes, causal, window_size, width
-        )
+        lse = fa2_convention_lse(res.lse, cu_q, [x.shape[0] for x in keys], alibi_slopes, causal, window_size, width)
         out = res.out.to(q.dtype).reshape(b, sq, h, -1)
         lse = lse.reshape(h, b, sq).permute(1, 0, 2)
         return (out, lse) if return_softmax_lse else out
@@ -263,9 +261,7 @@ GPU_CASES = {
     "alibi_window": C([(60, 90), (5, 77)], causal=True, window=(16, None), alibi=True),
     "alibi_decode": C([(1, 90), (1, 300)], causal=True, alibi=True),
     "scale": C([(20, 40)], causal=True, scale=0.05),
-    "mqa_d128_fp16": C(
-        [(30, 50), (1, 20)], num_heads=8, num_kv_heads=1, head_dim=128, dtype="fp16", causal=True
-    ),
+    "mqa_d128_fp16": C([(30, 50), (1, 20)], num_heads=8, num_kv_heads=1, head_dim=128, dtype="fp16", causal=True),
     "d256": C([(30, 50)], head_dim=256, causal=True),
     "decode_gqa": C([(1, 16), (1, 300), (1, 1), (1, 1000)], num_heads=8, num_kv_heads=2),
     "spec_decode": C([(4, 300), (4, 77), (4, 1024)], causal=True),
@@ -283,9 +279,7 @@ GPU_CASES = {
 @pytest.mark.parametrize("name", sorted(GPU_CASES))
 def test_gpu_matches_reference(gpu, name):
     case = GPU_CASES[name]
-    assert gpu.supports(case, "cuda"), (
-        f"{name}: declared supported but refused: {gpu.supports(case, 'cuda').reason}"
-    )
+    assert gpu.supports(case, "cuda"), f"{name}: declared supported but refused: {gpu.supports(case, 'cuda').reason}"
     inputs = make_inputs(case, seed=0, device="cuda")
     assert_matches_reference(case, inputs, gpu.prepare(case, inputs)(), label=f"fa2 {name}")
 

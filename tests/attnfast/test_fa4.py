@@ -191,9 +191,7 @@ CASES = {
     "sinks_masked_rows": C([(40, 20), (9, 30)], causal=True, sinks=True),
     "sinks_window": C([(60, 90), (5, 77)], causal=True, window=(16, None), sinks=True),
     "scale": C([(20, 40)], causal=True, scale=0.05),
-    "mqa_d128_fp16": C(
-        [(30, 50), (1, 20)], num_heads=8, num_kv_heads=1, head_dim=128, dtype="fp16", causal=True
-    ),
+    "mqa_d128_fp16": C([(30, 50), (1, 20)], num_heads=8, num_kv_heads=1, head_dim=128, dtype="fp16", causal=True),
     "d96": C([(30, 50)], head_dim=96, causal=True),
     "d256": C([(30, 50)], head_dim=256, causal=True),
     "dv_192_128": C([(30, 50), (7, 7)], head_dim=192, head_dim_v=128, causal=True),

@@ -49,12 +49,8 @@ def fake_flash_attention_forward(
     )
     keys = [key[a:b] for a, b in zip(cu_k, cu_k[1:])]
     values = [value[a:b] for a, b in zip(cu_k, cu_k[1:])]
-    res = attend_sequences(
-        query, cu_q, keys, values, options_from_fa(is_causal, window, 0.0, scale), alibi_slopes
-    )
-    lse = fa2_convention_lse(
-        res.lse, cu_q, [k.shape[0] for k in keys], alibi_slopes, is_causal, window, max_k
-    )
+    res = attend_sequences(query, cu_q, keys, values, options_from_fa(is_causal, window, 0.0, scale), alibi_slopes)
+    lse = fa2_convention_lse(res.lse, cu_q, [k.shape[0] for k in keys], alibi_slopes, is_causal, window, max_k)
     return res.out.to(query.dtype), lse, torch.empty(2), torch.empty(()), torch.empty(0)
 
 
@@ -113,9 +109,7 @@ CASES = {
     "window_causal": C([(100, 200), (64, 64)], causal=True, window=(32, None)),
     "window_sym": C([(100, 200), (64, 64)], window=(16, 16)),
     "scale": C([(20, 40)], causal=True, scale=0.05),
-    "mqa_d128_fp16": C(
-        [(30, 50), (1, 20)], num_heads=8, num_kv_heads=1, head_dim=128, dtype="fp16", causal=True
-    ),
+    "mqa_d128_fp16": C([(30, 50), (1, 20)], num_heads=8, num_kv_heads=1, head_dim=128, dtype="fp16", causal=True),
     "d256": C([(30, 50)], head_dim=256, causal=True),
     "decode_gqa": C([(1, 16), (1, 300), (1, 1)], num_heads=8, num_kv_heads=2),
 }

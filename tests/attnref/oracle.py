@@ -194,9 +194,7 @@ def build_paged_cache(
     caches = []
     for seqs in (ks, vs):
         dim = seqs[0].shape[2]
-        cache = (
-            torch.randn(num_blocks, block_size, hk, dim, generator=generator, dtype=torch.float64) * garbage
-        )
+        cache = torch.randn(num_blocks, block_size, hk, dim, generator=generator, dtype=torch.float64) * garbage
         for b, seq in enumerate(seqs):
             for t in range(seq.shape[0]):
                 cache[int(table[b, t // block_size]), t % block_size] = seq[t].to(torch.float64)

@@ -78,17 +78,11 @@ def assert_close_to(
     """
     tol = tolerance(dtype)
     assert out.dtype == dtype and lse.dtype == dtype, (out.dtype, lse.dtype, dtype)
-    torch.testing.assert_close(
-        out.to(torch.float64), want_out.to(torch.float64), **tol, msg=lambda m: "out: " + m
-    )
-    torch.testing.assert_close(
-        lse.to(torch.float64), want_lse.to(torch.float64), **tol, msg=lambda m: "lse: " + m
-    )
+    torch.testing.assert_close(out.to(torch.float64), want_out.to(torch.float64), **tol, msg=lambda m: "out: " + m)
+    torch.testing.assert_close(lse.to(torch.float64), want_lse.to(torch.float64), **tol, msg=lambda m: "lse: " + m)
 
 
-def check_against_oracle(
-    result, packed: Packed, options, dtype: torch.dtype, *, alibi=None, sinks=None
-) -> None:
+def check_against_oracle(result, packed: Packed, options, dtype: torch.dtype, *, alibi=None, sinks=None) -> None:
     """Compare a varlen-layout ``AttnResult`` with the oracle of the same per-sequence tensors."""
     want_out, want_lse = oracle_batch(
         packed.qs, packed.ks, packed.vs, alibi=alibi, sinks=sinks, **options_kwargs(options)

@@ -43,9 +43,7 @@ def test_bench_causal_4k(benchmark) -> None:
     q, k, v = (torch.randn(s, H, D, generator=gen) for _ in range(3))
     cu = torch.tensor([0, s], dtype=torch.int32)
     options = AttnOptions(causal=True)
-    res = benchmark.pedantic(
-        lambda: attention_varlen(q, k, v, cu, cu, options=options), rounds=3, iterations=1
-    )
+    res = benchmark.pedantic(lambda: attention_varlen(q, k, v, cu, cu, options=options), rounds=3, iterations=1)
     err = _check_rows(q, k, v, res.out, res.lse, [0, 1, 1000, s - 1])
     benchmark.extra_info.update(
         {"seqlen": s, "heads": H, "head_dim": D, "dtype": "float32", "max_err_sampled_rows": err}
@@ -84,9 +82,7 @@ print(json.dumps(dict(stats, max_err_last_row=max(err_out, err_lse))))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not Path("/proc/self/status").exists(), reason="needs /proc/self/status (Linux) for VmHWM"
-)
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc/self/status (Linux) for VmHWM")
 def test_bench_peak_memory_32k(benchmark) -> None:
     """(b) one 32k-token causal sequence, 8 heads, d = 128: extra peak RSS stays far below the
     32 GiB an O(s^2) fp32 score matrix would take (the core tiles queries and keys)."""

@@ -161,9 +161,7 @@ def test_window_at_least_sequence_is_no_window(causal: bool) -> None:
     big = max(max(sq, sk) for sq, sk in lens)
     plain = attention_varlen(p.q, p.k, p.v, p.cu_q, p.cu_k, options=AttnOptions(causal=causal))
     for window in [(big, None if causal else big), (big + 50, 0 if causal else big + 50)]:
-        windowed = attention_varlen(
-            p.q, p.k, p.v, p.cu_q, p.cu_k, options=AttnOptions(causal=causal, window=window)
-        )
+        windowed = attention_varlen(p.q, p.k, p.v, p.cu_q, p.cu_k, options=AttnOptions(causal=causal, window=window))
         _assert_same(windowed, plain)
 
 
@@ -189,9 +187,7 @@ def test_split_keys_merge(split: int, causal: bool) -> None:
     suf_k = torch.cat([k[split:] for k in p.ks])
     suf_v = torch.cat([v[split:] for v in p.vs])
     a = attention_varlen(p.q, pre_k, pre_v, p.cu_q, cu([split, split]), options=prefix_opts, numerics=FP64)
-    b = attention_varlen(
-        p.q, suf_k, suf_v, p.cu_q, cu([sk - split] * 2), options=full_opts, sinks=sinks, numerics=FP64
-    )
+    b = attention_varlen(p.q, suf_k, suf_v, p.cu_q, cu([sk - split] * 2), options=full_opts, sinks=sinks, numerics=FP64)
     merged = merge_states(a.out, a.lse, b.out, b.lse)
     torch.testing.assert_close(merged.out, full.out, **TIGHT)
     torch.testing.assert_close(merged.lse, full.lse, **TIGHT)
@@ -262,12 +258,8 @@ def test_tile_budget_does_not_change_results(budget: int) -> None:
         "sinks": torch.randn(4, generator=gen),
     }
     for dtype, tol in [(torch.float32, {"rtol": 1e-5, "atol": 1e-6}), (torch.float64, TIGHT)]:
-        big = attention_varlen(
-            p.q, p.k, p.v, p.cu_q, p.cu_k, numerics=Numerics(dtype, max_tile_elems=1 << 22), **kw
-        )
-        small = attention_varlen(
-            p.q, p.k, p.v, p.cu_q, p.cu_k, numerics=Numerics(dtype, max_tile_elems=budget), **kw
-        )
+        big = attention_varlen(p.q, p.k, p.v, p.cu_q, p.cu_k, numerics=Numerics(dtype, max_tile_elems=1 << 22), **kw)
+        small = attention_varlen(p.q, p.k, p.v, p.cu_q, p.cu_k, numerics=Numerics(dtype, max_tile_elems=budget), **kw)
         torch.testing.assert_close(small.out, big.out, **tol)
         torch.testing.assert_close(small.lse, big.lse, **tol)
 

@@ -221,9 +221,7 @@ def test_varlen_seqused_k(numerics: Numerics) -> None:
     width = 8
     kp = torch.randn(3 * width, 2, 16, generator=gen)
     vp = torch.randn(3 * width, 2, 16, generator=gen)
-    res = attention_varlen(
-        full.q, kp, vp, full.cu_q, seqused_k=torch.tensor(used), options=options, numerics=numerics
-    )
+    res = attention_varlen(full.q, kp, vp, full.cu_q, seqused_k=torch.tensor(used), options=options, numerics=numerics)
     ks = [kp[b * width : b * width + n] for b, n in enumerate(used)]
     vs = [vp[b * width : b * width + n] for b, n in enumerate(used)]
     want_out, want_lse = oracle_batch(full.qs, ks, vs, **options_kwargs(options))

@@ -108,9 +108,7 @@ def test_alibi_matches_sdpa_float_bias(per_batch: bool, causal: bool) -> None:
     gen = torch.Generator().manual_seed(17 + per_batch + 2 * causal)
     h = 4
     p = make_packed(gen, LENS, h, 1, 16)
-    slopes = (
-        torch.rand(len(LENS), h, generator=gen) if per_batch else torch.tensor([0.5, 0.25, 0.125, 0.0625])
-    )
+    slopes = torch.rand(len(LENS), h, generator=gen) if per_batch else torch.tensor([0.5, 0.25, 0.125, 0.0625])
     options = AttnOptions(causal=causal)
     res = attention_varlen(p.q, p.k, p.v, p.cu_q, p.cu_k, options=options, alibi_slopes=slopes, numerics=FP64)
     for b in range(len(LENS)):
@@ -178,9 +176,7 @@ def test_lse_matches_torch_cpu_flash(name: str) -> None:
         if sq == 0 or sk == 0:
             continue
         bias = _bias(sq, sk, options, None, 4)
-        out, lse = _cpu_flash(
-            *(t.transpose(0, 1)[None] for t in (p.qs[b], p.ks[b], p.vs[b])), attn_mask=bias[None]
-        )
+        out, lse = _cpu_flash(*(t.transpose(0, 1)[None] for t in (p.qs[b], p.ks[b], p.vs[b])), attn_mask=bias[None])
         seen = torch.isfinite(bias).any(-1)  # (h, sq)
         torch.testing.assert_close(res.lse[:, q0:q1][seen], lse[0][seen], rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(

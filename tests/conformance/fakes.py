@@ -9,6 +9,7 @@ The fakes honour the kernel contract of :mod:`attnfast.base`: paged cases read k
 block table of the (cloned) cache, and append cases write the new keys into that cache first,
 rewriting the same slots on every call (idempotent).
 """
+
 from __future__ import annotations
 
 import os
@@ -58,18 +59,40 @@ def attend_fp32(
     with strict_fp32():
         if not case.paged:
             res = attention_varlen(
-                inputs.q, inputs.k, inputs.v, inputs.cu_seqlens_q, inputs.cu_seqlens_k,
-                options=options, alibi_slopes=inputs.alibi_slopes, sinks=sinks, numerics=FP32,
+                inputs.q,
+                inputs.k,
+                inputs.v,
+                inputs.cu_seqlens_q,
+                inputs.cu_seqlens_k,
+                options=options,
+                alibi_slopes=inputs.alibi_slopes,
+                sinks=sinks,
+                numerics=FP32,
             )
             return res.out, res.lse
         assert inputs.k_cache is not None and inputs.v_cache is not None and inputs.block_table is not None
         if case.append:
             assert inputs.k_new is not None and inputs.v_new is not None
-            write_kv_cache(inputs.k_new, inputs.v_new, inputs.k_cache, inputs.v_cache,
-                           _append_slots(case, inputs.block_table), layout=case.kv_layout)
+            write_kv_cache(
+                inputs.k_new,
+                inputs.v_new,
+                inputs.k_cache,
+                inputs.v_cache,
+                _append_slots(case, inputs.block_table),
+                layout=case.kv_layout,
+            )
         res = attention_paged(
-            inputs.q, inputs.k_cache, inputs.v_cache, inputs.block_table, inputs.seqlens_k, inputs.cu_seqlens_q,
-            layout=case.kv_layout, options=options, alibi_slopes=inputs.alibi_slopes, sinks=sinks, numerics=FP32,
+            inputs.q,
+            inputs.k_cache,
+            inputs.v_cache,
+            inputs.block_table,
+            inputs.seqlens_k,
+            inputs.cu_seqlens_q,
+            layout=case.kv_layout,
+            options=options,
+            alibi_slopes=inputs.alibi_slopes,
+            sinks=sinks,
+            numerics=FP32,
         )
         return res.out, res.lse
 
@@ -215,6 +238,14 @@ PLANTED_BUGS: dict[type[ExactBackend], str] = {
 }
 
 ALL_FAKES: tuple[type[ExactBackend], ...] = (
-    ExactBackend, WindowOffByOneBackend, SinksIgnoredBackend, SoftcapMissingBackend, LseSignBackend,
-    NoisyBackend, CrashingBackend, HangingBackend, RaisingBackend, RefusesSinksBackend,
+    ExactBackend,
+    WindowOffByOneBackend,
+    SinksIgnoredBackend,
+    SoftcapMissingBackend,
+    LseSignBackend,
+    NoisyBackend,
+    CrashingBackend,
+    HangingBackend,
+    RaisingBackend,
+    RefusesSinksBackend,
 )

@@ -1,4 +1,5 @@
 """The case model: validation, ids, JSON round trips, features, and input generation."""
+
 from __future__ import annotations
 
 import json

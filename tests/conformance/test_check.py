@@ -3,6 +3,7 @@
 The planted-bug backends of ``fakes.py`` are the evidence that the tolerance model works: the exact
 backend passes every case with margin, and every bug fails on a case that exercises its feature.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,7 +45,9 @@ CASES: dict[str, AttentionCase] = {
     "paged_append_bf16": AttentionCase(requests=MIXED, causal=True, kv_layout="NHD", block_size=8, append=True, **GQA),
     "paged_hnd_fp16": AttentionCase(requests=MIXED, causal=True, kv_layout="HND", block_size=16, dtype="fp16", **GQA),
     "masked_rows_bf16": AttentionCase(requests=((6, 3), (2, 0), (4, 4)), causal=True, **GQA),
-    "mqa_decode_fp16": AttentionCase(requests=((1, 50), (1, 1)), num_heads=4, num_kv_heads=1, head_dim=64, dtype="fp16"),
+    "mqa_decode_fp16": AttentionCase(
+        requests=((1, 50), (1, 1)), num_heads=4, num_kv_heads=1, head_dim=64, dtype="fp16"
+    ),
     "chunk_fp32": AttentionCase(requests=MIXED, causal=True, chunk=8, dtype="fp32", **GQA),
 }
 
@@ -86,8 +89,18 @@ def test_low_precision_baseline_has_rounding_error():
 
 
 # ---------------------------------------------------------------- compare on hand-built tensors
-TOL = Tolerance(factor=2, atol=1e-3, rtol=0, mean_factor=2, mean_atol=1e-4, lse_factor=2, lse_atol=1e-3,
-                lse_rtol=0, min_cosine=0.99, max_mismatch_frac=0)
+TOL = Tolerance(
+    factor=2,
+    atol=1e-3,
+    rtol=0,
+    mean_factor=2,
+    mean_atol=1e-4,
+    lse_factor=2,
+    lse_atol=1e-3,
+    lse_rtol=0,
+    min_cosine=0.99,
+    max_mismatch_frac=0,
+)
 
 
 def hand_built() -> tuple[AttnResult, tuple[torch.Tensor, torch.Tensor]]:
@@ -215,8 +228,10 @@ def test_planted_bugs_are_invisible_without_their_feature():
 
 def test_failure_reason_shape():
     reason = check_backend(ctx_of("window_fp16"), fakes.WindowOffByOneBackend()).reason
-    pattern = (r"^max_error: \|out-ref\| \S+ at \(token \d+, head \d+, dim \d+\) > allowed \S+ "
-               r"\(2 x baseline \S+ \+ atol \S+\); error ratio \d+\.\d\d; \d+ of \d+ elements over")
+    pattern = (
+        r"^max_error: \|out-ref\| \S+ at \(token \d+, head \d+, dim \d+\) > allowed \S+ "
+        r"\(2 x baseline \S+ \+ atol \S+\); error ratio \d+\.\d\d; \d+ of \d+ elements over"
+    )
     assert re.match(pattern, reason), reason
 
 
@@ -311,7 +326,9 @@ def test_repro_command_round_trips():
     argv = shlex.split(repro_command(case, "fa2", "cuda:0", 7))
     assert argv[:8] == ["attnconf", "run", "--backend", "fa2", "--device", "cuda:0", "--seed", "7"]
     assert argv[8] == "--case-json" and AttentionCase.from_json(json.loads(argv[9])) == case
-    assert check_backend(ctx_of("causal_bf16"), fakes.ExactBackend()).repro.startswith("attnconf run --backend fake-exact")
+    assert check_backend(ctx_of("causal_bf16"), fakes.ExactBackend()).repro.startswith(
+        "attnconf run --backend fake-exact"
+    )
 
 
 def _start_fake_kernel(fake: str) -> subprocess.Popen:

@@ -42,10 +42,7 @@ def test_backends_json_has_capabilities_and_reasons(capsys: pytest.CaptureFixtur
 
 
 def test_backends_table_accepts_import_paths(capsys: pytest.CaptureFixture) -> None:
-    assert (
-        main(["backends", "--backend", "tests.conformance.fakes:RefusesSinksBackend", "--backend", "no-such"])
-        == 0
-    )
+    assert main(["backends", "--backend", "tests.conformance.fakes:RefusesSinksBackend", "--backend", "no-such"]) == 0
     out = capsys.readouterr().out
     assert "fake-refuses-sinks" in out and "no-such: not available: cannot load" in out
 
@@ -65,10 +62,7 @@ def test_backends_table_accepts_import_paths(capsys: pytest.CaptureFixture) -> N
     ],
 )
 def test_usage_errors_exit_2(argv: list[str], tmp_path: Path) -> None:
-    assert (
-        main([*argv, *(["--out", str(tmp_path / "r.jsonl")] if argv[0] == "run" and len(argv) > 1 else [])])
-        == 2
-    )
+    assert main([*argv, *(["--out", str(tmp_path / "r.jsonl")] if argv[0] == "run" and len(argv) > 1 else [])]) == 2
     assert not (tmp_path / "r.jsonl").exists()
 
 

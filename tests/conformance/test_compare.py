@@ -110,9 +110,7 @@ def test_each_rule() -> None:
     assert ids(cmp.fixed) == ["heals"]
     assert ids(cmp.changed_failures) == ["crashy"]
     assert ids(cmp.ratio_regressions) == ["drifts"]  # 0.1 -> 0.4 grew 4x but stays under the 0.5 floor
-    assert [p.key[0] for p, _ in cmp.perf_regressions] == [
-        "slower"
-    ]  # jitter: new p20 1.03 < old p80 1.04 x 1.05
+    assert [p.key[0] for p, _ in cmp.perf_regressions] == ["slower"]  # jitter: new p20 1.03 < old p80 1.04 x 1.05
     assert [p.key[0] for p, _ in cmp.perf_improvements] == ["faster"]
     assert ids(cmp.capability_lost) == ["dropped"] and ids(cmp.capability_gained) == ["gained"]
     assert cmp.only_old == [("gone", "fa")] and cmp.only_new == [("fresh", "fa")]

@@ -69,6 +69,4 @@ def test_conformance(conformance_pair, device: str, ledger: Ledger, contexts: di
     entry = ledger.explain(result)
     if entry is not None:
         pytest.xfail(f"known failure ({entry.source}): {entry.reason}")
-    pytest.fail(
-        f"{result.status.value}: {case.summary()}\n{result.reason}\nrepro: {result.repro}", pytrace=False
-    )
+    pytest.fail(f"{result.status.value}: {case.summary()}\n{result.reason}\nrepro: {result.repro}", pytrace=False)

@@ -59,9 +59,7 @@ def test_classify(ledger_dir: Path) -> None:
         result("c_sink-3", "kern", "crash"),  # known (statuses list crash)
         result("d_sink-4", "kern", "pass"),  # unexpected pass
         result("e_plain-5", "kern", "fail"),  # no entry: unexpected
-        result(
-            "f_win8-0-6", "elsewhere", "fail"
-        ),  # another backend's failure: the kern ledger does not apply
+        result("f_win8-0-6", "elsewhere", "fail"),  # another backend's failure: the kern ledger does not apply
         result("g_win8-0-7", "kern", "unsupported"),  # neither a problem nor a pass
     ]
     verdict = ledger.classify(results)

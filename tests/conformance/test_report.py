@@ -140,13 +140,9 @@ def test_report_writes_both_files_with_failures_split_by_ledger(
         assert "Known failures (1)" in text and "KNOWN-WINDOW-BUG" in text
         assert SINK.summary() in text and WIN.summary() in text
         assert "SIGSEGV" in text and f"attnconf run --backend other --case-json {WIN.id}" in text
-        assert (
-            "max abs 0.03 at (token, head, dim) (3, 1, 5); error ratio 3" in text
-        )  # worst error of the lse failure
+        assert "max abs 0.03 at (token, head, dim) (3, 1, 5); error ratio 3" in text  # worst error of the lse failure
         assert "STALE-ONE" in text and PLAIN.id in text  # stale entry; unexpected pass of *_causal-*
-        assert (
-            "H200" in text and "1.2.3" in text and "no sink argument" in text
-        )  # environment, versions, capabilities
+        assert "H200" in text and "1.2.3" in text and "no sink argument" in text  # environment, versions, capabilities
         assert "10.00" in text and "2.00" in text  # median harness and kernel ms
         assert "500.0" in text  # the performance table
     known_section = md.split("## Known failures")[1].split("##")[0]

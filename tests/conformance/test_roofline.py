@@ -1,4 +1,5 @@
 """The FLOP and byte models against brute force and hand counts; peaks and roofline figures."""
+
 from __future__ import annotations
 
 import random
@@ -38,11 +39,31 @@ def brute_force(sq: int, sk: int, left: int | None, right: int | None, chunk: in
 
 
 EDGES = [
-    (0, 5), (5, 0), (0, 0), (1, 1), (1, 17), (17, 1), (9, 3), (3, 9), (16, 16), (40, 20), (20, 40),
+    (0, 5),
+    (5, 0),
+    (0, 0),
+    (1, 1),
+    (1, 17),
+    (17, 1),
+    (9, 3),
+    (3, 9),
+    (16, 16),
+    (40, 20),
+    (20, 40),
 ]
 MASKS = [
-    (None, None, None), (None, 0, None), (0, 0, None), (1, 0, None), (3, 2, None), (None, 4, None),
-    (5, None, None), (None, None, 4), (None, 0, 4), (2, 0, 3), (None, 1, 5), (7, 7, 1),
+    (None, None, None),
+    (None, 0, None),
+    (0, 0, None),
+    (1, 0, None),
+    (3, 2, None),
+    (None, 4, None),
+    (5, None, None),
+    (None, None, 4),
+    (None, 0, 4),
+    (2, 0, 3),
+    (None, 1, 5),
+    (7, 7, 1),
 ]
 
 
@@ -80,8 +101,15 @@ def test_pairs_agree_with_reference_mask():
 
 
 def test_case_flops_sum_requests_times_heads_and_both_products():
-    case = AttentionCase(requests=((5, 9), (1, 30), (12, 4), (3, 0)), num_heads=8, num_kv_heads=2,
-                         head_dim=64, head_dim_v=32, causal=True, window=(6, None))
+    case = AttentionCase(
+        requests=((5, 9), (1, 30), (12, 4), (3, 0)),
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        head_dim_v=32,
+        causal=True,
+        window=(6, None),
+    )
     pairs = sum(brute_force(sq, sk, 6, 0, None)[0] for sq, sk in case.requests)
     assert case_visible_pairs(case) == pairs
     assert attention_flops(case) == pairs * 8 * 2 * (64 + 32)
@@ -115,8 +143,16 @@ def test_bytes_gqa_reads_kv_once_per_kv_head():
 
 def test_bytes_window_reads_only_the_union_and_lse_optional():
     # decode over 100 keys with a 10-token left window: 11 keys visible; d=128, dv=64, fp16
-    case = AttentionCase(requests=((1, 100),), num_heads=4, num_kv_heads=1, head_dim=128, head_dim_v=64,
-                         dtype="fp16", causal=True, window=(10, None))
+    case = AttentionCase(
+        requests=((1, 100),),
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=128,
+        head_dim_v=64,
+        dtype="fp16",
+        causal=True,
+        window=(10, None),
+    )
     m = attention_bytes(case, lse=True)
     assert m.kv == 11 * 1 * (128 + 64) * 2
     assert m.lse == 4 * 1 * 4
@@ -125,8 +161,17 @@ def test_bytes_window_reads_only_the_union_and_lse_optional():
 
 def test_bytes_paged_counts_block_table_and_append_write():
     # keys 0..99 of a request in pages of 16: 7 pages; window (30, 0) on a 4-token chunk: keys 66..99
-    case = AttentionCase(requests=((1, 100), (4, 100)), num_heads=2, num_kv_heads=2, head_dim=8,
-                         kv_layout="NHD", block_size=16, causal=True, window=(30, None), append=True)
+    case = AttentionCase(
+        requests=((1, 100), (4, 100)),
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=8,
+        kv_layout="NHD",
+        block_size=16,
+        causal=True,
+        window=(30, None),
+        append=True,
+    )
     m = attention_bytes(case)
     # request 0 sees keys 69..99 (31 keys, pages 4..6); request 1 sees 66..99 (34 keys, pages 4..6)
     assert m.kv == (31 + 34) * 2 * 16 * 2
@@ -150,18 +195,22 @@ def test_perf_suite_models_are_fast():
     start = time.perf_counter()
     for case in cases:
         roofline(case, 1.0, "NVIDIA H100 80GB HBM3")
-    long_chunk = AttentionCase(requests=((131072, 131072),), num_heads=1, num_kv_heads=1, head_dim=8,
-                               chunk=8192, causal=True)
+    long_chunk = AttentionCase(
+        requests=((131072, 131072),), num_heads=1, num_kv_heads=1, head_dim=8, chunk=8192, causal=True
+    )
     assert case_visible_pairs(long_chunk) == 16 * 8192 * 8193 // 2
     assert time.perf_counter() - start < 2.0
 
 
-@pytest.mark.parametrize("name,key,bw", [
-    ("NVIDIA H100 80GB HBM3", "H100 80GB HBM3", 3350.0),
-    ("NVIDIA H200", "H200", 4800.0),
-    ("NVIDIA H100 PCIe", "H100 PCIe", 2000.0),
-    ("NVIDIA H200 NVL", "H200 NVL", 4800.0),
-])
+@pytest.mark.parametrize(
+    "name,key,bw",
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 80GB HBM3", 3350.0),
+        ("NVIDIA H200", "H200", 4800.0),
+        ("NVIDIA H100 PCIe", "H100 PCIe", 2000.0),
+        ("NVIDIA H200 NVL", "H200 NVL", 4800.0),
+    ],
+)
 def test_match_peak(name, key, bw):
     got_key, peak = match_peak(name)
     assert got_key == key and peak.hbm_gbps == bw
@@ -179,8 +228,15 @@ def test_unknown_gpu_and_fp32_disable_roofline_pct_with_reason():
 
 def test_paged_decode_is_memory_bound_and_reports_both_bandwidths():
     # SEMANTICS section 6: paged decode b16, 32k, 64/8 heads, d128 at ~3006 GB/s on an H100
-    case = AttentionCase(requests=((1, 32768),) * 16, num_heads=64, num_kv_heads=8, head_dim=128, causal=True,
-                         kv_layout="NHD", block_size=256)
+    case = AttentionCase(
+        requests=((1, 32768),) * 16,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        causal=True,
+        kv_layout="NHD",
+        block_size=256,
+    )
     kv = 16 * 32768 * 8 * 256 * 2
     t_ms = kv / 3006e9 * 1e3
     fig = roofline(case, t_ms, "NVIDIA H100 80GB HBM3", measured_copy_gbps=3019.0)

@@ -153,9 +153,7 @@ def test_crash_timeout_and_error_are_recorded_and_the_sweep_goes_on(tmp_path: Pa
     )
     assert "no reply within 5 s" in hang.reason and "fakes.py" in hang.reason  # stack dumped before the kill
     assert "planted failure" in error.reason
-    assert exact.extra["tolerance"]["factor"] == 3 and exact.repro.endswith(
-        "--tol factor=3"
-    )  # override applied
+    assert exact.extra["tolerance"]["factor"] == 3 and exact.repro.endswith("--tol factor=3")  # override applied
     assert "crash 1" in res.stderr and "worker starts: 3" in res.stderr
     assert (tmp_path / "r.prev.jsonl").read_text() == "an earlier sweep\n"
     assert time.monotonic() - t0 < 60
@@ -171,9 +169,7 @@ def test_stray_output_does_not_break_the_protocol() -> None:
         assert reply.kind == "ok" and reply.data["ok"], reply
         assert reply.data["result"]["status"] == "pass"
         assert "stray print" in client.stderr_tail() and "stray write to fd 1" in client.stderr_tail()
-        described = client.request(
-            {"op": "describe", "backends": ["nonexistent-kernel"], "device": "cpu"}, timeout=60
-        )
+        described = client.request({"op": "describe", "backends": ["nonexistent-kernel"], "device": "cpu"}, timeout=60)
         assert "nonexistent-kernel" in described.data["errors"] and described.data["env"]["torch"]
     finally:
         client.close()

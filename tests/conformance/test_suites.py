@@ -1,4 +1,5 @@
 """Suites: sizes, unique ids, stable order, feature coverage."""
+
 from __future__ import annotations
 
 import pytest

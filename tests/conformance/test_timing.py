@@ -1,4 +1,5 @@
 """The timing method: statistics, repetition and warm-up rules on CPU; events, flush and graphs on CUDA."""
+
 from __future__ import annotations
 
 import math

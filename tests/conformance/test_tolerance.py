@@ -1,4 +1,5 @@
 """The tolerance tables, their layering, and the --tol / TOML override spellings."""
+
 from __future__ import annotations
 
 import sys
