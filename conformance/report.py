@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import json
+import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -158,6 +160,32 @@ def _b64(png: bytes | None) -> str | None:
     return base64.b64encode(png).decode("ascii") if png else None
 
 
+def _merge_shards(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry for the shards of one sweep (same suite, environment, backends and options)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        shard = run["run"].get("shard")
+        argv = re.sub(r" --(shard|out) \S+", "", run["argv"])
+        options = {k: v for k, v in run["run"].items() if k not in ("shard", "cases")}
+        key = json.dumps([run["suite"], run["env"], run["backends"], options, argv], sort_keys=True, default=str)
+        if key not in merged:
+            merged[key] = {**run, "shards": []}
+        entry = merged[key]
+        entry["started"] = min(entry["started"] or "", run["started"] or "") or entry["started"]
+        if shard:
+            entry["shards"].append(tuple(shard))
+    out = []
+    for entry in merged.values():
+        shards = sorted(entry["shards"])
+        entry["shards"] = ""
+        if len(shards) > 1:
+            entry["run"] = {**entry["run"], "shard": None}
+            entry["shards"] = f"{len(shards)} of {shards[0][1]} ({', '.join(str(i) for i, _ in shards)})"
+            entry["argv"] = re.sub(r" --(shard|out) \S+", "", entry["argv"]) + "  (per shard: --shard I/N --out FILE)"
+        out.append(entry)
+    return out
+
+
 def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str, Any]:
     """Everything the templates show, as plain data (see the module docstring for the sections)."""
     from . import plots as plotting
@@ -222,20 +250,22 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
     ratio_png = plotting.error_ratio_histograms(ratios) if plots else None
     tput = {b: [(r.case_id, r.timing.tflops) for r in timed if r.backend == b] for b in backends}
     tput_png = plotting.throughput_plot(tput) if plots and perf else None
-    runs_ctx = [
-        {
-            "suite": h.suite,
-            "started": h.started,
-            "argv": " ".join(h.argv),
-            "run": {**_RUN_DEFAULTS, **h.env.get("run", {})},
-            "env": {k: h.env[k] for k in _ENV_KEYS if k in h.env},
-            "backends": {
-                n: f"{i.get('version', '?')} ({i.get('family', '?')}, available: {i.get('available', '?')})"
-                for n, i in h.backends.items()
-            },
-        }
-        for h in runs.headers
-    ]
+    runs_ctx = _merge_shards(
+        [
+            {
+                "suite": h.suite,
+                "started": h.started,
+                "argv": " ".join(h.argv),
+                "run": {**_RUN_DEFAULTS, **h.env.get("run", {})},
+                "env": {k: h.env[k] for k in _ENV_KEYS if k in h.env},
+                "backends": {
+                    n: f"{i.get('version', '?')} ({i.get('family', '?')}, available: {i.get('available', '?')})"
+                    for n, i in h.backends.items()
+                },
+            }
+            for h in runs.headers
+        ]
+    )
     return {
         "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "sources": runs.sources,
