@@ -44,10 +44,14 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 
 
 def git_commit(repo: Path = _REPO) -> str:
-    """Commit of the harness checkout (``+dirty`` when the tree has changes), or ``"n/a"``."""
+    """Commit of the harness checkout (``+dirty`` when the tree has changes), or ``"n/a"``.
+
+    A copy of the tree without ``.git`` (a GPU runner that receives files, not a clone) reports
+    ``$ATTNCONF_GIT_COMMIT`` when set.
+    """
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     if not commit:
-        return "n/a"
+        return os.environ.get("ATTNCONF_GIT_COMMIT", "n/a")
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
     return commit + ("+dirty" if dirty else "")
 

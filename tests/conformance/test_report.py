@@ -178,3 +178,23 @@ def test_report_cli(results_file: Path, tmp_path: Path) -> None:
     assert main(["report", str(results_file), "--out", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "report.html").exists() and (tmp_path / "rep" / "report.md").exists()
     assert main(["report", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "rep")]) == 2
+
+
+def test_shards_of_one_sweep_are_one_run_entry() -> None:
+    from conformance.report import _merge_shards
+
+    def run(shard, cases, out):
+        return {
+            "suite": "default",
+            "started": f"2026-01-01T00:00:0{shard}",
+            "argv": f"attnconf run --suite default --shard {shard}/3 --out {out} --device cuda",
+            "run": {"device": "cuda", "seed": 0, "shard": [shard, 3], "cases": cases},
+            "env": {"gpu": "H200"},
+            "backends": {"fa2": "2.8.3"},
+        }
+
+    merged = _merge_shards([run(0, 5, "a"), run(1, 4, "b"), run(2, 4, "c")])
+    assert len(merged) == 1 and merged[0]["shards"] == "3 of 3 (0, 1, 2)"
+    assert merged[0]["started"] == "2026-01-01T00:00:00" and "--shard" not in merged[0]["argv"].split("(")[0]
+    other = run(1, 4, "d") | {"backends": {"fa2": "2.8.4"}}
+    assert len(_merge_shards([run(0, 5, "a"), other])) == 2
