@@ -24,28 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._toml import TOMLDecodeError, load_toml_file
 from .records import CheckResult, Status
 
-__all__ = ["DEFAULT_DIR", "Ledger", "LedgerEntry", "LedgerVerdict", "load_ledger", "toml_module"]
+__all__ = ["DEFAULT_DIR", "Ledger", "LedgerEntry", "LedgerVerdict", "load_ledger"]
 
 DEFAULT_DIR = Path(__file__).resolve().parent / "ledgers"
 _KEYS = {"pattern", "reason", "evidence", "statuses"}
 _PROBLEMS = [s.value for s in Status if s.is_problem]
-
-
-def toml_module() -> Any:
-    """``tomllib`` (Python 3.11+), else the ``tomli`` backport, else a clear error."""
-    try:
-        import tomllib
-
-        return tomllib
-    except ModuleNotFoundError:
-        try:
-            import tomli
-
-            return tomli
-        except ModuleNotFoundError:
-            raise RuntimeError("reading ledgers needs Python 3.11+ (tomllib) or `pip install tomli` on 3.10") from None
 
 
 @dataclass(frozen=True)
@@ -143,11 +129,10 @@ def load_ledger(directory: Path | str | None = None) -> Ledger:
     ledger = Ledger()
     if not directory.is_dir():
         return ledger
-    toml = toml_module()
     for path in sorted(directory.glob("*.toml")):
         try:
-            data = toml.loads(path.read_text(encoding="utf-8"))
-        except toml.TOMLDecodeError as exc:
+            data = load_toml_file(path)
+        except TOMLDecodeError as exc:
             raise ValueError(f"{path}: {exc}") from None
         unknown = set(data) - {"failure"}
         if unknown:

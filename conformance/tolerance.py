@@ -70,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from .case import DTYPES, FEATURES, AttentionCase
+from ._toml import load_toml_file
 
 __all__ = [
     "BACKEND_RULES",
@@ -284,24 +285,9 @@ def parse_override(text: str) -> dict[str, Any]:
     return out
 
 
-def _toml_module():
-    try:
-        import tomllib  # Python 3.11+
-
-        return tomllib
-    except ModuleNotFoundError:
-        try:
-            import tomli
-
-            return tomli
-        except ModuleNotFoundError:
-            raise RuntimeError("reading a tolerance file needs Python 3.11+ (tomllib) or `pip install tomli`") from None
-
-
 def load_toml(path: str | Path) -> list[dict[str, Any]]:
     """Override mappings from a TOML file (format in the module docstring), lowest layer first."""
-    with open(path, "rb") as fh:
-        data = _toml_module().load(fh)
+    data = load_toml_file(path)
     top = {k: v for k, v in data.items() if not isinstance(v, dict)}
     out: list[dict[str, Any]] = [top] if top else []
     tables = {k: v for k, v in data.items() if isinstance(v, dict)}

@@ -158,12 +158,3 @@ def test_load_toml_rejects_unknown_tables(tmp_path):
     path.write_text("[dtype.bf8]\nfactor = 3\n")
     with pytest.raises(ValueError, match="bf8"):
         load_toml(path)
-
-
-def test_load_toml_without_a_toml_reader(monkeypatch, tmp_path):
-    path = tmp_path / "tol.toml"
-    path.write_text("factor = 3\n")
-    monkeypatch.setitem(sys.modules, "tomllib", None)
-    monkeypatch.setitem(sys.modules, "tomli", None)
-    with pytest.raises(RuntimeError, match="pip install tomli"):
-        load_toml(path)
