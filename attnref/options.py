@@ -81,6 +81,10 @@ class AttnOptions:
             raise ValueError(
                 f"window.right must be None or 0 when causal=True (causal means right=0), got {self.window.right}"
             )
+        for name in ("softcap", "scale"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{name} must be a number or None, got {value!r}")
         if self.softcap is not None and not (self.softcap > 0 and math.isfinite(self.softcap)):
             raise ValueError(f"softcap must be a positive finite float or None (off), got {self.softcap!r}")
         if self.scale is not None and not math.isfinite(self.scale):
@@ -116,8 +120,8 @@ class Numerics:
     def __post_init__(self) -> None:
         if self.dtype not in (torch.float32, torch.float64):
             raise ValueError(f"numerics.dtype must be torch.float32 or torch.float64, got {self.dtype}")
-        if self.max_tile_elems < 1:
-            raise ValueError(f"numerics.max_tile_elems must be >= 1, got {self.max_tile_elems}")
+        if isinstance(self.max_tile_elems, bool) or not isinstance(self.max_tile_elems, int) or self.max_tile_elems < 1:
+            raise ValueError(f"numerics.max_tile_elems must be an int >= 1, got {self.max_tile_elems!r}")
 
 
 FP64 = Numerics(dtype=torch.float64)

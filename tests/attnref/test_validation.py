@@ -194,7 +194,7 @@ def test_padded_rejects() -> None:
         (lambda: AttnOptions(chunk=-4), r"chunk must be a positive int"),
         (lambda: AttnOptions(chunk=True), r"chunk must be a positive int"),
         (lambda: Numerics(dtype=torch.float16), r"numerics.dtype must be torch.float32 or torch.float64"),
-        (lambda: Numerics(max_tile_elems=0), r"numerics.max_tile_elems must be >= 1"),
+        (lambda: Numerics(max_tile_elems=0), r"numerics.max_tile_elems must be an int >= 1"),
     ],
 )
 def test_options_reject(make, match: str) -> None:
@@ -245,3 +245,16 @@ def test_gather_merge_layout_reject() -> None:
         merge_states(out, lse, out[:2], lse[:, :2])
     with pytest.raises(ValueError, match=r"layout must be 'NHD' or 'HND'"):
         to_layout(cache, "NHD", "nhd")
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: AttnOptions(softcap="x"), "softcap must be a number"),
+        (lambda: AttnOptions(scale="y"), "scale must be a number"),
+        (lambda: Numerics(max_tile_elems=1.5), "max_tile_elems must be an int >= 1"),
+    ],
+)
+def test_option_types_are_value_errors(make, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        make()
