@@ -289,3 +289,23 @@ def divmod_index(flat: int, shape) -> tuple[int, ...]:
         flat, r = divmod(flat, size)
         idx.append(r)
     return tuple(reversed(idx))
+
+
+def available_or_skip(backend):
+    """The backend, or a pytest skip naming why it cannot run here (for the GPU fixtures)."""
+    import pytest
+
+    avail = backend.is_available()
+    if not avail:
+        pytest.skip(f"{backend.name} unavailable: {avail.reason}")
+    return backend
+
+
+def check_declared_case(backend, name: str, case: AttentionCase) -> None:
+    """A case the backend declares supported runs on CUDA and matches the reference."""
+    from conformance.inputs import make_inputs
+
+    support = backend.supports(case, "cuda")
+    assert support, f"{name}: declared supported but refused: {support.reason}"
+    inputs = make_inputs(case, seed=0, device="cuda")
+    assert_matches_reference(case, inputs, backend.prepare(case, inputs)(), label=f"{backend.name} {name}")

@@ -14,6 +14,8 @@ from attnfast.fa2 import KVCACHE, VARLEN, FA2Backend, fa2_entry, fa2_plan
 from conformance.case import AttentionCase
 from conformance.inputs import make_inputs
 from fake_fa3 import (
+    available_or_skip,
+    check_declared_case,
     assert_matches_reference,
     attend_sequences,
     fa2_convention_lse,
@@ -239,10 +241,7 @@ def test_translation_against_fake_kernel(fake_fa2, case):
 # ------------------------------------------------------------------ GPU: the real kernel
 @pytest.fixture(scope="module")
 def gpu():
-    avail = BACKEND.is_available()
-    if not avail:
-        pytest.skip(f"fa2 unavailable: {avail.reason}")
-    return BACKEND
+    return available_or_skip(BACKEND)
 
 
 PG = dict(kv_layout="NHD", block_size=256)
@@ -278,10 +277,7 @@ GPU_CASES = {
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(GPU_CASES))
 def test_gpu_matches_reference(gpu, name):
-    case = GPU_CASES[name]
-    assert gpu.supports(case, "cuda"), f"{name}: declared supported but refused: {gpu.supports(case, 'cuda').reason}"
-    inputs = make_inputs(case, seed=0, device="cuda")
-    assert_matches_reference(case, inputs, gpu.prepare(case, inputs)(), label=f"fa2 {name}")
+    check_declared_case(gpu, name, GPU_CASES[name])
 
 
 @pytest.mark.gpu

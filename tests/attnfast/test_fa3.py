@@ -12,7 +12,7 @@ from attnfast.fa3 import KVCACHE, VARLEN, FA3Backend, fa3_entry, fa3_plan, impor
 from attnref import gather_kv
 from conformance.case import AttentionCase
 from conformance.inputs import make_inputs
-from fake_fa3 import assert_matches_reference, make_fake_fa3
+from fake_fa3 import assert_matches_reference, make_fake_fa3, available_or_skip, check_declared_case
 
 
 def C(requests, **kw) -> AttentionCase:
@@ -146,20 +146,13 @@ def test_fake_append_writes_cache_and_repeats(fake_fa3):
 # ------------------------------------------------------------------ GPU: the real Hopper build
 @pytest.fixture(scope="module")
 def gpu():
-    avail = BACKEND.is_available()
-    if not avail:
-        pytest.skip(f"fa3 unavailable: {avail.reason}")
-    return BACKEND
+    return available_or_skip(BACKEND)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu_matches_reference(gpu, name):
-    case = CASES[name]
-    support = gpu.supports(case, "cuda")
-    assert support, f"{name}: declared supported but refused: {support.reason}"
-    inputs = make_inputs(case, seed=0, device="cuda")
-    assert_matches_reference(case, inputs, gpu.prepare(case, inputs)(), label=f"fa3 {name}")
+    check_declared_case(gpu, name, CASES[name])
 
 
 @pytest.mark.gpu

@@ -13,7 +13,13 @@ from attnfast.fa4 import FA4Backend, fa4_plan, fa4_shape_support
 from attnref import AttnOptions, Window
 from conformance.case import AttentionCase
 from conformance.inputs import make_inputs
-from fake_fa3 import assert_matches_reference, attend_sequences, kvcache_sequences
+from fake_fa3 import (
+    assert_matches_reference,
+    attend_sequences,
+    kvcache_sequences,
+    available_or_skip,
+    check_declared_case,
+)
 
 
 def C(requests, **kw) -> AttentionCase:
@@ -218,20 +224,13 @@ def test_translation_against_fake(fake_fa4, name):
 # ------------------------------------------------------------------ GPU: the real kernel
 @pytest.fixture(scope="module")
 def gpu():
-    avail = BACKEND.is_available()
-    if not avail:
-        pytest.skip(f"fa4 unavailable: {avail.reason}")
-    return BACKEND
+    return available_or_skip(BACKEND)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu_matches_reference(gpu, name):
-    case = CASES[name]
-    support = gpu.supports(case, "cuda")
-    assert support, f"{name}: declared supported but refused: {support.reason}"
-    inputs = make_inputs(case, seed=0, device="cuda")
-    assert_matches_reference(case, inputs, gpu.prepare(case, inputs)(), label=f"fa4 {name}")
+    check_declared_case(gpu, name, CASES[name])
 
 
 @pytest.mark.gpu

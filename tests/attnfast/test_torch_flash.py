@@ -10,7 +10,14 @@ from attnfast._fa_common import PreparedKernel
 from attnfast.torch_flash import TorchFlashBackend, torch_flash_plan
 from conformance.case import AttentionCase
 from conformance.inputs import make_inputs
-from fake_fa3 import assert_matches_reference, attend_sequences, fa2_convention_lse, options_from_fa
+from fake_fa3 import (
+    assert_matches_reference,
+    attend_sequences,
+    fa2_convention_lse,
+    options_from_fa,
+    available_or_skip,
+    check_declared_case,
+)
 
 
 def C(requests, **kw) -> AttentionCase:
@@ -127,17 +134,10 @@ def test_translation_against_fake(name):
 # ------------------------------------------------------------------ GPU: the real op
 @pytest.fixture(scope="module")
 def gpu():
-    avail = BACKEND.is_available()
-    if not avail:
-        pytest.skip(f"torch-flash unavailable: {avail.reason}")
-    return BACKEND
+    return available_or_skip(BACKEND)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gpu_matches_reference(gpu, name):
-    case = CASES[name]
-    support = gpu.supports(case, "cuda")
-    assert support, f"{name}: declared supported but refused: {support.reason}"
-    inputs = make_inputs(case, seed=0, device="cuda")
-    assert_matches_reference(case, inputs, gpu.prepare(case, inputs)(), label=f"torch-flash {name}")
+    check_declared_case(gpu, name, CASES[name])
