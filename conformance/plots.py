@@ -18,7 +18,10 @@ MAX_BAR_CASES = 60
 
 
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise RuntimeError("attnconf report's plots need matplotlib: pip install 'attnconf[report]'") from None
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

@@ -306,7 +306,10 @@ def _md_cell(text: Any) -> str:
 
 
 def _environment(html: bool):
-    import jinja2
+    try:
+        import jinja2
+    except ModuleNotFoundError:
+        raise RuntimeError("attnconf report needs jinja2 and matplotlib: pip install 'attnconf[report]'") from None
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
