@@ -137,5 +137,8 @@ def load_ledger(directory: Path | str | None = None) -> Ledger:
         unknown = set(data) - {"failure"}
         if unknown:
             raise ValueError(f"{path}: top-level keys must be [[failure]] entries, got {sorted(unknown)}")
-        ledger.entries.extend(_entry(path.stem, raw, f"{path.parent.name}/{path.name}[{i}]") for i, raw in enumerate(data.get("failure", [])))
+        ledger.entries.extend(
+            _entry(path.stem, raw, f"{path.parent.name}/{path.name}[{i}]")
+            for i, raw in enumerate(data.get("failure", []))
+        )
     return ledger
