@@ -38,6 +38,7 @@ __all__ = [
     "compute_capability",
     "cuda_device_support",
     "fa2_alibi_uses_causal_form",
+    "fa2_kernel_window",
     "fa2_window",
     "fa4_window",
     "lse_posinf_to_neginf",
@@ -172,14 +173,7 @@ def padded_lse_to_varlen(lse: torch.Tensor) -> torch.Tensor:
     return lse.permute(1, 0, 2).reshape(h, b * sq)
 
 
-def fa2_alibi_uses_causal_form(causal: bool, window: tuple[int, int], seqlen_k: int) -> bool:
-    """Whether FA2 takes its causal kernel path, where ALiBi is added as ``+slope * j``.
-
-    Mirrors ``csrc/flash_attn/flash_api.cpp`` (2.8.3): ``causal`` forces ``right = 0``; a window
-    side ``>= seqlen_k`` becomes ``-1`` (``seqlen_k`` is ``max_seqlen_k`` for varlen, the cache
-    width for kvcache); then ``is_causal = left < 0 and right == 0``.  A bounded left window takes
-    the local path, which adds ALiBi in the symmetric form.
-    """
+def _fa2_clamped(causal: bool, window: tuple[int, int], seqlen_k: int) -> tuple[int, int]:
     left, right = window
     if causal:
         right = 0
@@ -187,6 +181,35 @@ def fa2_alibi_uses_causal_form(causal: bool, window: tuple[int, int], seqlen_k: 
         left = -1
     if right >= seqlen_k:
         right = -1
+    return left, right
+
+
+def fa2_kernel_window(causal: bool, window: tuple[int, int], seqlen_k: int) -> tuple[int, int]:
+    """The ``(left, right)`` window FA2's kernel really applies (``-1`` = unbounded).
+
+    Mirrors ``csrc/flash_attn/flash_api.cpp`` and ``set_params_fprop`` (2.8.3; torch's vendored copy
+    has the same lines): ``causal`` forces ``right = 0``; a side ``>= seqlen_k`` becomes ``-1``
+    (``seqlen_k`` is ``max_seqlen_k`` for varlen, the cache width for kvcache); then one bounded
+    side turns the other's ``-1`` into ``seqlen_k``.  Both steps ignore the bottom-right offset
+    ``sk - sq``, which is flash-attention issue 895: with ``sq > sk`` neither a right side
+    ``>= seqlen_k`` nor one of exactly ``seqlen_k`` reaches every key from the top rows.
+    """
+    left, right = _fa2_clamped(causal, window, seqlen_k)
+    if left >= 0 and right < 0:
+        right = seqlen_k
+    elif left < 0 and right >= 0:
+        left = seqlen_k
+    return left, right
+
+
+def fa2_alibi_uses_causal_form(causal: bool, window: tuple[int, int], seqlen_k: int) -> bool:
+    """Whether FA2 takes its causal kernel path, where ALiBi is added as ``+slope * j``.
+
+    FA2's ``is_causal`` is ``left < 0 and right == 0`` after the clamp of :func:`fa2_kernel_window`
+    (before a side is filled in with ``seqlen_k``).  A bounded left window takes the local path,
+    which adds ALiBi in the symmetric form.
+    """
+    left, right = _fa2_clamped(causal, window, seqlen_k)
     return left < 0 and right == 0
 
 

@@ -21,10 +21,12 @@ Outputs: LSE ``+inf`` of rows that saw no key becomes ``-inf``.  ALiBi: on FA2's
 is larger by ``slope * (i + sk - sq)``; the adapter subtracts that (read from ``alibi.h``/``mask.h``;
 ``tests/attnfast/test_fa2.py::test_gpu_alibi_lse_form`` shows which form the kernel really uses).
 
-Known FA2 behaviour left visible on purpose: with a bounded left window and an unbounded right
-(``window=(w, None)``, not causal) FA2 sets ``right = max_seqlen_k`` instead of unbounded, which
-hides keys from the top rows when ``sq > sk + 1`` (flash-attention issue 895).  The adapter passes
-``(w, -1)`` as a user would; the check reports the mismatch.
+Known FA2 behaviour left visible on purpose (flash-attention issue 895): FA2 normalises the window
+against ``max_seqlen_k`` without the bottom-right offset ``sk - sq``
+(:func:`attnfast._fa_common.fa2_kernel_window`).  With ``sq > sk`` a right side ``>= max_seqlen_k``
+becomes unbounded (the top rows see keys outside their window; measured on the H200 with (32, 32)),
+and ``(w, None)`` becomes ``(w, max_seqlen_k)`` (the top rows lose keys).  The adapter passes the
+window as a user would; the check reports the mismatch and ``ledgers/fa2.toml`` explains it.
 
 Paged + ``num_splits > 1`` runs through ``flash_attn_with_kvcache``: only ``varlen_fwd`` rejects it
 (``flash_api.cpp`` 2.8.3, "num_splits > 1 is not supported for varlen paged KV").

@@ -12,14 +12,16 @@
 A result is *known* when an entry of its backend matches its case id and lists its status; a
 problem no entry explains is *unexpected*.  An entry matching a case that passed is an
 *unexpected pass* (the bug may be fixed: the entry should go), and an entry matching no case of a
-backend that ran is *stale* (its pattern no longer names anything).  The array-api-tests xfail
+backend that ran, nor any case of the built-in suites, is *stale* (its pattern no longer names
+anything).  An entry whose cases this run simply did not include (another suite, ``--case``) is
+neither.  The array-api-tests xfail
 files work the same way.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,8 +81,15 @@ class Ledger:
             return None
         return next((e for e in self.for_backend(result.backend) if e.explains(result)), None)
 
-    def classify(self, results: Iterable[CheckResult]) -> LedgerVerdict:
-        """Known and unexpected problems, unexpected passes, stale entries (of backends that ran)."""
+    def classify(
+        self, results: Iterable[CheckResult], suite_case_ids: Callable[[], Iterable[str]] | None = None
+    ) -> LedgerVerdict:
+        """Known and unexpected problems, unexpected passes, stale entries (of backends that ran).
+
+        ``suite_case_ids`` returns every case id the harness can generate (called only when some
+        entry matched no result): an entry matching one of them is not stale, only not exercised.
+        Without it, every entry that matched no result of its backend is stale.
+        """
         verdict = LedgerVerdict()
         used: set[int] = set()
         ran: set[str] = set()
@@ -96,7 +105,11 @@ class Ledger:
                     verdict.known.append((r, entry))
             elif r.status is Status.PASS and matching:
                 verdict.unexpected_passes.append((r, matching[0][1]))
-        verdict.stale = [e for i, e in enumerate(self.entries) if i not in used and e.backend in ran]
+        unused = [e for i, e in enumerate(self.entries) if i not in used and e.backend in ran]
+        if unused and suite_case_ids is not None:
+            ids = list(suite_case_ids())
+            unused = [e for e in unused if not any(fnmatch.fnmatchcase(c, e.pattern) for c in ids)]
+        verdict.stale = unused
         return verdict
 
 

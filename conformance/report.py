@@ -27,6 +27,7 @@ from .case import FEATURES, AttentionCase
 from .env import refused_features
 from .ledger import Ledger, LedgerEntry, load_ledger
 from .records import CheckResult, Header, Status, read_records
+from .suites import all_case_ids
 
 __all__ = ["RunSet", "build_context", "load_runs", "write_report"]
 
@@ -223,7 +224,7 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
         for f in FEATURES
         if f in cells
     ]
-    verdict = ledger.classify(results)
+    verdict = ledger.classify(results, suite_case_ids=all_case_ids)
     caps = _capabilities(backends, infos)
     cap_backends = [b for b in backends if b in caps]
     capability = [

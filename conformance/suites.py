@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from .case import AttentionCase
 from .sweep import BATCHES, CONTIG, MASKS, PAGED, Sweep
 
-__all__ = ["BATCHES", "MASKS", "Sweep", "SUITES", "suite_names", "get_suite"]
+__all__ = ["BATCHES", "MASKS", "Sweep", "SUITES", "all_case_ids", "suite_names", "get_suite"]
 
 _SMALL = ("s_pf", "s_dec", "s_spec", "s_mix")
 _MAIN = ("pfvar", "dec", "spec4", "chunk", "mixdf", "mixdl")
@@ -346,6 +346,11 @@ def _union(sweeps: Sequence[Sweep]) -> list[AttentionCase]:
 
 def suite_names() -> list[str]:
     return list(SUITES)
+
+
+def all_case_ids() -> list[str]:
+    """The case id of every case of every built-in suite (about 10,700; 1-2 s to build)."""
+    return sorted({case.id for build in SUITES.values() for case in build()})
 
 
 def get_suite(name: str) -> list[AttentionCase]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,22 @@ def test_shipped_ledgers_parse_and_missing_dir_is_empty(tmp_path: Path) -> None:
     assert {p.stem for p in DEFAULT_DIR.glob("*.toml")} >= {"sdpa-cpu", "flex-cpu", "fa2", "fa4"}
     load_ledger()  # every shipped file is valid
     assert load_ledger(tmp_path / "absent").entries == []
+
+
+def test_entries_for_cases_the_run_did_not_include_are_not_stale(ledger_dir: Path) -> None:
+    """An entry for cases of another suite is not exercised, not stale; one naming no case at all is."""
+    ledger = load_ledger(ledger_dir)
+    results = [result("a_win8-0-1", "kern", "fail"), result("c_sink-3", "kern", "crash")]
+    verdict = ledger.classify(results, suite_case_ids=lambda: ["x_alibi-9", "y_plain-1"])
+    assert verdict.stale == []
+    verdict = ledger.classify(results, suite_case_ids=lambda: ["y_plain-1"])
+    assert [e.pattern for e in verdict.stale] == ["*_alibi-*"]
+
+
+def test_committed_ledger_patterns_name_cases_of_the_builtin_suites() -> None:
+    """Every committed ledger entry names at least one case the suites can generate."""
+    from conformance.suites import all_case_ids
+
+    ids = all_case_ids()
+    for entry in load_ledger().entries:
+        assert any(fnmatch.fnmatchcase(c, entry.pattern) for c in ids), (entry.source, entry.pattern)

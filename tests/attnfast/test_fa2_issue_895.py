@@ -1,0 +1,93 @@
+"""Evidence for the FA2 ledger entry (flash-attention issue 895), recomputed on CPU from the committed
+H200 run: every FA2-family failure of the ``sqgtsk`` batch is what FA2's own window normalisation
+(:func:`attnfast._fa_common.fa2_kernel_window`) predicts, and every case it predicts right passed.
+
+The third computation is the fp64 numpy oracle of ``tests/attnref/oracle.py`` (it imports nothing
+from attnref) run once with the case's window and once with the window FA2 really applies:
+
+* the oracle with the case's window agrees with the reference (the reference is right);
+* the oracle with FA2's window is as far from the reference as the kernel was (the recorded
+  ``max_abs`` and ``lse_max_abs``, to within the check's own allowance), exactly for the records
+  that failed; for the records that passed, FA2's window changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from attnfast._fa_common import fa2_kernel_window
+from conformance.case import AttentionCase
+from conformance.inputs import make_inputs
+from conformance.records import read_records
+from conformance.reference import reference
+from tests.attnref.oracle import oracle_batch
+
+RUN = Path(__file__).resolve().parents[2] / "reports" / "h200-2026-11-21" / "default-h200.jsonl.gz"
+FA2_FAMILY = ("fa2", "torch-flash")
+
+
+def _sqgtsk_records():
+    if not RUN.exists():
+        pytest.skip(f"{RUN} is not in this checkout")
+    _, results = read_records(RUN)
+    picked = [
+        r for r in results if r.backend in FA2_FAMILY and "_sqgtsk_" in r.case_id and r.status.value in ("pass", "fail")
+    ]
+    assert picked, f"no sqgtsk records of {FA2_FAMILY} in {RUN}"
+    return picked
+
+
+def _oracle(case: AttentionCase, inputs, window: tuple[int | None, int | None]):
+    qs, ks, vs = [], [], []
+    q_at = k_at = 0
+    for ql, kl in case.requests:
+        qs.append(inputs.q[q_at : q_at + ql].float())
+        ks.append(inputs.k[k_at : k_at + kl].float())
+        vs.append(inputs.v[k_at : k_at + kl].float())
+        q_at += ql
+        k_at += kl
+    return oracle_batch(qs, ks, vs, left=window[0], right=window[1], scale=case.scale, softcap=case.softcap)
+
+
+def _fa2_window_as_case(case: AttentionCase) -> tuple[int | None, int | None]:
+    spelled = tuple(-1 if side is None else side for side in case.window)
+    max_k = max(kl for _, kl in case.requests)
+    left, right = fa2_kernel_window(case.causal, spelled, max_k)
+    return (None if left < 0 else left, None if right < 0 else right)
+
+
+def _gap(a, b) -> float:
+    """max |a - b| in fp64, with equal infinities (rows that see no key: LSE -inf) counted as 0."""
+    a, b = a.double(), b.double()
+    same = a == b
+    return float(torch.where(same, torch.zeros_like(a), (a - b).abs()).max())
+
+
+def _case_window(case: AttentionCase) -> tuple[int | None, int | None]:
+    left, right = case.window if case.window else (None, None)
+    return (left, 0 if case.causal else right)
+
+
+def test_fa2_family_sqgtsk_failures_are_the_window_clamp():
+    records = _sqgtsk_records()
+    failed = 0
+    for rec in records:
+        case = AttentionCase.from_json(rec.case)
+        inputs = make_inputs(case, seed=rec.seed, device="cpu")
+        ref = reference(case, inputs)
+        out_ok, lse_ok = _oracle(case, inputs, _case_window(case))
+        assert _gap(out_ok, ref.out) < 1e-5, rec.case_id
+        assert _gap(lse_ok, ref.lse) < 1e-5, rec.case_id
+
+        out_fa2, lse_fa2 = _oracle(case, inputs, _fa2_window_as_case(case))
+        out_gap, lse_gap = _gap(out_fa2, ref.out), _gap(lse_fa2, ref.lse)
+        stats = rec.stats
+        if rec.status.value == "fail":
+            failed += 1
+            assert abs(out_gap - stats.max_abs) <= stats.allowed_max_abs, (rec.case_id, out_gap, stats)
+            assert abs(lse_gap - stats.lse_max_abs) <= stats.lse_allowed, (rec.case_id, lse_gap, stats)
+        else:
+            assert out_gap < 1e-5 and lse_gap < 1e-5, (rec.case_id, rec.backend, out_gap, lse_gap)
+    assert failed == 4, f"the committed run has 4 such failures (2 cases x fa2, torch-flash), found {failed}"
