@@ -14,8 +14,7 @@ problem no entry explains is *unexpected*.  An entry matching a case that passed
 *unexpected pass* (the bug may be fixed: the entry should go), and an entry matching no case of a
 backend that ran, nor any case of the built-in suites, is *stale* (its pattern no longer names
 anything).  An entry whose cases this run simply did not include (another suite, ``--case``) is
-neither.  The array-api-tests xfail
-files work the same way.
+neither.  The array-api-tests xfail files work the same way.
 """
 
 from __future__ import annotations
