@@ -13,16 +13,18 @@ from attnref) run once with the case's window and once with the window FA2 reall
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
-from attnfast._fa_common import fa2_kernel_window
+from attnfast._fa_common import fa2_kernel_window, fa2_window
+from attnref import AttnOptions, window_from_fa2
 from conformance.case import AttentionCase
 from conformance.inputs import make_inputs
 from conformance.records import read_records
-from conformance.reference import reference
-from tests.attnref.oracle import oracle_batch
+from conformance.reference import case_options, reference
+from tests.attnref.oracle import options_kwargs, oracle_batch
 
 RUN = Path(__file__).resolve().parents[2] / "reports" / "h200-2026-11-21" / "default-h200.jsonl.gz"
 FA2_FAMILY = ("fa2", "torch-flash")
@@ -39,23 +41,19 @@ def _sqgtsk_records():
     return picked
 
 
-def _oracle(case: AttentionCase, inputs, window: tuple[int | None, int | None]):
-    qs, ks, vs = [], [], []
-    q_at = k_at = 0
-    for ql, kl in case.requests:
-        qs.append(inputs.q[q_at : q_at + ql].float())
-        ks.append(inputs.k[k_at : k_at + kl].float())
-        vs.append(inputs.v[k_at : k_at + kl].float())
-        q_at += ql
-        k_at += kl
-    return oracle_batch(qs, ks, vs, left=window[0], right=window[1], scale=case.scale, softcap=case.softcap)
+def _oracle(case: AttentionCase, inputs, options: AttnOptions):
+    """The fp64 oracle of every request of ``case`` under ``options`` (varlen layout)."""
+    qs = inputs.q.float().split([ql for ql, _ in case.requests])
+    ks = [inputs.k_of(b).float() for b in range(len(case.requests))]
+    vs = [inputs.v_of(b).float() for b in range(len(case.requests))]
+    return oracle_batch(qs, ks, vs, **options_kwargs(options))
 
 
-def _fa2_window_as_case(case: AttentionCase) -> tuple[int | None, int | None]:
-    spelled = tuple(-1 if side is None else side for side in case.window)
+def _fa2_options(case: AttentionCase) -> AttnOptions:
+    """The case's options with the window FA2 really applies (its normalisation against max_seqlen_k)."""
     max_k = max(kl for _, kl in case.requests)
-    left, right = fa2_kernel_window(case.causal, spelled, max_k)
-    return (None if left < 0 else left, None if right < 0 else right)
+    window = window_from_fa2(*fa2_kernel_window(case.causal, fa2_window(case), max_k))
+    return dataclasses.replace(case_options(case), window=window)
 
 
 def _gap(a, b) -> float:
@@ -65,11 +63,6 @@ def _gap(a, b) -> float:
     return float(torch.where(same, torch.zeros_like(a), (a - b).abs()).max())
 
 
-def _case_window(case: AttentionCase) -> tuple[int | None, int | None]:
-    left, right = case.window if case.window else (None, None)
-    return (left, 0 if case.causal else right)
-
-
 def test_fa2_family_sqgtsk_failures_are_the_window_clamp():
     records = _sqgtsk_records()
     failed = 0
@@ -77,11 +70,11 @@ def test_fa2_family_sqgtsk_failures_are_the_window_clamp():
         case = AttentionCase.from_json(rec.case)
         inputs = make_inputs(case, seed=rec.seed, device="cpu")
         ref = reference(case, inputs)
-        out_ok, lse_ok = _oracle(case, inputs, _case_window(case))
+        out_ok, lse_ok = _oracle(case, inputs, case_options(case))
         assert _gap(out_ok, ref.out) < 1e-5, rec.case_id
         assert _gap(lse_ok, ref.lse) < 1e-5, rec.case_id
 
-        out_fa2, lse_fa2 = _oracle(case, inputs, _fa2_window_as_case(case))
+        out_fa2, lse_fa2 = _oracle(case, inputs, _fa2_options(case))
         out_gap, lse_gap = _gap(out_fa2, ref.out), _gap(lse_fa2, ref.lse)
         stats = rec.stats
         if rec.status.value == "fail":
