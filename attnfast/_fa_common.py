@@ -37,10 +37,12 @@ __all__ = [
     "alibi_causal_lse_shift",
     "compute_capability",
     "cuda_device_support",
+    "fa2_alibi_fix",
     "fa2_alibi_uses_causal_form",
     "fa2_kernel_window",
     "fa2_window",
     "fa4_window",
+    "kvcache_caches",
     "lse_posinf_to_neginf",
     "padded_lse_to_varlen",
     "padded_new_tokens",
@@ -74,8 +76,9 @@ class KernelCall:
 class PreparedKernel:
     """The zero-argument callable ``prepare`` returns.
 
-    ``kernel()`` runs only the kernel (for timing that must exclude even the result conversion);
-    calling the object runs the kernel and converts the result.  It holds no state that the call
+    ``kernel()`` runs only the kernel and returns its raw result (the GPU tests read the kernel's own
+    LSE convention through it); calling the object runs the kernel and converts the result, and
+    that whole call is what :mod:`conformance.timing` times.  It holds no state that the call
     changes, so calling it twice gives the same result (a kvcache append rewrites the same slots).
     """
 
@@ -140,14 +143,35 @@ def stale_padded_cache(inputs: CaseInputs, width: int, keep: list[int]) -> tuple
     :data:`STALE_VALUE` (a kernel that reads past ``cache_seqlens`` is then visibly wrong).
     """
     case = inputs.case
-    k, v = inputs.k, inputs.v
-    kc = k.new_full((case.batch, width, case.num_kv_heads, case.head_dim), STALE_VALUE)
-    vc = v.new_full((case.batch, width, case.num_kv_heads, case.dv), STALE_VALUE)
+    kc = inputs.k.new_full((case.batch, width, case.num_kv_heads, case.head_dim), STALE_VALUE)
+    vc = inputs.v.new_full((case.batch, width, case.num_kv_heads, case.dv), STALE_VALUE)
     for b, n in enumerate(keep):
-        start = int(inputs.cu_seqlens_k[b])
-        kc[b, :n] = k[start : start + n]
-        vc[b, :n] = v[start : start + n]
+        kc[b, :n] = inputs.k_of(b)[:n]
+        vc[b, :n] = inputs.v_of(b)[:n]
     return kc, vc
+
+
+def kvcache_caches(
+    case: AttentionCase, inputs: CaseInputs
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, int]:
+    """``(k_cache, v_cache, page_table, cache_seqlens, width)`` for a kvcache entry point (FA2/FA3).
+
+    Paged: the case's caches (HND memory seen as NHD by a transpose) and block table, ``width`` the
+    table's reach in keys.  Contiguous: :func:`stale_padded_cache` of width ``max(kv_lens)``.
+    ``cache_seqlens`` (int32, on the device) counts the keys already cached, before any append.
+    """
+    keep = case.cached_kv_lens
+    if case.paged:
+        k_cache, v_cache, table = inputs.k_cache, inputs.v_cache, inputs.block_table
+        assert k_cache is not None and v_cache is not None and table is not None and case.block_size is not None
+        if case.kv_layout == "HND":  # (num_blocks, hk, page, d) memory seen as (num_blocks, page, hk, d)
+            k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+        width = table.shape[1] * case.block_size
+    else:
+        width = max(1, max(case.kv_lens))
+        k_cache, v_cache = stale_padded_cache(inputs, width, keep)
+        table = None
+    return k_cache, v_cache, table, torch.tensor(keep, dtype=torch.int32, device=inputs.device), width
 
 
 def padded_new_tokens(inputs: CaseInputs, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,7 +188,7 @@ def padded_new_tokens(inputs: CaseInputs, q_len: int) -> tuple[torch.Tensor, tor
 def lse_posinf_to_neginf(lse: torch.Tensor) -> torch.Tensor:
     """fp32 LSE with ``+inf`` (FA2's mark of a row that saw no key) replaced by ``-inf``."""
     lse = lse.float()
-    return torch.where(lse == math.inf, torch.full_like(lse, -math.inf), lse)
+    return lse.masked_fill(lse == math.inf, -math.inf)
 
 
 def padded_lse_to_varlen(lse: torch.Tensor) -> torch.Tensor:
@@ -211,6 +235,20 @@ def fa2_alibi_uses_causal_form(causal: bool, window: tuple[int, int], seqlen_k: 
     """
     left, right = _fa2_clamped(causal, window, seqlen_k)
     return left < 0 and right == 0
+
+
+def fa2_alibi_fix(
+    case: AttentionCase, inputs: CaseInputs, window: tuple[int, int], seqlen_k: int, kernel: str = "FA2"
+) -> tuple[torch.Tensor | None, tuple[str, ...]]:
+    """The LSE shift to subtract from an FA2-family kernel's LSE, and a note for failure reports.
+
+    ``None`` and no note when the kernel's ALiBi is already symmetric (no slopes, or not its causal
+    path: :func:`fa2_alibi_uses_causal_form`); else :func:`alibi_causal_lse_shift`.
+    """
+    if inputs.alibi_slopes is None or not fa2_alibi_uses_causal_form(case.causal, window, seqlen_k):
+        return None, ()
+    shift = alibi_causal_lse_shift(case, inputs.alibi_slopes)
+    return shift, (f"alibi: {kernel} causal path adds +slope*j; LSE corrected by -slope*(i + sk - sq)",)
 
 
 def alibi_causal_lse_shift(case: AttentionCase, slopes: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ calling it twice gives the same result (a kvcache append rewrites the same slots
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -108,7 +108,3 @@ def package_version(*dists: str) -> str:
         except metadata.PackageNotFoundError:
             continue
     return "not installed"
-
-
-def all_features() -> Iterable[str]:
-    return FEATURES.keys()

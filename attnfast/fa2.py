@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 
 from conformance.case import AttentionCase
 from conformance.inputs import CaseInputs
@@ -44,14 +43,13 @@ from conformance.inputs import CaseInputs
 from ._fa_common import (
     KernelCall,
     PreparedKernel,
-    alibi_causal_lse_shift,
     cuda_device_support,
-    fa2_alibi_uses_causal_form,
+    fa2_alibi_fix,
     fa2_window,
+    kvcache_caches,
     lse_posinf_to_neginf,
     padded_lse_to_varlen,
     padded_new_tokens,
-    stale_padded_cache,
     uniform_q_len,
 )
 from .base import OK, Backend, KernelOutput, Support, package_version
@@ -114,14 +112,6 @@ def fa2_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
     return _kvcache_call(case, inputs, common, window)
 
 
-def _alibi_fix(case: AttentionCase, inputs: CaseInputs, window: tuple[int, int], seqlen_k: int):
-    """The LSE shift to subtract (None when the kernel's ALiBi is already symmetric), and a note."""
-    if inputs.alibi_slopes is None or not fa2_alibi_uses_causal_form(case.causal, window, seqlen_k):
-        return None, ()
-    shift = alibi_causal_lse_shift(case, inputs.alibi_slopes)
-    return shift, ("alibi: FA2 causal path adds +slope*j; LSE corrected by -slope*(i + sk - sq)",)
-
-
 def _varlen_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]) -> KernelCall:
     max_k = max(case.kv_lens)
     k, v = (inputs.k_cache, inputs.v_cache) if case.paged else (inputs.k, inputs.v)
@@ -138,7 +128,7 @@ def _varlen_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: 
         block_table=inputs.block_table if case.paged else None,
         **common,
     )
-    shift, notes = _alibi_fix(case, inputs, window, max_k)
+    shift, notes = fa2_alibi_fix(case, inputs, window, max_k)
 
     def finish(result: Any) -> KernelOutput:
         out, lse = result[0], lse_posinf_to_neginf(result[1])
@@ -150,14 +140,7 @@ def _varlen_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: 
 def _kvcache_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]) -> KernelCall:
     q_len = uniform_q_len(case)
     assert q_len is not None and q_len >= 1, "supports() refuses kvcache cases without one q_len >= 1"
-    keep = [kl - (q_len if case.append else 0) for kl in case.kv_lens]
-    if case.paged:
-        k_cache, v_cache, table = inputs.k_cache, inputs.v_cache, inputs.block_table
-        width = table.shape[1] * case.block_size
-    else:
-        width = max(1, max(case.kv_lens))
-        k_cache, v_cache = stale_padded_cache(inputs, width, keep)
-        table = None
+    k_cache, v_cache, table, cache_seqlens, width = kvcache_caches(case, inputs)
     k_new, v_new = padded_new_tokens(inputs, q_len) if case.append else (None, None)
     h, d = case.num_heads, case.head_dim
     kwargs = dict(
@@ -166,13 +149,13 @@ def _kvcache_call(case: AttentionCase, inputs: CaseInputs, common: dict, window:
         v_cache=v_cache,
         k=k_new,
         v=v_new,
-        cache_seqlens=torch.tensor(keep, dtype=torch.int32, device=inputs.device),
+        cache_seqlens=cache_seqlens,
         block_table=table,
         num_splits=0 if case.num_splits is None else case.num_splits,
         return_softmax_lse=True,
         **common,
     )
-    shift, notes = _alibi_fix(case, inputs, window, width)
+    shift, notes = fa2_alibi_fix(case, inputs, window, width)
     total_q, dv = case.total_q, case.dv
 
     def finish(result: Any) -> KernelOutput:

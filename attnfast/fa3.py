@@ -34,7 +34,6 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-import torch
 
 from conformance.case import AttentionCase
 from conformance.inputs import CaseInputs
@@ -45,8 +44,8 @@ from ._fa_common import (
     compute_capability,
     cuda_device_support,
     fa2_window,
+    kvcache_caches,
     lse_posinf_to_neginf,
-    stale_padded_cache,
 )
 from .base import OK, Backend, KernelOutput, Support, package_version
 
@@ -115,21 +114,14 @@ def fa3_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
             **common,
         )
         return KernelCall(VARLEN, kwargs, _finish)
-    keep = [kl - (ql if case.append else 0) for ql, kl in case.requests]
-    if case.paged:
-        k_cache, v_cache, table = inputs.k_cache, inputs.v_cache, inputs.block_table
-        if case.kv_layout == "HND":  # (num_blocks, hk, page, d) memory seen as (num_blocks, page, hk, d)
-            k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-    else:
-        k_cache, v_cache = stale_padded_cache(inputs, max(1, max(case.kv_lens)), keep)
-        table = None
+    k_cache, v_cache, table, cache_seqlens, _ = kvcache_caches(case, inputs)
     kwargs = dict(
         q=inputs.q,
         k_cache=k_cache,
         v_cache=v_cache,
         k=inputs.k_new if case.append else None,
         v=inputs.v_new if case.append else None,
-        cache_seqlens=torch.tensor(keep, dtype=torch.int32, device=inputs.device),
+        cache_seqlens=cache_seqlens,
         page_table=table,
         cu_seqlens_q=inputs.cu_seqlens_q,
         cu_seqlens_k_new=inputs.cu_seqlens_q if case.append else None,

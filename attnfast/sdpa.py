@@ -275,9 +275,7 @@ class _SdpaBase(Backend):
                 with sdpa_kernel(c.backends):
                     o = sdpa(c.q, c.k, c.v, **c.kwargs)[0].transpose(0, 1)  # (sq, h, dv)
                 # SDPA's convention for a row with no visible key is NaN; the kernels' is 0.
-                o = torch.where(
-                    c.dead_rows[:, None, None] & o.isnan(), torch.zeros((), dtype=o.dtype, device=o.device), o
-                )
+                o = o.masked_fill(c.dead_rows[:, None, None] & o.isnan(), 0.0)
                 out[c.q0 : c.q0 + c.sq] = o
             return KernelOutput(out, lse)
 

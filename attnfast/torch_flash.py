@@ -27,9 +27,8 @@ from conformance.inputs import CaseInputs
 from ._fa_common import (
     KernelCall,
     PreparedKernel,
-    alibi_causal_lse_shift,
     cuda_device_support,
-    fa2_alibi_uses_causal_form,
+    fa2_alibi_fix,
     fa2_window,
     lse_posinf_to_neginf,
 )
@@ -62,10 +61,7 @@ def torch_flash_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
         seqused_k=None,
         alibi_slopes=inputs.alibi_slopes,
     )
-    shift, notes = None, ()
-    if inputs.alibi_slopes is not None and fa2_alibi_uses_causal_form(case.causal, (left, right), max_k):
-        shift = alibi_causal_lse_shift(case, inputs.alibi_slopes)
-        notes = ("alibi: vendored FA2 causal path adds +slope*j; LSE corrected by -slope*(i + sk - sq)",)
+    shift, notes = fa2_alibi_fix(case, inputs, (left, right), max_k, kernel="vendored FA2")
 
     def finish(result: Any) -> KernelOutput:
         out, lse = result[0], lse_posinf_to_neginf(result[1])

@@ -152,6 +152,11 @@ class AttentionCase:
         return [k for _, k in self.requests]
 
     @property
+    def cached_kv_lens(self) -> list[int]:
+        """Keys already in the cache before the call: ``kv_len - q_len`` when appending, else ``kv_len``."""
+        return [kl - (ql if self.append else 0) for ql, kl in self.requests]
+
+    @property
     def total_q(self) -> int:
         return sum(self.q_lens)
 

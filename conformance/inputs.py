@@ -76,17 +76,6 @@ class CaseInputs:
         s, e = int(self.cu_seqlens_k[b]), int(self.cu_seqlens_k[b + 1])
         return self.v[s:e]
 
-    def padded_kv(self, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys as a padded (b, width, hk, d) batch (zeros past each kv_len)."""
-        case = self.case
-        width = max(case.kv_lens) if width is None else width
-        kp = self.k.new_zeros(case.batch, width, case.num_kv_heads, case.head_dim)
-        vp = self.v.new_zeros(case.batch, width, case.num_kv_heads, case.dv)
-        for b, n in enumerate(case.kv_lens):
-            kp[b, :n] = self.k_of(b)
-            vp[b, :n] = self.v_of(b)
-        return kp, vp
-
 
 def _paged_cache(
     case: AttentionCase, k: torch.Tensor, v: torch.Tensor, cu_k: list[int], keep: list[int], gen: torch.Generator
@@ -159,8 +148,7 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
         )
         inputs.k_new, inputs.v_new = k[idx], v[idx]
     if case.paged:
-        keep = [kl - (ql if case.append else 0) for ql, kl in case.requests]
-        inputs.k_cache, inputs.v_cache, inputs.block_table = _paged_cache(case, k, v, cu_k, keep, gen)
+        inputs.k_cache, inputs.v_cache, inputs.block_table = _paged_cache(case, k, v, cu_k, case.cached_kv_lens, gen)
     return _to(inputs, torch.device(device))
 
 

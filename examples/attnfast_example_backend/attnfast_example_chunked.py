@@ -74,16 +74,9 @@ def chunked_attention(
         acc = acc * rescale[..., None] + torch.matmul(p, vc)
         m = m_new
     seen = denom > 0
-    out = torch.where(
-        seen[..., None],
-        acc / torch.where(seen, denom, torch.ones_like(denom))[..., None],
-        torch.zeros_like(acc),
-    )
-    lse = torch.where(
-        seen,
-        m + torch.log(torch.where(seen, denom, torch.ones_like(denom))),
-        torch.full_like(denom, -math.inf),
-    )
+    safe = torch.where(seen, denom, torch.ones_like(denom))
+    out = torch.where(seen[..., None], acc / safe[..., None], torch.zeros_like(acc))
+    lse = torch.where(seen, m + torch.log(safe), torch.full_like(denom, -math.inf))
     if sinks is not None:
         total = torch.logaddexp(lse, sinks.float()[:, None].expand_as(lse))
         out = out * torch.exp(lse - total)[..., None]
