@@ -58,8 +58,6 @@ FEATURES: dict[str, str] = {
     "fp32": "fp32 inputs",
 }
 
-SCHEMA = 1
-
 
 def _fmt_num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x).replace(".", "p")

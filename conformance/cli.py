@@ -246,8 +246,9 @@ def _backends(args: argparse.Namespace) -> int:
     table.add_row("[bold]version", *[i.get("version", "?") for i in infos.values()])
     table.add_row("[bold]family", *[i.get("family", "?") for i in infos.values()])
     table.add_row("[bold]devices", *[i.get("devices", "?") for i in infos.values()], end_section=True)
+    refused = [refused_features(i) for i in infos.values()]
     for feature in FEATURES:
-        table.add_row(feature, *["[red]no" if feature in refused_features(i) else "[green]yes" for i in infos.values()])
+        table.add_row(feature, *["[red]no" if feature in r else "[green]yes" for r in refused])
     # Piped output has no terminal width; the matrix is wider than rich's 80-column default.
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(table)

@@ -144,8 +144,7 @@ class Header:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Header":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return _from_dict(cls, data)
 
 
 def append_record(path: Path, record: CheckResult | Header) -> None:

@@ -46,7 +46,10 @@ from typing import Any
 
 import torch
 
+from attnref import AttnOptions, Window, row_bounds
+
 from .case import AttentionCase
+from .reference import case_options
 
 __all__ = [
     "ByteModel",
@@ -63,12 +66,6 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- pair counting
-def _effective(case: AttentionCase) -> tuple[int | None, int | None, int | None]:
-    """(left, right, chunk) of ``case``; causal is right = 0 (SEMANTICS section 2)."""
-    left, right = case.window
-    return left, (0 if case.causal else right), case.chunk
-
-
 def _clamped_prefix(x: int, n: int) -> int:
     """``sum(clamp(v, 0, n) for v in range(x))`` for x >= 0 (0 for x <= 0), in O(1)."""
     if x <= 0:
@@ -83,13 +80,11 @@ def _clamped_sum(a: int, m: int, n: int) -> int:
     return _clamped_prefix(a + m, n) - _clamped_prefix(a, n)
 
 
-def _row_bounds(sq: int, sk: int, left: int | None, right: int | None, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_bounds(
+    sq: int, sk: int, left: int | None, right: int | None, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Half-open per-row key bounds with a chunk (the one case without a closed form used here)."""
-    pos = torch.arange(sq, dtype=torch.int64) + (sk - sq)
-    start = pos - torch.remainder(pos, chunk)  # floor modulo: rows above the diagonal get a negative chunk
-    lo = start if left is None else torch.maximum(pos - left, start)
-    hi = start + chunk if right is None else torch.minimum(pos + right + 1, start + chunk)
-    return lo.clamp(0, sk), hi.clamp(0, sk)
+    return row_bounds(torch.arange(sq), sq, sk, AttnOptions(window=Window(left, right), chunk=chunk))
 
 
 def visible_pairs(sq: int, sk: int, left: int | None = None, right: int | None = None, chunk: int | None = None) -> int:
@@ -102,7 +97,7 @@ def visible_pairs(sq: int, sk: int, left: int | None = None, right: int | None =
     if sq <= 0 or sk <= 0:
         return 0
     if chunk is not None:
-        lo, hi = _row_bounds(sq, sk, left, right, chunk)
+        lo, hi = _chunk_bounds(sq, sk, left, right, chunk)
         return int((hi - lo).clamp_min(0).sum())
     # Both clamped bounds are nondecreasing in i and p - left <= p + right + 1, so clamping keeps
     # hi_i >= lo_i and the count is sum(hi) - sum(lo), each a sum of a clamped arithmetic run.
@@ -138,14 +133,14 @@ def union_span(
         lo = 0 if left is None else min(max(p_first - left, 0), sk)
         hi = sk if right is None else min(max(p_last + right + 1, 0), sk)
         return lo, hi
-    lo_t, hi_t = _row_bounds(sq, sk, left, right, chunk)
+    lo_t, hi_t = _chunk_bounds(sq, sk, left, right, chunk)
     return int(lo_t[first]), int(hi_t[-1])
 
 
 def case_visible_pairs(case: AttentionCase) -> int:
     """Visible pairs summed over the requests of ``case`` (per head)."""
-    left, right, chunk = _effective(case)
-    return sum(visible_pairs(sq, sk, left, right, chunk) for sq, sk in case.requests)
+    opts = case_options(case)
+    return sum(visible_pairs(sq, sk, opts.left, opts.right, opts.chunk) for sq, sk in case.requests)
 
 
 def attention_flops(case: AttentionCase) -> int:
@@ -174,11 +169,11 @@ def attention_bytes(case: AttentionCase, *, lse: bool = False) -> ByteModel:
     """Bytes the kernel must move (see the module docstring for what is counted and why)."""
     item = case.torch_dtype.itemsize
     h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
-    left, right, chunk = _effective(case)
+    opts = case_options(case)
     keys = 0
     table_entries = 0
     for sq, sk in case.requests:
-        lo, hi = union_span(sq, sk, left, right, chunk)
+        lo, hi = union_span(sq, sk, opts.left, opts.right, opts.chunk)
         keys += hi - lo
         if case.paged and hi > lo:
             bs = case.block_size or 1

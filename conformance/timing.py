@@ -44,7 +44,7 @@ each call (method ``perf-counter,warmup-time``); there is no flush.
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -290,55 +290,45 @@ def make_timer(device: str | torch.device, **opts: Any) -> CaseTimer:
     measure the copy bandwidth at the first call and reuse it for every later one) and ``lse``
     (count the LSE write in the bytes, default False).
 
-    Fields of :class:`~conformance.records.Timing` filled: the measured statistics and method, and
-    flops, bytes, tflops, gbps, roofline_pct (percent), bound; figures that the record has no field
-    for yet (``pct_of_measured_bw``, ``measured_copy_gbps``, ``note``) are filled as soon as it has.
+    Every field of :class:`~conformance.records.Timing` is filled: the measured statistics and
+    method, flops, bytes, tflops, gbps, roofline_pct (percent), bound, pct_of_measured_bw,
+    measured_copy_gbps, and the timing's and the roofline's notes.
     """
     unknown = sorted(set(opts) - set(_MEASURE_OPTS) - set(_TIMER_OPTS))
     if unknown:
         raise TypeError(f"unknown timer options {unknown}; known: {sorted(_MEASURE_OPTS + _TIMER_OPTS)}")
     dev = torch.device(device)
     measure_opts = {k: opts[k] for k in _MEASURE_OPTS if k in opts}
-    defaults = {"warmup_s": 0.1, "min_reps": 10, "max_reps": 1000, "target_s": 0.5}
-    _check(**{k: measure_opts.get(k, v) for k, v in defaults.items()})  # fail at creation, not mid-run
+    defaults = inspect.signature(measure).parameters
+    # fail at creation, not mid-run
+    _check(**{k: measure_opts.get(k, defaults[k].default) for k in ("warmup_s", "min_reps", "max_reps", "target_s")})
     gpu_name = opts.get("gpu_name") or (torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type)
     lse = bool(opts.get("lse", False))
     # The bandwidth is a property of the run, not of a case: measured at most once per timer.
     bandwidth: dict[str, float | None] = {"gbps": opts.get("copy_gbps")}
     want_bandwidth = dev.type == "cuda" and bool(opts.get("measure_bandwidth", True))
-    record_fields = {f.name for f in dataclasses.fields(Timing)}
 
     def timer(case: AttentionCase, fn: Callable[[], object]) -> Timing:
         sample = measure(fn, device=dev, **measure_opts)
         if want_bandwidth and bandwidth["gbps"] is None:
             bandwidth["gbps"] = _copy_bandwidth_or_none(dev)
         figures = roofline(case, sample.median_ms, gpu_name, bandwidth["gbps"], lse=lse)
-        notes = "; ".join(n for n in (sample.note, figures["note"]) if n)
-        method = sample.method
-        if sample.note and "note" not in record_fields:
-            method += f" ({sample.note})"
-        values: dict[str, Any] = {
-            "median_ms": sample.median_ms,
-            "p20_ms": sample.p20_ms,
-            "p80_ms": sample.p80_ms,
-            "reps": sample.reps,
-            "method": method,
-            **{
-                k: figures[k]
-                for k in (
-                    "flops",
-                    "bytes",
-                    "tflops",
-                    "gbps",
-                    "roofline_pct",
-                    "bound",
-                    "pct_of_measured_bw",
-                    "measured_copy_gbps",
-                )
-            },
-            "note": notes,
-        }
-        return Timing(**{k: v for k, v in values.items() if k in record_fields})
+        return Timing(
+            median_ms=sample.median_ms,
+            p20_ms=sample.p20_ms,
+            p80_ms=sample.p80_ms,
+            reps=sample.reps,
+            method=sample.method,
+            flops=figures["flops"],
+            bytes=figures["bytes"],
+            tflops=figures["tflops"],
+            gbps=figures["gbps"],
+            roofline_pct=figures["roofline_pct"],
+            bound=figures["bound"],
+            pct_of_measured_bw=figures["pct_of_measured_bw"],
+            measured_copy_gbps=figures["measured_copy_gbps"],
+            note="; ".join(n for n in (sample.note, figures["note"]) if n),
+        )
 
     return timer
 

@@ -133,6 +133,8 @@ class Tolerance:
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Tolerance))
 SCOPES: tuple[str, ...] = ("dtype", "feature", "backend", "case")
+#: The names a scope may take, for the scopes with a closed set (backends and cases are open).
+_SCOPE_NAMES: dict[str, Any] = {"dtype": DTYPES, "feature": FEATURES}
 
 #: Complete defaults per dtype (every field set); see the module docstring for the reasoning.
 DTYPE_DEFAULTS: dict[str, Tolerance] = {
@@ -275,10 +277,9 @@ def parse_override(text: str) -> dict[str, Any]:
             raise ValueError(
                 f"--tol scope must be a dtype or one of {[s + ':NAME' for s in SCOPES]}, got {scope_text!r}"
             )
-        if kind == "dtype" and name not in DTYPES:
-            raise ValueError(f"--tol dtype scope must be one of {sorted(DTYPES)}, got {name!r}")
-        if kind == "feature" and name not in FEATURES:
-            raise ValueError(f"--tol feature scope must be one of {sorted(FEATURES)}, got {name!r}")
+        known = _SCOPE_NAMES.get(kind)
+        if known is not None and name not in known:
+            raise ValueError(f"--tol {kind} scope must be one of {sorted(known)}, got {name!r}")
         out[kind] = name
     Tolerance(**{key: number})  # range check now, with the flag still in view
     out[key] = number
@@ -298,10 +299,9 @@ def load_toml(path: str | Path) -> list[dict[str, Any]]:
         for name, fields in tables.get(scope, {}).items():
             if not isinstance(fields, dict):
                 raise ValueError(f"{path}: [{scope}.{name}] must be a table of tolerance fields, got {fields!r}")
-            if scope == "dtype" and name not in DTYPES:
-                raise ValueError(f"{path}: [dtype.{name}]: dtype must be one of {sorted(DTYPES)}")
-            if scope == "feature" and name not in FEATURES:
-                raise ValueError(f"{path}: [feature.{name}]: feature must be one of {sorted(FEATURES)}")
+            known = _SCOPE_NAMES.get(scope)
+            if known is not None and name not in known:
+                raise ValueError(f"{path}: [{scope}.{name}]: {scope} must be one of {sorted(known)}")
             out.append({scope: name, **fields})
     for override in out:
         try:
