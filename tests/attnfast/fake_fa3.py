@@ -31,6 +31,13 @@ from conformance.inputs import CaseInputs
 from conformance.reference import reference
 
 
+def fa_case(requests, **kw) -> AttentionCase:
+    """A small GQA case (4 query heads, 2 kv heads, d 64) for the FA-family adapter tests; ``kw`` overrides."""
+    base = dict(num_heads=4, num_kv_heads=2, head_dim=64)
+    base.update(kw)
+    return AttentionCase(requests=tuple(requests), **base)
+
+
 def options_from_fa(causal: bool, window_size, softcap: float, scale: float | None, chunk: int = 0) -> AttnOptions:
     """AttnOptions from FA2/FA3-spelled arguments (``-1`` = unbounded, 0 = off)."""
     window = window_from_fa2(*window_size)

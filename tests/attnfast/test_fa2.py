@@ -11,9 +11,9 @@ import torch
 
 from attnfast._fa_common import fa2_alibi_uses_causal_form
 from attnfast.fa2 import KVCACHE, VARLEN, FA2Backend, fa2_entry, fa2_plan
-from conformance.case import AttentionCase
 from conformance.inputs import make_inputs
 from fake_fa3 import (
+    fa_case as C,
     available_or_skip,
     check_declared_case,
     assert_matches_reference,
@@ -22,12 +22,6 @@ from fake_fa3 import (
     kvcache_sequences,
     options_from_fa,
 )
-
-
-def C(requests, **kw) -> AttentionCase:
-    base = dict(num_heads=4, num_kv_heads=2, head_dim=64)
-    base.update(kw)
-    return AttentionCase(requests=tuple(requests), **base)
 
 
 BACKEND = FA2Backend()

@@ -43,16 +43,15 @@ def _sqgtsk_records():
 
 def _oracle(case: AttentionCase, inputs, options: AttnOptions):
     """The fp64 oracle of every request of ``case`` under ``options`` (varlen layout)."""
-    qs = inputs.q.float().split([ql for ql, _ in case.requests])
-    ks = [inputs.k_of(b).float() for b in range(len(case.requests))]
-    vs = [inputs.v_of(b).float() for b in range(len(case.requests))]
+    qs = inputs.q.split(case.q_lens)
+    ks = [inputs.k_of(b) for b in range(case.batch)]
+    vs = [inputs.v_of(b) for b in range(case.batch)]
     return oracle_batch(qs, ks, vs, **options_kwargs(options))
 
 
 def _fa2_options(case: AttentionCase) -> AttnOptions:
     """The case's options with the window FA2 really applies (its normalisation against max_seqlen_k)."""
-    max_k = max(kl for _, kl in case.requests)
-    window = window_from_fa2(*fa2_kernel_window(case.causal, fa2_window(case), max_k))
+    window = window_from_fa2(*fa2_kernel_window(case.causal, fa2_window(case), max(case.kv_lens)))
     return dataclasses.replace(case_options(case), window=window)
 
 

@@ -10,15 +10,8 @@ import torch
 
 from attnfast.fa3 import KVCACHE, VARLEN, FA3Backend, fa3_entry, fa3_plan, import_fa3
 from attnref import gather_kv
-from conformance.case import AttentionCase
 from conformance.inputs import make_inputs
-from fake_fa3 import assert_matches_reference, make_fake_fa3, available_or_skip, check_declared_case
-
-
-def C(requests, **kw) -> AttentionCase:
-    base = dict(num_heads=4, num_kv_heads=2, head_dim=64)
-    base.update(kw)
-    return AttentionCase(requests=tuple(requests), **base)
+from fake_fa3 import assert_matches_reference, make_fake_fa3, available_or_skip, check_declared_case, fa_case as C
 
 
 BACKEND = FA3Backend()

@@ -11,21 +11,15 @@ import torch
 
 from attnfast.fa4 import FA4Backend, fa4_plan, fa4_shape_support
 from attnref import AttnOptions, Window
-from conformance.case import AttentionCase
 from conformance.inputs import make_inputs
 from fake_fa3 import (
+    fa_case as C,
     assert_matches_reference,
     attend_sequences,
     kvcache_sequences,
     available_or_skip,
     check_declared_case,
 )
-
-
-def C(requests, **kw) -> AttentionCase:
-    base = dict(num_heads=4, num_kv_heads=2, head_dim=64)
-    base.update(kw)
-    return AttentionCase(requests=tuple(requests), **base)
 
 
 BACKEND = FA4Backend()

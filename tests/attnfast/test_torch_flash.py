@@ -8,9 +8,9 @@ import torch
 
 from attnfast._fa_common import PreparedKernel
 from attnfast.torch_flash import TorchFlashBackend, torch_flash_plan
-from conformance.case import AttentionCase
 from conformance.inputs import make_inputs
 from fake_fa3 import (
+    fa_case as C,
     assert_matches_reference,
     attend_sequences,
     fa2_convention_lse,
@@ -18,12 +18,6 @@ from fake_fa3 import (
     available_or_skip,
     check_declared_case,
 )
-
-
-def C(requests, **kw) -> AttentionCase:
-    base = dict(num_heads=4, num_kv_heads=2, head_dim=64)
-    base.update(kw)
-    return AttentionCase(requests=tuple(requests), **base)
 
 
 BACKEND = TorchFlashBackend()

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from oracle import options_kwargs, oracle_mask
-from refhelpers import make_packed
+from refhelpers import make_packed, tolerance
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnref import AttnOptions, Numerics, attention_varlen
@@ -77,12 +77,13 @@ def _sdpa_sequence(q, k, v, options: AttnOptions, slopes=None, sinks=None, gqa_v
     return out.transpose(0, 1), bias
 
 
-def _compare(
-    res_out: torch.Tensor, res_lse: torch.Tensor, want: torch.Tensor, seen: torch.Tensor, dtype: torch.dtype
-) -> None:
-    """Rows that see a key match SDPA; the others are exactly 0 (SDPA gives NaN there)."""
-    tol = {"rtol": 1e-10, "atol": 1e-10} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 2e-5}
-    torch.testing.assert_close(res_out[seen].to(torch.float64), want[seen], **tol)
+def _compare(res, p, b: int, want: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype) -> None:
+    """Sequence ``b`` of ``res`` against SDPA's ``want``: rows that see a key (a finite ``bias`` entry)
+    match it; the others are exactly 0 with LSE -inf (SDPA gives NaN there)."""
+    q0, q1 = int(p.cu_q[b]), int(p.cu_q[b + 1])
+    res_out, res_lse = res.out[q0:q1], res.lse[:, q0:q1]
+    seen = torch.isfinite(bias).any(-1).transpose(0, 1)  # (sq, h)
+    torch.testing.assert_close(res_out[seen].to(torch.float64), want[seen], **tolerance(dtype))
     dead = ~seen
     assert torch.equal(res_out[dead], torch.zeros_like(res_out[dead]))
     assert torch.isneginf(res_lse.transpose(0, 1)[dead]).all()
@@ -96,10 +97,8 @@ def test_masks_match_sdpa(name: str, numerics: Numerics) -> None:
     p = make_packed(gen, LENS, 4, 2, 16, 8)
     res = attention_varlen(p.q, p.k, p.v, p.cu_q, p.cu_k, options=options, numerics=numerics)
     for b in range(len(LENS)):
-        q0, q1 = int(p.cu_q[b]), int(p.cu_q[b + 1])
         want, bias = _sdpa_sequence(p.qs[b], p.ks[b], p.vs[b], options)
-        seen = torch.isfinite(bias).any(-1).transpose(0, 1)  # (sq, h)
-        _compare(res.out[q0:q1], res.lse[:, q0:q1], want, seen, numerics.dtype)
+        _compare(res, p, b, want, bias, numerics.dtype)
 
 
 @pytest.mark.parametrize("per_batch", [False, True], ids=["alibi_h", "alibi_bh"])
@@ -112,16 +111,9 @@ def test_alibi_matches_sdpa_float_bias(per_batch: bool, causal: bool) -> None:
     options = AttnOptions(causal=causal)
     res = attention_varlen(p.q, p.k, p.v, p.cu_q, p.cu_k, options=options, alibi_slopes=slopes, numerics=FP64)
     for b in range(len(LENS)):
-        q0, q1 = int(p.cu_q[b]), int(p.cu_q[b + 1])
         s = slopes[b] if per_batch else slopes
         want, bias = _sdpa_sequence(p.qs[b], p.ks[b], p.vs[b], options, slopes=s)
-        _compare(
-            res.out[q0:q1],
-            res.lse[:, q0:q1],
-            want,
-            torch.isfinite(bias).any(-1).transpose(0, 1),
-            torch.float64,
-        )
+        _compare(res, p, b, want, bias, torch.float64)
 
 
 @pytest.mark.parametrize("h, hk", [(8, 2), (6, 1), (4, 4)])
@@ -131,16 +123,9 @@ def test_gqa_matches_sdpa(h: int, hk: int) -> None:
     options = AttnOptions(window=(4, 2))
     res = attention_varlen(p.q, p.k, p.v, p.cu_q, p.cu_k, options=options, numerics=FP64)
     for b in range(len(LENS)):
-        q0, q1 = int(p.cu_q[b]), int(p.cu_q[b + 1])
         for repeat in (True, False):  # repeated kv heads, and SDPA's own enable_gqa grouping
             want, bias = _sdpa_sequence(p.qs[b], p.ks[b], p.vs[b], options, gqa_via_repeat=repeat)
-            _compare(
-                res.out[q0:q1],
-                res.lse[:, q0:q1],
-                want,
-                torch.isfinite(bias).any(-1).transpose(0, 1),
-                torch.float64,
-            )
+            _compare(res, p, b, want, bias, torch.float64)
 
 
 def test_sinks_match_sdpa_extra_key() -> None:
