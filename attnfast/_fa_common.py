@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from attnref import Window, window_to_fa2, window_to_fa4
-from conformance.case import AttentionCase
-from conformance.inputs import CaseInputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
 
 from .base import KernelOutput, Support
 
@@ -78,7 +78,7 @@ class PreparedKernel:
 
     ``kernel()`` runs only the kernel and returns its raw result (the GPU tests read the kernel's own
     LSE convention through it); calling the object runs the kernel and converts the result, and
-    that whole call is what :mod:`conformance.timing` times.  It holds no state that the call
+    that whole call is what :mod:`conformance.perf.timing` times.  It holds no state that the call
     changes, so calling it twice gives the same result (a kvcache append rewrites the same slots).
     """
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.case import AttentionCase
-from conformance.inputs import CaseInputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
 
 __all__ = [
     "SeqTensors",

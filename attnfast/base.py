@@ -1,7 +1,7 @@
 """The adapter protocol every kernel family implements (one file per family in this package).
 
-An adapter translates an :class:`~conformance.case.AttentionCase` and its
-:class:`~conformance.inputs.CaseInputs` into the kernel's own call, and the kernel's outputs back
+An adapter translates an :class:`~conformance.cases.case.AttentionCase` and its
+:class:`~conformance.cases.inputs.CaseInputs` into the kernel's own call, and the kernel's outputs back
 into the reference's conventions:
 
 * ``out``: varlen layout ``(total_q, h, dv)`` (any float dtype);
@@ -24,8 +24,8 @@ from typing import ClassVar
 
 import torch
 
-from conformance.case import FEATURES, AttentionCase
-from conformance.inputs import CaseInputs
+from conformance.cases.case import FEATURES, AttentionCase
+from conformance.cases.inputs import CaseInputs
 
 __all__ = ["Support", "KernelOutput", "Backend", "OK", "refuse_features"]
 

@@ -35,8 +35,8 @@ from types import ModuleType
 from typing import Any
 
 
-from conformance.case import AttentionCase
-from conformance.inputs import CaseInputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
 
 from ._fa_common import (
     KernelCall,

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.case import AttentionCase
-from conformance.inputs import CaseInputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
 
 from ._fa_common import KernelCall, PreparedKernel, compute_capability, cuda_device_support, fa4_window
 from .base import OK, Backend, KernelOutput, Support, package_version

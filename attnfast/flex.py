@@ -36,8 +36,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from conformance.case import AttentionCase
-from conformance.inputs import CaseInputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
 
 from ._torch_common import SeqTensors, sequences, softmax_scale, with_sink_column
 from .base import Backend, KernelOutput

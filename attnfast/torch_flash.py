@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from conformance.case import AttentionCase
-from conformance.inputs import CaseInputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
 
 from ._fa_common import (
     KernelCall,

@@ -11,7 +11,7 @@ Backends come from ``--bench-backend NAME`` (repeatable), from ``--backend NAME`
 This file does not register ``--backend`` itself: pytest checks option clashes per group only,
 so two conftests of one run registering it would crash argparse.
 
-Every number is taken by :mod:`conformance.timing` (STYLE item 9) and stored in the benchmark's
+Every number is taken by :mod:`conformance.perf.timing` (STYLE item 9) and stored in the benchmark's
 ``extra_info``; pytest-benchmark's own columns time the whole measurement loop, not the kernel.
 """
 
@@ -65,6 +65,6 @@ def copy_gbps() -> float | None:
     """Achievable device bandwidth, measured once per session (None without CUDA)."""
     if not torch.cuda.is_available():
         return None
-    from conformance.timing import measure_copy_bandwidth
+    from conformance.perf.timing import measure_copy_bandwidth
 
     return measure_copy_bandwidth("cuda")

@@ -1,7 +1,7 @@
 """Kernel timings of the ``perf`` suite through the adapters, against the roofline (CUDA only).
 
 One benchmark per (perf case, backend).  The kernel call is the adapter's prepared callable, timed
-by :func:`conformance.timing.make_timer` (CUDA events, L2 flushed, warm-up by time, median with
+by :func:`conformance.perf.timing.make_timer` (CUDA events, L2 flushed, warm-up by time, median with
 p20/p80); the figures land in ``extra_info`` so ``--benchmark-json`` keeps them with each case id.
 """
 
@@ -13,9 +13,9 @@ import gc
 import pytest
 import torch
 
-from conformance.inputs import make_inputs
-from conformance.suites import get_suite
-from conformance.timing import make_timer
+from conformance.cases.inputs import make_inputs
+from conformance.cases.suites import get_suite
+from conformance.perf.timing import make_timer
 
 PERF = get_suite("perf")
 

@@ -1,4 +1,4 @@
-"""CPU benchmark of the reference (``attnref`` through :func:`conformance.reference.reference`).
+"""CPU benchmark of the reference (``attnref`` through :func:`conformance.verdict.reference.reference`).
 
 Runs everywhere, so the ``bench`` session measures something on a CPU-only machine too; the
 number tracks the reference's own speed (a slow reference makes the conformance suites slow).
@@ -10,10 +10,10 @@ import dataclasses
 
 import pytest
 
-from conformance.case import AttentionCase
-from conformance.inputs import make_inputs
-from conformance.reference import reference
-from conformance.timing import make_timer
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import make_inputs
+from conformance.verdict.reference import reference
+from conformance.perf.timing import make_timer
 
 CASES = [
     AttentionCase(

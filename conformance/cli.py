@@ -3,10 +3,10 @@
 Subcommands and exit statuses (2 is always a usage error: bad flags, unknown suite or backend,
 an empty selection):
 
-* ``run``: sweep cases x backends into a JSONL file (:mod:`conformance.runner`); 0 when no
+* ``run``: sweep cases x backends into a JSONL file (:mod:`conformance.running.runner`); 0 when no
   selected (case, backend) has status fail/error/crash/timeout, else 1.
-* ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.report`); 0.
-* ``compare``: diff two results files (:mod:`conformance.compare`); 1 when anything regressed.
+* ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`); 0.
+* ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed.
 * ``backends``: capability matrix of the installed backends; 0.
 * ``cases``: the cases of a suite; 0.
 """
@@ -81,13 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep suite cases whose id matches (repeatable)",
     )
     r.add_argument("--case-json", metavar="JSON", help="a case (or list) as AttentionCase JSON, or @file")
-    r.add_argument("--time", action="store_true", help="time each kernel (conformance.timing)")
+    r.add_argument("--time", action="store_true", help="time each kernel (conformance.perf.timing)")
     r.add_argument(
         "--tol",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="tolerance override (conformance.tolerance), repeatable",
+        help="tolerance override (conformance.verdict.tolerance), repeatable",
     )
     r.add_argument("--tol-file", metavar="TOML", help="tolerance overrides from a TOML file (below --tol)")
     r.add_argument("--limit", type=int, help="at most N cases (after --case and --shard)")
@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from .runner import RunConfig, UsageError, main_run, parse_shard
+    from conformance.running.runner import RunConfig, UsageError, main_run, parse_shard
 
     device = args.device
     if device == "auto":
@@ -174,7 +174,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from conformance.reporting.report import write_report
 
     missing = [str(p) for p in args.results if not p.is_file()]
     if missing:
@@ -186,7 +186,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .compare import compare_files, render_markdown
+    from conformance.reporting.compare import compare_files, render_markdown
 
     for p in (args.old, args.new):
         if not p.is_file():
@@ -209,8 +209,8 @@ def _compare(args: argparse.Namespace) -> int:
 def _backends(args: argparse.Namespace) -> int:
     from attnfast.registry import available_names
 
-    from .case import FEATURES
-    from .env import backend_info, refused_features, resolve_backend
+    from conformance.cases.case import FEATURES
+    from conformance.running.env import backend_info, refused_features, resolve_backend
 
     infos: dict[str, dict[str, str]] = {}
     for spec in args.backend or available_names():
@@ -262,7 +262,7 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def _cases(args: argparse.Namespace) -> int:
-    from .runner import select_cases
+    from conformance.running.runner import select_cases
 
     cases = select_cases(args.suite, tuple(args.case))
     if args.json:
@@ -294,8 +294,8 @@ def _cases(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``attnconf``; returns the exit status (see the module docstring)."""
-    from .runner import UsageError
-    from .worker import WorkerStartError
+    from conformance.running.runner import UsageError
+    from conformance.running.worker import WorkerStartError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()

@@ -73,7 +73,7 @@ class ErrorStats:
 
 @dataclass(frozen=True)
 class Timing:
-    """Kernel time (conformance.timing) and the roofline figures derived from it (conformance.roofline).
+    """Kernel time (conformance.perf.timing) and the roofline figures derived from it (conformance.perf.roofline).
 
     Percentages are 0-100."""
 

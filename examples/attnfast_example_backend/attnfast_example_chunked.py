@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 
 from attnfast.base import Backend, KernelOutput, Support, package_version
-from conformance.case import AttentionCase
-from conformance.inputs import CaseInputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
 
 __all__ = ["ChunkedTorchBackend", "chunked_attention", "CHUNK"]
 

@@ -26,9 +26,9 @@ import torch
 from attnfast._fa_common import fa2_alibi_uses_causal_form
 from attnfast.base import KernelOutput
 from attnref import AttnOptions, AttnResult, Window, attention_varlen, window_from_fa2
-from conformance.case import AttentionCase
-from conformance.inputs import CaseInputs
-from conformance.reference import reference
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
+from conformance.verdict.reference import reference
 
 
 def fa_case(requests, **kw) -> AttentionCase:
@@ -310,7 +310,7 @@ def available_or_skip(backend):
 
 def check_declared_case(backend, name: str, case: AttentionCase) -> None:
     """A case the backend declares supported runs on CUDA and matches the reference."""
-    from conformance.inputs import make_inputs
+    from conformance.cases.inputs import make_inputs
 
     support = backend.supports(case, "cuda")
     assert support, f"{name}: declared supported but refused: {support.reason}"

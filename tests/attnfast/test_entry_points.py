@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from attnfast import Backend, registry
-from conformance.case import AttentionCase
-from conformance.inputs import make_inputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import make_inputs
 from fake_fa3 import assert_matches_reference
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "attnfast_example_backend"

@@ -11,7 +11,7 @@ import torch
 
 from attnfast._fa_common import fa2_alibi_uses_causal_form
 from attnfast.fa2 import KVCACHE, VARLEN, FA2Backend, fa2_entry, fa2_plan
-from conformance.inputs import make_inputs
+from conformance.cases.inputs import make_inputs
 from fake_fa3 import (
     fa_case as C,
     available_or_skip,
@@ -293,7 +293,7 @@ def test_gpu_append_writes_cache_and_is_idempotent(gpu):
 def test_gpu_alibi_lse_form(gpu, name):
     """Which ALiBi form the kernel's LSE has; the message says whether the adapter's correction fits."""
     from attnfast._fa_common import alibi_causal_lse_shift, lse_posinf_to_neginf, padded_lse_to_varlen
-    from conformance.reference import reference
+    from conformance.verdict.reference import reference
 
     case = GPU_CASES[name]
     inputs = make_inputs(case, seed=0, device="cuda")

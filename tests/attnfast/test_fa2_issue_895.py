@@ -20,10 +20,10 @@ import pytest
 import torch
 from attnfast._fa_common import fa2_kernel_window, fa2_window
 from attnref import AttnOptions, window_from_fa2
-from conformance.case import AttentionCase
-from conformance.inputs import make_inputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import make_inputs
 from conformance.records import read_records
-from conformance.reference import case_options, reference
+from conformance.verdict.reference import case_options, reference
 from tests.attnref.oracle import options_kwargs, oracle_batch
 
 RUN = Path(__file__).resolve().parents[2] / "reports" / "h200-2026-11-21" / "default-h200.jsonl.gz"

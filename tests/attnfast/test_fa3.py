@@ -10,7 +10,7 @@ import torch
 
 from attnfast.fa3 import KVCACHE, VARLEN, FA3Backend, fa3_entry, fa3_plan, import_fa3
 from attnref import gather_kv
-from conformance.inputs import make_inputs
+from conformance.cases.inputs import make_inputs
 from fake_fa3 import assert_matches_reference, make_fake_fa3, available_or_skip, check_declared_case, fa_case as C
 
 

@@ -11,7 +11,7 @@ import torch
 
 from attnfast.fa4 import FA4Backend, fa4_plan, fa4_shape_support
 from attnref import AttnOptions, Window
-from conformance.inputs import make_inputs
+from conformance.cases.inputs import make_inputs
 from fake_fa3 import (
     fa_case as C,
     assert_matches_reference,

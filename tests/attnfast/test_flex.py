@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 
 from attnfast.flex import FlexCpuBackend, make_mask_mod, make_score_mod
-from conformance.case import AttentionCase
-from conformance.inputs import make_inputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import make_inputs
 from torch_cases import CASES as SHARED_CASES
 from torch_cases import C, check_backend, random_cases
 

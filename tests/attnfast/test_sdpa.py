@@ -22,8 +22,8 @@ from attnfast.sdpa import (
     mask_kind,
     plan_cuda_call,
 )
-from conformance.case import AttentionCase
-from conformance.inputs import make_inputs
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import make_inputs
 from torch_cases import CASES, C, check_backend, random_cases
 
 SOFTCAP_CASE = C([(4, 4)], causal=True, softcap=30.0)

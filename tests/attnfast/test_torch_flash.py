@@ -8,7 +8,7 @@ import torch
 
 from attnfast._fa_common import PreparedKernel
 from attnfast.torch_flash import TorchFlashBackend, torch_flash_plan
-from conformance.inputs import make_inputs
+from conformance.cases.inputs import make_inputs
 from fake_fa3 import (
     fa_case as C,
     assert_matches_reference,

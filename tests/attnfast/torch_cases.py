@@ -10,9 +10,9 @@ import torch
 from hypothesis import strategies as st
 
 from attnref import Numerics
-from conformance.case import AttentionCase
-from conformance.inputs import make_inputs
-from conformance.reference import reference
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import make_inputs
+from conformance.verdict.reference import reference
 
 #: (atol, rtol) of the output per dtype against the fp32 oracle; eager flex rounds P to the input
 #: dtype before P.V like the fused kernels do.  The LSE is fp32 throughout.

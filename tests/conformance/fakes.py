@@ -21,9 +21,9 @@ import torch
 
 from attnfast.base import Backend, KernelOutput
 from attnref import AttnOptions, Numerics, Window, attention_paged, attention_varlen, write_kv_cache
-from conformance.case import AttentionCase
-from conformance.inputs import CaseInputs
-from conformance.reference import case_options, strict_fp32
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
+from conformance.verdict.reference import case_options, strict_fp32
 
 __all__ = [
     "ALL_FAKES",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.suites import get_suite
+from conformance.cases.suites import get_suite
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from conformance.check import CaseContext, check_backend, prepare_context
-from conformance.env import resolve_backend
-from conformance.ledger import Ledger, load_ledger
+from conformance.verdict.check import CaseContext, check_backend, prepare_context
+from conformance.running.env import resolve_backend
+from conformance.reporting.ledger import Ledger, load_ledger
 from conformance.records import Status
-from conformance.suites import get_suite
+from conformance.cases.suites import get_suite
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

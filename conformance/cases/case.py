@@ -1,0 +1,289 @@
+"""The case model: one frozen, JSON-serialisable description of one attention call.
+
+A case says *what* is computed (batch composition, heads, dims, dtype, KV layout, masking and
+score modifiers); tensors come from :func:`conformance.cases.inputs.make_inputs` given (case, seed,
+device), so any recorded case can be rebuilt bit for bit.
+
+Batch composition is a tuple of ``(q_len, kv_len)`` per request: ``kv_len`` counts every key the
+request attends to, the new tokens included (a decode step is ``(1, ctx + 1)``, a prefill
+``(n, n)``, a chunked-prefill chunk ``(c, done + c)``, cross attention any pair with
+``causal=False``).  ``q_len > kv_len`` is legal: under causal masking the top rows see nothing.
+
+JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from their defaults, so
+adding a field with a default keeps every existing id, hash and record valid; :meth:`from_json`
+ignores keys it does not know (records written by a newer version stay readable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["AttentionCase", "DTYPES", "FEATURES", "LAYOUTS"]
+
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+LAYOUTS = ("contiguous", "NHD", "HND")
+
+#: Every feature a case can exercise; backends declare support for each (see attnfast.base).
+FEATURES: dict[str, str] = {
+    "prefill": "every request has q_len == kv_len",
+    "decode": "every request has q_len == 1",
+    "chunked": "some request has 1 < q_len < kv_len (chunked prefill / spec decode)",
+    "mixed": "decode and prefill requests in one batch",
+    "cross": "q_len and kv_len unrelated, no causal mask (encoder-decoder / cross attention)",
+    "sq_gt_sk": "some request has q_len > kv_len",
+    "empty_kv": "some request has kv_len == 0",
+    "varlen": "more than one request",
+    "paged": "keys read from a paged cache through a block table",
+    "hnd": "paged cache in HND layout (num_blocks, hk, block, d)",
+    "causal": "bottom-right causal mask",
+    "window": "sliding window (left and/or right bounded)",
+    "local_chunk": "chunked local attention (FA3 attention_chunk)",
+    "softcap": "logits soft-cap",
+    "alibi": "ALiBi slopes",
+    "sinks": "per-head attention sinks",
+    "scale": "custom softmax scale",
+    "gqa": "1 < q heads / kv heads < q heads",
+    "mqa": "a single kv head",
+    "dv": "value head dim differs from the qk head dim",
+    "append": "the kernel writes the new k/v into the cache itself (kvcache append)",
+    "splits": "split-KV with a pinned num_splits > 1",
+    "fp16": "fp16 inputs",
+    "bf16": "bf16 inputs",
+    "fp32": "fp32 inputs",
+}
+
+
+def _fmt_num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x).replace(".", "p")
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One attention call.  All fields are plain values; see the module docstring."""
+
+    requests: tuple[tuple[int, int], ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int | None = None
+    dtype: str = "bf16"
+    kv_layout: str = "contiguous"
+    block_size: int | None = None
+    causal: bool = False
+    window: tuple[int | None, int | None] = (None, None)
+    softcap: float | None = None
+    alibi: bool = False
+    sinks: bool = False
+    scale: float | None = None
+    chunk: int | None = None
+    append: bool = False
+    num_splits: int | None = None
+    batch_name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        reqs = tuple((int(a), int(b)) for a, b in self.requests)
+        object.__setattr__(self, "requests", reqs)
+        object.__setattr__(self, "window", tuple(self.window))
+        for name in ("softcap", "scale"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, float(getattr(self, name)))
+        errors = list(self._problems())
+        if errors:
+            raise ValueError("invalid AttentionCase: " + "; ".join(errors))
+
+    def _problems(self):
+        if not self.requests:
+            yield "requests must hold at least one (q_len, kv_len) pair"
+        for i, (ql, kl) in enumerate(self.requests):
+            if ql < 0 or kl < 0:
+                yield f"requests[{i}] = {(ql, kl)} must be non-negative"
+        if self.num_heads <= 0 or self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
+            yield f"num_heads ({self.num_heads}) must be a positive multiple of num_kv_heads ({self.num_kv_heads})"
+        if self.head_dim <= 0 or (self.head_dim_v is not None and self.head_dim_v <= 0):
+            yield f"head dims must be positive, got {self.head_dim}, {self.head_dim_v}"
+        if self.dtype not in DTYPES:
+            yield f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"
+        if self.kv_layout not in LAYOUTS:
+            yield f"kv_layout must be one of {LAYOUTS}, got {self.kv_layout!r}"
+        if (self.kv_layout != "contiguous") != (self.block_size is not None):
+            yield "block_size must be set exactly when kv_layout is paged (NHD/HND)"
+        if self.block_size is not None and self.block_size <= 0:
+            yield f"block_size must be positive, got {self.block_size}"
+        if len(self.window) != 2 or any(w is not None and (not isinstance(w, int) or w < 0) for w in self.window):
+            yield f"window must be (left, right) with None or ints >= 0, got {self.window!r}"
+        elif self.causal and self.window[1] not in (None, 0):
+            yield f"window right must be None or 0 with causal, got {self.window[1]}"
+        if self.softcap is not None and self.softcap <= 0:
+            yield f"softcap must be positive or None, got {self.softcap}"
+        if self.chunk is not None and self.chunk <= 0:
+            yield f"chunk must be positive or None, got {self.chunk}"
+        if self.append and any(ql > kl for ql, kl in self.requests):
+            yield "append needs q_len <= kv_len for every request (the new tokens are the last q_len keys)"
+        if self.num_splits is not None and self.num_splits < 1:
+            yield f"num_splits must be >= 1 or None, got {self.num_splits}"
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def dv(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def paged(self) -> bool:
+        return self.kv_layout != "contiguous"
+
+    @property
+    def batch(self) -> int:
+        return len(self.requests)
+
+    @property
+    def q_lens(self) -> list[int]:
+        return [q for q, _ in self.requests]
+
+    @property
+    def kv_lens(self) -> list[int]:
+        return [k for _, k in self.requests]
+
+    @property
+    def cached_kv_lens(self) -> list[int]:
+        """Keys already in the cache before the call: ``kv_len - q_len`` when appending, else ``kv_len``."""
+        return [kl - (ql if self.append else 0) for ql, kl in self.requests]
+
+    @property
+    def total_q(self) -> int:
+        return sum(self.q_lens)
+
+    @property
+    def total_kv(self) -> int:
+        return sum(self.kv_lens)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def has_window(self) -> bool:
+        return self.window != (None, None)
+
+    def features(self) -> frozenset[str]:
+        """The :data:`FEATURES` this case exercises."""
+        f = {self.dtype}
+        ql, kl = self.q_lens, self.kv_lens
+        if all(q == k for q, k in self.requests):
+            f.add("prefill")
+        if all(q == 1 for q in ql):
+            f.add("decode")
+        if any(1 < q < k for q, k in self.requests):
+            f.add("chunked")
+        if any(q == 1 for q in ql) and any(q > 1 for q in ql):
+            f.add("mixed")
+        if any(q > k for q, k in self.requests):
+            f.add("sq_gt_sk")
+        if any(k == 0 for k in kl):
+            f.add("empty_kv")
+        if not self.causal and not self.has_window and self.chunk is None and any(q != k for q, k in self.requests):
+            f.add("cross")
+        if self.batch > 1:
+            f.add("varlen")
+        if self.paged:
+            f.add("paged")
+        if self.kv_layout == "HND":
+            f.add("hnd")
+        for name in ("causal", "alibi", "sinks", "append"):
+            if getattr(self, name):
+                f.add(name)
+        if self.has_window:
+            f.add("window")
+        if self.chunk is not None:
+            f.add("local_chunk")
+        if self.softcap is not None:
+            f.add("softcap")
+        if self.scale is not None:
+            f.add("scale")
+        if self.num_kv_heads == 1 and self.num_heads > 1:
+            f.add("mqa")
+        elif self.num_heads != self.num_kv_heads:
+            f.add("gqa")
+        if self.dv != self.head_dim:
+            f.add("dv")
+        if self.num_splits is not None and self.num_splits > 1:
+            f.add("splits")
+        return frozenset(f)
+
+    # ------------------------------------------------------------------ naming
+    @property
+    def id(self) -> str:
+        """Deterministic readable id, unique per case: readable axes plus a short content hash."""
+        h, hk = self.num_heads, self.num_kv_heads
+        kind = "mha" if h == hk else ("mqa" if hk == 1 else "gqa")
+        parts = [f"{kind}_h{h}_kv{hk}_d{self.head_dim}"]
+        if self.dv != self.head_dim:
+            parts.append(f"dv{self.dv}")
+        parts.append(self.dtype)
+        parts.append(self.batch_name or f"b{self.batch}")
+        parts.append(f"ps{self.block_size}{self.kv_layout.lower()}" if self.paged else "contig")
+        if self.causal:
+            parts.append("causal")
+        if self.has_window:
+            l, r = ("inf" if w is None else str(w) for w in self.window)
+            parts.append(f"win{l}-{r}")
+        if self.chunk is not None:
+            parts.append(f"chunk{self.chunk}")
+        if self.softcap is not None:
+            parts.append(f"cap{_fmt_num(self.softcap)}")
+        if self.alibi:
+            parts.append("alibi")
+        if self.sinks:
+            parts.append("sink")
+        if self.scale is not None:
+            parts.append(f"scale{_fmt_num(self.scale)}")
+        if self.append:
+            parts.append("append")
+        if self.num_splits is not None:
+            parts.append(f"split{self.num_splits}")
+        return "_".join(parts) + "-" + self.digest()
+
+    def digest(self) -> str:
+        """Six hex digits of the canonical JSON (the batch label excluded)."""
+        payload = {k: v for k, v in self.to_json().items() if k != "batch_name"}
+        return hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:6]
+
+    def summary(self) -> str:
+        """One line of shapes and modes, never data."""
+        reqs = self.requests
+        shown = ", ".join(f"{q}/{k}" for q, k in reqs[:6]) + (f", ... ({len(reqs)} requests)" if len(reqs) > 6 else "")
+        mods = sorted(self.features() - {self.dtype})
+        return (
+            f"q/kv lens [{shown}] h={self.num_heads} hk={self.num_kv_heads} d={self.head_dim} dv={self.dv} "
+            f"{self.dtype} {f'paged {self.kv_layout} block {self.block_size}' if self.paged else 'contiguous'}"
+            f" window={self.window} softcap={self.softcap} [{' '.join(mods)}]"
+        )
+
+    # ------------------------------------------------------------------ JSON
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
+            if f.name == "requests":
+                out[f.name] = [list(r) for r in value]
+            elif value != default:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "AttentionCase":
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["requests"] = tuple(tuple(r) for r in kwargs["requests"])
+        if "window" in kwargs:
+            kwargs["window"] = tuple(kwargs["window"])
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> "AttentionCase":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,159 @@
+"""Tensors of a case, generated from (case, seed, device) and identical on every device.
+
+Everything is drawn on the CPU with a seeded ``torch.Generator`` and then moved, so a CUDA run and
+a CPU rerun of one case see the same numbers.  Choices that make bugs visible:
+
+* with a soft-cap, queries are scaled so raw scores reach the cap (``q *= cap / 4``, as
+  flash-attention's own tests do); a kernel that ignores the cap is then far off;
+* sinks are drawn around ``log(kv_len)`` so they carry a share of the softmax mass comparable to
+  the keys';
+* paged caches hold every sequence's keys in randomly permuted blocks, and the unused slots hold
+  large finite values (stale data, as in a real engine) so a kernel that reads past
+  ``seqused_k`` is caught rather than masked by zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from conformance.cases.case import AttentionCase
+
+__all__ = ["CaseInputs", "make_inputs", "alibi_slopes"]
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """The ALiBi paper's geometric slopes (closest power of two, then interleaved), fp32 (h,)."""
+
+    def pow2(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        slopes = pow2(num_heads)
+    else:
+        closest = 2 ** math.floor(math.log2(num_heads))
+        slopes = pow2(closest) + pow2(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+@dataclass
+class CaseInputs:
+    """Inputs of one case.  Layout is varlen: tokens packed, sequences delimited by cu_seqlens.
+
+    ``k``/``v`` hold every key of every request (the new tokens last within each request);
+    the paged fields are set when ``case.paged``.  With ``case.append`` the paged cache (or, for a
+    contiguous case, ``k_cache_padded``) holds only the first ``kv_len - q_len`` keys of each
+    request and the kernel is expected to write ``k_new``/``v_new`` itself.
+    """
+
+    case: AttentionCase
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    seqlens_k: torch.Tensor
+    alibi_slopes: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+    k_cache: torch.Tensor | None = None
+    v_cache: torch.Tensor | None = None
+    block_table: torch.Tensor | None = None
+    k_new: torch.Tensor | None = None
+    v_new: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def k_of(self, b: int) -> torch.Tensor:
+        s, e = int(self.cu_seqlens_k[b]), int(self.cu_seqlens_k[b + 1])
+        return self.k[s:e]
+
+    def v_of(self, b: int) -> torch.Tensor:
+        s, e = int(self.cu_seqlens_k[b]), int(self.cu_seqlens_k[b + 1])
+        return self.v[s:e]
+
+
+def _paged_cache(
+    case: AttentionCase, k: torch.Tensor, v: torch.Tensor, cu_k: list[int], keep: list[int], gen: torch.Generator
+):
+    bs = case.block_size
+    assert bs is not None
+    need = [max(1, -(-n // bs)) for n in case.kv_lens]
+    num_blocks = sum(need) + 1  # one spare block that nobody owns
+    perm = torch.randperm(num_blocks, generator=gen)
+    hk = case.num_kv_heads
+    kc = torch.randn(num_blocks, bs, hk, case.head_dim, generator=gen) * 100
+    vc = torch.randn(num_blocks, bs, hk, case.dv, generator=gen) * 100
+    table = torch.zeros(case.batch, max(need), dtype=torch.int32)
+    cursor = 0
+    for b, n in enumerate(case.kv_lens):
+        blocks = perm[cursor : cursor + need[b]]
+        cursor += need[b]
+        table[b, : need[b]] = blocks.to(torch.int32)
+        if need[b] < table.shape[1]:
+            table[b, need[b] :] = int(perm[-1])  # padding entries point at the spare block
+        written = keep[b]
+        for t0 in range(0, written, bs):
+            t1 = min(written, t0 + bs)
+            blk = int(blocks[t0 // bs])
+            kc[blk, : t1 - t0] = k[cu_k[b] + t0 : cu_k[b] + t1].float()
+            vc[blk, : t1 - t0] = v[cu_k[b] + t0 : cu_k[b] + t1].float()
+    kc, vc = kc.to(k.dtype), vc.to(v.dtype)
+    if case.kv_layout == "HND":
+        kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+    return kc, vc, table
+
+
+def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device = "cpu") -> CaseInputs:
+    """Build the inputs of ``case``; the same (case, seed) gives the same numbers on any device."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + int(case.digest(), 16))
+    dt = case.torch_dtype
+    h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
+    q = torch.randn(case.total_q, h, d, generator=gen)
+    if case.softcap is not None:
+        q = q * (case.softcap / 4.0)
+    k = torch.randn(case.total_kv, hk, d, generator=gen)
+    v = torch.randn(case.total_kv, hk, dv, generator=gen)
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    cu_q = [0]
+    cu_k = [0]
+    for ql, kl in case.requests:
+        cu_q.append(cu_q[-1] + ql)
+        cu_k.append(cu_k[-1] + kl)
+    slopes = alibi_slopes(h) if case.alibi else None
+    sinks = None
+    if case.sinks:
+        mean_kv = max(1.0, sum(case.kv_lens) / case.batch)
+        sinks = torch.rand(h, generator=gen) * 2.0 - 1.0 + math.log(mean_kv)
+    inputs = CaseInputs(
+        case=case,
+        q=q,
+        k=k,
+        v=v,
+        cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32),
+        cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32),
+        seqlens_k=torch.tensor(case.kv_lens, dtype=torch.int32),
+        alibi_slopes=slopes,
+        sinks=sinks,
+    )
+    if case.append:
+        idx = (
+            torch.cat([torch.arange(cu_k[b + 1] - ql, cu_k[b + 1]) for b, (ql, _) in enumerate(case.requests)])
+            if case.total_q
+            else torch.zeros(0, dtype=torch.long)
+        )
+        inputs.k_new, inputs.v_new = k[idx], v[idx]
+    if case.paged:
+        inputs.k_cache, inputs.v_cache, inputs.block_table = _paged_cache(case, k, v, cu_k, case.cached_kv_lens, gen)
+    return _to(inputs, torch.device(device))
+
+
+def _to(inputs: CaseInputs, device: torch.device) -> CaseInputs:
+    for name, value in list(vars(inputs).items()):
+        if isinstance(value, torch.Tensor):
+            setattr(inputs, name, value.to(device))
+    return inputs

@@ -1,0 +1,360 @@
+"""Named suites: unions of declarative sweeps (:mod:`conformance.cases.sweep`), deduplicated by case id and
+returned in a stable order.  Adding a sweep or an axis value is a one-line change here; the runner,
+reports and tests pick it up without edits.
+
+Suites: ``smoke`` (~100 small cases, a minute on 2 CPU cores), ``default`` (1,500+, the CI suite
+on a GPU), ``full`` (10,000+, long contexts up to 32k), ``perf`` (long prefill and paged decode
+for timing against the roofline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from conformance.cases.case import AttentionCase
+from conformance.cases.sweep import BATCHES, CONTIG, MASKS, PAGED, Sweep
+
+__all__ = ["BATCHES", "MASKS", "Sweep", "SUITES", "all_case_ids", "suite_names", "get_suite"]
+
+_SMALL = ("s_pf", "s_dec", "s_spec", "s_mix")
+_MAIN = ("pfvar", "dec", "spec4", "chunk", "mixdf", "mixdl")
+_HEADS = ((8, 8), (8, 2), (8, 1), (32, 8))
+_DIMS = ((32, 32), (64, 64), (96, 96), (128, 128), (256, 256))
+
+SMOKE: tuple[Sweep, ...] = (
+    Sweep(
+        "core",
+        {"batch": _SMALL, "heads": ((4, 4), (4, 1)), "mask": ("none", "causal"), "dtype": ("bf16", "fp16")},
+        {"dims": (64, 64), "heads": (4, 2)},
+    ),
+    Sweep(
+        "shapes",
+        {"batch": ("pf1", "pf37", "sqgtsk", "cross", "emptykv"), "mask": ("none", "causal")},
+        {"heads": (4, 2), "dims": (32, 32)},
+    ),
+    Sweep(
+        "window",
+        {"batch": ("s_pf", "s_mix"), "mask": ("w1-0", "cw127", "w32-32", "winf-16", "chunk64", "cchunk64")},
+        {"heads": (4, 2), "dims": (64, 64)},
+    ),
+    Sweep(
+        "mods",
+        {"batch": ("s_pf", "s_dec"), "mask": ("causal", "w16-0"), "softcap": (None, 30.0), "sinks": (False, True)},
+        {"heads": (4, 2), "dims": (64, 64)},
+    ),
+    Sweep(
+        "alibi",
+        {"batch": ("s_pf", "s_mix"), "mask": ("none", "causal")},
+        {"alibi": True, "heads": (4, 4), "dims": (64, 64)},
+    ),
+    Sweep(
+        "paged",
+        {"batch": ("s_dec", "s_mix"), "kv": (("NHD", 1), ("NHD", 16), ("HND", 16), ("NHD", 256), ("HND", 64))},
+        {"mask": "causal", "heads": (4, 2), "dims": (64, 64)},
+    ),
+    Sweep(
+        "append",
+        {"batch": ("s_dec", "s_spec"), "kv": (CONTIG, ("NHD", 16), ("NHD", 256))},
+        {"append": True, "mask": "causal", "heads": (4, 2), "dims": (64, 64)},
+    ),
+    Sweep(
+        "dims",
+        {"dims": ((8, 8), (128, 128), (256, 256), (192, 128), (64, 32), (512, 512))},
+        {"batch": "s_pf", "mask": "causal", "heads": (2, 1)},
+    ),
+    Sweep(
+        "misc",
+        {"batch": ("s_mix",), "scale": (0.05,), "num_splits": (None, 3)},
+        {"mask": "causal", "heads": (4, 2), "dims": (64, 64)},
+    ),
+)
+
+DEFAULT: tuple[Sweep, ...] = (
+    Sweep(
+        "core",
+        {
+            "batch": _MAIN + ("pf1", "pf37", "sqgtsk"),
+            "heads": _HEADS,
+            "dims": _DIMS,
+            "dtype": ("bf16", "fp16"),
+            "mask": ("none", "causal"),
+        },
+        where=lambda p: p["heads"] != (32, 8) or p["dims"][0] in (64, 128),
+    ),
+    Sweep(
+        "window",
+        {
+            "batch": ("pfvar", "dec", "chunk", "mixdf", "pf257"),
+            "mask": ("w0-0", "w1-0", "w16-0", "cw127", "cw128", "w32-32", "w64-inf", "winf-16", "cw4096"),
+            "dims": ((64, 64), (128, 128), (256, 256)),
+            "dtype": ("bf16", "fp16"),
+        },
+        {"heads": (8, 2)},
+    ),
+    # windows with q_len > kv_len: where FA2 clamps an unbounded right side to sk (flash-attention 895)
+    Sweep(
+        "window_sqgtsk",
+        {
+            "batch": ("sqgtsk",),
+            "mask": ("w1-0", "w16-0", "w32-32", "w64-inf", "winf-16", "cw128"),
+            "dims": ((64, 64), (128, 128)),
+        },
+        {"heads": (8, 2)},
+    ),
+    Sweep(
+        "softcap",
+        {
+            "batch": ("pfvar", "dec", "chunk", "mixdl"),
+            "softcap": (30.0, 50.0),
+            "mask": ("none", "causal", "cw128"),
+            "dims": ((64, 64), (128, 128), (256, 256)),
+            "dtype": ("bf16", "fp16"),
+        },
+        {"heads": (8, 2)},
+    ),
+    Sweep(
+        "sinks",
+        {
+            "batch": ("pfvar", "dec", "spec4", "mixdf"),
+            "mask": ("none", "causal", "cw128"),
+            "heads": ((8, 8), (8, 2)),
+            "dims": ((64, 64), (128, 128)),
+            "dtype": ("bf16", "fp16"),
+        },
+        {"sinks": True},
+    ),
+    Sweep(
+        "alibi",
+        {
+            "batch": ("pfvar", "dec", "chunk", "mixdl"),
+            "mask": ("none", "causal", "cw128"),
+            "heads": ((8, 8), (8, 2)),
+            "dims": ((64, 64), (128, 128)),
+        },
+        {"alibi": True},
+    ),
+    Sweep(
+        "paged",
+        {
+            "batch": ("dec", "spec4", "chunk", "mixdf", "pfvar"),
+            "kv": PAGED,
+            "mask": ("causal", "cw128"),
+            "dims": ((64, 64), (128, 128)),
+        },
+        {"heads": (8, 2)},
+    ),
+    Sweep(
+        "paged_dims",
+        {
+            "batch": ("dec", "mixdf"),
+            "kv": (("NHD", 16), ("NHD", 256)),
+            "dims": ((64, 64), (256, 256)),
+            "mask": ("causal",),
+            "sinks": (False, True),
+            "softcap": (None, 30.0),
+        },
+        {"heads": (8, 1)},
+    ),
+    Sweep(
+        "append",
+        {
+            "batch": ("dec", "spec4"),
+            "kv": (CONTIG, ("NHD", 16), ("NHD", 256)),
+            "mask": ("causal", "cw128"),
+            "num_splits": (None, 1, 4),
+        },
+        {"append": True, "heads": (8, 2), "dims": (128, 128)},
+        where=lambda p: not (p["kv"] != CONTIG and p["num_splits"] == 4),
+    ),
+    Sweep(
+        "splits",
+        {
+            "batch": ("dec", "spec4"),
+            "num_splits": (1, 2, 8),
+            "dims": ((64, 64), (128, 128)),
+            "mask": ("none", "causal"),
+        },
+        {"heads": (8, 2)},
+    ),
+    Sweep(
+        "dv",
+        {"batch": ("pfvar", "dec", "chunk"), "dims": ((192, 128), (128, 64), (64, 128)), "mask": ("none", "causal")},
+        {"heads": (8, 2)},
+    ),
+    Sweep(
+        "cross",
+        {
+            "batch": ("cross", "emptykv"),
+            "heads": ((8, 8), (8, 2), (8, 1)),
+            "dims": ((64, 64), (128, 128)),
+            "sinks": (False, True),
+        },
+    ),
+    Sweep(
+        "chunk", {"batch": ("pfvar", "chunk", "mixdf"), "mask": ("chunk64", "cchunk64", "cchunk128")}, {"heads": (8, 2)}
+    ),
+    Sweep("scale", {"batch": ("pfvar", "dec"), "scale": (0.05, 0.3), "mask": ("none", "causal")}, {"heads": (8, 2)}),
+    Sweep(
+        "heads",
+        {
+            "batch": _MAIN,
+            "heads": ((16, 2), (64, 8), (12, 4), (6, 3)),
+            "mask": ("causal", "cw128"),
+            "dtype": ("bf16", "fp16"),
+        },
+        {"dims": (128, 128)},
+    ),
+    Sweep(
+        "long",
+        {"batch": ("pf4k", "dec16k", "chunk8k"), "mask": ("causal", "cw128"), "kv": (CONTIG, ("NHD", 256))},
+        {"heads": (8, 1), "dims": (128, 128)},
+    ),
+)
+
+FULL: tuple[Sweep, ...] = DEFAULT + (
+    Sweep(
+        "core_x",
+        {
+            "batch": _MAIN + ("pf257", "cross"),
+            "heads": _HEADS + ((16, 2),),
+            "dims": _DIMS + ((80, 80), (160, 160)),
+            "dtype": ("bf16", "fp16"),
+            "mask": ("none", "causal", "cw128", "w32-32"),
+            "sinks": (False, True),
+        },
+    ),
+    Sweep(
+        "paged_x",
+        {
+            "batch": _MAIN,
+            "kv": PAGED,
+            "mask": ("none", "causal", "cw127"),
+            "dims": ((64, 64), (128, 128), (256, 256)),
+            "softcap": (None, 30.0),
+            "dtype": ("bf16", "fp16"),
+        },
+        {"heads": (8, 2)},
+    ),
+    Sweep(
+        "mods_x",
+        {"batch": _MAIN, "mask": tuple(MASKS), "softcap": (None, 30.0), "alibi": (False, True), "sinks": (False, True)},
+        {"heads": (8, 2), "dims": (128, 128)},
+    ),
+    Sweep(
+        "window_x",
+        {
+            "batch": _MAIN,
+            "mask": tuple(MASKS),
+            "dims": ((64, 64), (128, 128), (256, 256)),
+            "dtype": ("bf16", "fp16"),
+            "heads": ((8, 2), (8, 8), (16, 2)),
+            "sinks": (False, True),
+        },
+    ),
+    Sweep(
+        "long_x",
+        {
+            "batch": ("pf16k", "pf32k", "dec32k", "chunk32k", "pf4k", "dec16k"),
+            "mask": ("causal", "cw4096", "cw128"),
+            "kv": (CONTIG, ("NHD", 256), ("NHD", 16)),
+            "dims": ((64, 64), (128, 128)),
+        },
+        {"heads": (8, 1)},
+    ),
+)
+
+#: Timing suite: long prefill (1k-32k, causal and windowed), paged decode (4k-128k), d 64/128/256, GQA 8.
+
+
+def _perf_cases() -> list[AttentionCase]:
+    cases = []
+    for d in (64, 128, 256):
+        for s in (1024, 4096, 8192, 16384, 32768):
+            b = max(1, 32768 // s)
+            for causal, window in ((True, (None, None)), (True, (4096, None)), (False, (None, None))):
+                if window != (None, None) and s <= 4096:
+                    continue
+                if not causal and d != 128:
+                    continue
+                cases.append(
+                    AttentionCase(
+                        requests=tuple((s, s) for _ in range(b)),
+                        num_heads=16,
+                        num_kv_heads=16,
+                        head_dim=d,
+                        causal=causal,
+                        window=window,
+                        batch_name=f"pf{b}x{s}",
+                    )
+                )
+        for ctx in (4096, 32768, 131072):
+            b = max(1, 16 * 32768 // ctx) if ctx <= 32768 else 2
+            for layout, bs in (("contiguous", None), ("NHD", 256), ("NHD", 16)):
+                cases.append(
+                    AttentionCase(
+                        requests=tuple((1, ctx) for _ in range(b)),
+                        num_heads=64,
+                        num_kv_heads=8,
+                        head_dim=d,
+                        causal=True,
+                        kv_layout=layout,
+                        block_size=bs,
+                        batch_name=f"dec{b}x{ctx}",
+                    )
+                )
+    # the anchor of SEMANTICS.md section 6: b4 s8192 h16 d128 causal (FA4 679 TFLOP/s on an H200)
+    cases.append(
+        AttentionCase(
+            requests=((8192, 8192),) * 4,
+            num_heads=16,
+            num_kv_heads=16,
+            head_dim=128,
+            causal=True,
+            batch_name="anchor_b4x8192",
+        )
+    )
+    # GQA 8 prefill
+    for s in (4096, 16384):
+        cases.append(
+            AttentionCase(
+                requests=((s, s),) * (32768 // s),
+                num_heads=64,
+                num_kv_heads=8,
+                head_dim=128,
+                causal=True,
+                batch_name=f"gqa_pf{32768 // s}x{s}",
+            )
+        )
+    return cases
+
+
+SUITES: dict[str, Callable[[], list[AttentionCase]]] = {
+    "smoke": lambda: _union(SMOKE),
+    "default": lambda: _union(DEFAULT),
+    "full": lambda: _union(FULL),
+    "perf": _perf_cases,
+}
+
+
+def _union(sweeps: Sequence[Sweep]) -> list[AttentionCase]:
+    seen: dict[str, AttentionCase] = {}
+    for sweep in sweeps:
+        for case in sweep.cases():
+            seen.setdefault(case.id, case)
+    return list(seen.values())
+
+
+def suite_names() -> list[str]:
+    return list(SUITES)
+
+
+def all_case_ids() -> list[str]:
+    """The case id of every case of every built-in suite (about 10,700; 1-2 s to build)."""
+    return sorted({case.id for build in SUITES.values() for case in build()})
+
+
+def get_suite(name: str) -> list[AttentionCase]:
+    """Cases of a named suite, in a stable order; ``ValueError`` lists the names."""
+    if name not in SUITES:
+        raise ValueError(f"suite must be one of {suite_names()}, got {name!r}")
+    return SUITES[name]()

@@ -1,0 +1,128 @@
+"""Sweep axes and the declarative grid: named batch compositions, masking modes, KV layouts, and
+:class:`Sweep` (axes x constraint -> :class:`~conformance.cases.case.AttentionCase`).
+
+Axis names used by the grids of :mod:`conformance.cases.suites`:
+
+* ``batch``: a named batch composition from :data:`BATCHES` (prefill, decode, spec-decode,
+  chunked prefill, mixed with decodes first or last, sq > sk, cross, empty kv, long contexts)
+* ``heads``: (num_heads, num_kv_heads); ``dims``: (head_dim, head_dim_v); ``dtype``: bf16 / fp16
+* ``kv``: ("contiguous", None) or (layout, block size), block sizes 1..256, NHD and HND
+* ``mask``: a causal / window / chunk combination from :data:`MASKS`
+* ``softcap``, ``alibi``, ``sinks``, ``append``, ``num_splits``, ``scale``: case fields as they are
+
+A new axis value is one entry in a table here; a new axis is one key read in :func:`build_case`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.cases.case import AttentionCase
+
+__all__ = ["BATCHES", "CONTIG", "MASKS", "PAGED", "Sweep", "build_case"]
+
+Req = tuple[tuple[int, int], ...]
+
+#: Named batch compositions: (q_len, kv_len) per request; kv_len includes the new tokens.
+BATCHES: dict[str, Req] = {
+    "pf1": ((1, 1),),
+    "pf37": ((37, 37),),
+    "pf257": ((257, 257),),
+    "pfvar": ((128, 128), (1, 1), (300, 300), (17, 17)),
+    "dec": ((1, 16), (1, 300), (1, 1), (1, 1000)),
+    "spec4": ((4, 300), (4, 77), (4, 1024)),
+    "chunk": ((64, 512), (100, 1100)),
+    "mixdf": ((1, 200), (1, 33), (128, 128), (50, 450)),
+    "mixdl": ((128, 128), (50, 450), (1, 200), (1, 33)),
+    "sqgtsk": ((40, 20), (9, 3), (16, 16)),
+    "cross": ((77, 300), (1, 77), (200, 50)),
+    "emptykv": ((5, 0), (3, 3), (1, 0)),
+    # small versions for the CPU smoke suite
+    "s_pf": ((33, 33), (1, 1), (70, 70)),
+    "s_dec": ((1, 40), (1, 1), (1, 97)),
+    "s_spec": ((3, 50), (3, 20)),
+    "s_mix": ((1, 60), (24, 24), (10, 90)),
+    # long contexts
+    "pf2k": ((2048, 2048),),
+    "pf4k": ((4096, 4096), (1000, 1000)),
+    "dec16k": ((1, 16384), (1, 5000), (1, 9000), (1, 16384)),
+    "chunk8k": ((512, 8192), (512, 4096)),
+    "pf16k": ((16384, 16384),),
+    "pf32k": ((32768, 32768),),
+    "dec32k": tuple((1, 32768) for _ in range(4)),
+    "chunk32k": ((2048, 32768),),
+}
+
+#: Masking modes: (causal, window, chunk).
+MASKS: dict[str, tuple[bool, tuple[int | None, int | None], int | None]] = {
+    "none": (False, (None, None), None),
+    "causal": (True, (None, None), None),
+    "w0-0": (False, (0, 0), None),
+    "w1-0": (False, (1, 0), None),
+    "w16-0": (False, (16, 0), None),
+    "cw127": (True, (127, None), None),
+    "cw128": (True, (128, None), None),
+    "w32-32": (False, (32, 32), None),
+    "w64-inf": (False, (64, None), None),
+    "winf-16": (False, (None, 16), None),
+    "cw4096": (True, (4096, None), None),
+    "chunk64": (False, (None, None), 64),
+    "cchunk64": (True, (None, None), 64),
+    "cchunk128": (True, (None, None), 128),
+}
+
+CONTIG = ("contiguous", None)
+PAGED = tuple((layout, bs) for layout in ("NHD", "HND") for bs in (1, 16, 32, 64, 128, 256))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A grid over named axes; ``fixed`` sets the other case fields; ``where`` filters combinations."""
+
+    name: str
+    axes: Mapping[str, Sequence[Any]]
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    where: Callable[[dict[str, Any]], bool] | None = None
+
+    def points(self) -> Iterator[dict[str, Any]]:
+        keys = list(self.axes)
+        for values in itertools.product(*(self.axes[k] for k in keys)):
+            point = {**self.fixed, **dict(zip(keys, values))}
+            if self.where is None or self.where(point):
+                yield point
+
+    def cases(self) -> Iterator[AttentionCase]:
+        for point in self.points():
+            yield build_case(point)
+
+
+def build_case(point: Mapping[str, Any]) -> AttentionCase:
+    """AttentionCase from a grid point (axis names as in the module docstring)."""
+    batch = point.get("batch", "pfvar")
+    h, hk = point.get("heads", (8, 2))
+    d, dv = point.get("dims", (128, 128))
+    layout, bs = point.get("kv", CONTIG)
+    causal, window, chunk = MASKS[point.get("mask", "none")]
+    return AttentionCase(
+        requests=BATCHES[batch],
+        num_heads=h,
+        num_kv_heads=hk,
+        head_dim=d,
+        head_dim_v=None if dv == d else dv,
+        dtype=point.get("dtype", "bf16"),
+        kv_layout=layout,
+        block_size=bs,
+        causal=causal,
+        window=window,
+        chunk=chunk,
+        softcap=point.get("softcap"),
+        alibi=point.get("alibi", False),
+        sinks=point.get("sinks", False),
+        scale=point.get("scale"),
+        append=point.get("append", False),
+        num_splits=point.get("num_splits"),
+        batch_name=batch,
+    )

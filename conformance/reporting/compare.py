@@ -1,0 +1,305 @@
+"""Diff two results files: what an upgrade (kernel version, driver, harness) changed.
+
+Records are joined by (case id, backend family), so ``fa2`` 2.8.3 in the old file meets ``fa2``
+2.8.4 in the new one, and a renamed adapter of one family still joins.  Reported:
+
+* new failures: a non-problem status (pass, unsupported) became fail/error/crash/timeout;
+* fixed: a problem became pass; changed failures: one problem status became another;
+* error-ratio regressions (among pairs that are not new failures): both runs compared outputs
+  and the new ratio exceeds
+  ``ratio_threshold`` times the old one and ``ratio_floor`` (a ratio doubling from 0.01 to 0.02 is
+  noise; from 0.3 to 0.8 it is a kernel getting close to failing);
+* performance regressions beyond measured noise: new p20 > old p80 x (1 + margin).  With the
+  default ``margin=None`` ("auto") the margin is the median relative p20-p80 spread of the pairs
+  (at least 2 %), so a noisy machine needs a bigger step before anything is flagged;
+  improvements symmetrically (new p80 < old p20 / (1 + margin));
+* capability changes (supported <-> unsupported) and cases present in only one file.
+
+A comparison *regressed* when there is a new failure, an error-ratio or performance regression, or
+a lost capability; ``attnconf compare`` then exits 1.  Cases only in the old file do not count
+(a partial rerun is legitimate) but are listed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conformance.records import CheckResult, Header, Status, read_records
+
+__all__ = ["Comparison", "Pair", "compare_files", "compare_results", "render_markdown"]
+
+Key = tuple[str, str]
+MAX_ROWS = 200  # per section of the Markdown summary; the counts are always complete
+
+
+@dataclass(frozen=True)
+class Pair:
+    old: CheckResult
+    new: CheckResult
+
+    @property
+    def key(self) -> Key:
+        return (self.new.case_id, _family(self.new))
+
+
+@dataclass
+class Comparison:
+    """Every difference found; see the module docstring for the categories."""
+
+    old_source: str = "old"
+    new_source: str = "new"
+    old_versions: dict[str, str] = field(default_factory=dict)
+    new_versions: dict[str, str] = field(default_factory=dict)
+    common: int = 0
+    new_failures: list[Pair] = field(default_factory=list)
+    fixed: list[Pair] = field(default_factory=list)
+    changed_failures: list[Pair] = field(default_factory=list)
+    ratio_regressions: list[Pair] = field(default_factory=list)
+    perf_regressions: list[tuple[Pair, float]] = field(default_factory=list)
+    perf_improvements: list[tuple[Pair, float]] = field(default_factory=list)
+    capability_lost: list[Pair] = field(default_factory=list)
+    capability_gained: list[Pair] = field(default_factory=list)
+    only_old: list[Key] = field(default_factory=list)
+    only_new: list[Key] = field(default_factory=list)
+    #: families present in one file only (e.g. a one-backend run compared with a full run): counts
+    families_only_old: dict[str, int] = field(default_factory=dict)
+    families_only_new: dict[str, int] = field(default_factory=dict)
+    #: checked pairs whose max error and LSE error are equal in both runs (bit-identical numerics, in practice)
+    identical_errors: int = 0
+    compared_errors: int = 0
+    duplicates: int = 0
+    margin: float = 0.0
+    margin_auto: bool = True
+    ratio_threshold: float = 2.0
+    ratio_floor: float = 0.5
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.new_failures or self.ratio_regressions or self.perf_regressions or self.capability_lost)
+
+
+def _family(r: CheckResult) -> str:
+    return r.family or r.backend
+
+
+def _index(results: list[CheckResult]) -> tuple[dict[Key, CheckResult], int]:
+    out: dict[Key, CheckResult] = {}
+    dup = 0
+    for r in results:
+        key = (r.case_id, _family(r))
+        dup += key in out
+        out[key] = r  # the last record wins, as in reports
+    return out, dup
+
+
+def _spread(r: CheckResult) -> float:
+    t = r.timing
+    assert t is not None
+    return (t.p80_ms - t.p20_ms) / t.median_ms if t.median_ms > 0 else 0.0
+
+
+def _versions(headers: list[Header], results: list[CheckResult]) -> dict[str, str]:
+    out = {_family(r): r.version for r in results}
+    for h in headers:
+        for name, info in h.backends.items():
+            out[info.get("family") or name] = info.get("version", "")
+    return out
+
+
+def compare_results(
+    old: list[CheckResult],
+    new: list[CheckResult],
+    *,
+    ratio_threshold: float = 2.0,
+    ratio_floor: float = 0.5,
+    perf_margin: float | None = None,
+) -> Comparison:
+    """Join by (case id, family) and classify every difference."""
+    old_ix, dup_old = _index(old)
+    new_ix, dup_new = _index(new)
+    cmp = Comparison(duplicates=dup_old + dup_new, ratio_threshold=ratio_threshold, ratio_floor=ratio_floor)
+    shared = {k[1] for k in old_ix} & {k[1] for k in new_ix}
+    for ix, mine, other in ((old_ix, "only_old", new_ix), (new_ix, "only_new", old_ix)):
+        setattr(cmp, mine, sorted(k for k in set(ix) - set(other) if k[1] in shared))
+        counts = getattr(cmp, "families_" + mine)
+        for k in ix:
+            if k[1] not in shared:
+                counts[k[1]] = counts.get(k[1], 0) + 1
+    pairs = [Pair(old_ix[k], new_ix[k]) for k in sorted(set(old_ix) & set(new_ix))]
+    cmp.common = len(pairs)
+    for p in pairs:
+        so, sn = p.old.stats, p.new.stats
+        if so is not None and sn is not None:
+            cmp.compared_errors += 1
+            cmp.identical_errors += so.max_abs == sn.max_abs and so.lse_max_abs == sn.lse_max_abs
+    for p in pairs:
+        o, n = p.old.status, p.new.status
+        if not o.is_problem and n.is_problem:
+            cmp.new_failures.append(p)
+        elif o.is_problem and n is Status.PASS:
+            cmp.fixed.append(p)
+        elif o.is_problem and n.is_problem and o is not n:
+            cmp.changed_failures.append(p)
+        if o is not Status.UNSUPPORTED and n is Status.UNSUPPORTED:
+            cmp.capability_lost.append(p)
+        elif o is Status.UNSUPPORTED and n is not Status.UNSUPPORTED:
+            cmp.capability_gained.append(p)
+        if p.old.stats is not None and p.new.stats is not None and not (n.is_problem and not o.is_problem):
+            r_old, r_new = p.old.stats.error_ratio, p.new.stats.error_ratio
+            if r_new > ratio_floor and r_new > ratio_threshold * r_old:
+                cmp.ratio_regressions.append(p)
+    timed = [p for p in pairs if p.old.timing is not None and p.new.timing is not None]
+    if perf_margin is None:
+        spreads = [max(_spread(p.old), _spread(p.new)) for p in timed]
+        cmp.margin, cmp.margin_auto = max(0.02, statistics.median(spreads)) if spreads else 0.02, True
+    else:
+        cmp.margin, cmp.margin_auto = perf_margin, False
+    for p in timed:
+        to, tn = p.old.timing, p.new.timing
+        assert to is not None and tn is not None
+        slowdown = tn.median_ms / to.median_ms if to.median_ms > 0 else float("inf")
+        if tn.p20_ms > to.p80_ms * (1 + cmp.margin):
+            cmp.perf_regressions.append((p, slowdown))
+        elif tn.p80_ms * (1 + cmp.margin) < to.p20_ms:
+            cmp.perf_improvements.append((p, slowdown))
+    cmp.perf_regressions.sort(key=lambda x: -x[1])
+    cmp.perf_improvements.sort(key=lambda x: x[1])
+    return cmp
+
+
+def compare_files(old: Path | str, new: Path | str, **kwargs: float | None) -> Comparison:
+    """:func:`compare_results` on two JSONL files, with their sources and package versions."""
+    old_h, old_r = read_records(Path(old))
+    new_h, new_r = read_records(Path(new))
+    cmp = compare_results(old_r, new_r, **kwargs)  # type: ignore[arg-type]
+    cmp.old_source, cmp.new_source = str(old), str(new)
+    cmp.old_versions, cmp.new_versions = _versions(old_h, old_r), _versions(new_h, new_r)
+    return cmp
+
+
+def _rows(items: list, fmt) -> list[str]:
+    lines = [fmt(x) for x in items[:MAX_ROWS]]
+    if len(items) > MAX_ROWS:
+        lines.append(f"| ... {len(items) - MAX_ROWS} more |")
+    return lines
+
+
+def _cell(text: str, limit: int = 160) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _ratio(r: CheckResult) -> str:
+    return f"{r.stats.error_ratio:.3g}" if r.stats is not None else "n/a"
+
+
+def render_markdown(cmp: Comparison) -> str:
+    """The summary ``attnconf compare`` prints and writes."""
+    verdict = "REGRESSED" if cmp.regressed else "no regression"
+    out = [f"# Compare: {cmp.old_source} -> {cmp.new_source}: {verdict}", ""]
+    families = sorted(set(cmp.old_versions) | set(cmp.new_versions))
+    out += ["| family | old version | new version |", "|---|---|---|"]
+    out += [f"| {f} | {cmp.old_versions.get(f, '-')} | {cmp.new_versions.get(f, '-')} |" for f in families]
+    margin = f"{cmp.margin:.1%} ({'auto: median p20-p80 spread' if cmp.margin_auto else 'given'})"
+    scope = (
+        f"{cmp.common} (case, family) pairs in both files; only in old: {len(cmp.only_old)}, only in new: "
+        f"{len(cmp.only_new)}; error-ratio rule: new > {cmp.ratio_threshold:g} x old and > {cmp.ratio_floor:g}; "
+        f"performance margin {margin}."
+    )
+    out += ["", scope]
+    if cmp.compared_errors:
+        out.append(
+            f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs have the same "
+            "max error and LSE error (identical outputs, in practice); "
+            f"{cmp.compared_errors - cmp.identical_errors} changed."
+        )
+    for label, counts in (("old", cmp.families_only_old), ("new", cmp.families_only_new)):
+        if counts:
+            listed = ", ".join(f"{f} ({n} records)" for f, n in sorted(counts.items()))
+            out.append(f"Families only in the {label} file, not compared: {listed}.")
+    if cmp.duplicates:
+        out.append(
+            f"Warning: {cmp.duplicates} records share a (case, family) key with another of their file; "
+            "the last one was used."
+        )
+
+    counts = [
+        ("new failures", cmp.new_failures),
+        ("error-ratio regressions", cmp.ratio_regressions),
+        ("performance regressions", cmp.perf_regressions),
+        ("capabilities lost", cmp.capability_lost),
+        ("fixed", cmp.fixed),
+        ("still failing, status changed", cmp.changed_failures),
+        ("performance improvements", cmp.perf_improvements),
+        ("capabilities gained", cmp.capability_gained),
+    ]
+    out += ["", "| change | count |", "|---|---|"] + [f"| {name} | {len(items)} |" for name, items in counts]
+
+    def section(title: str, items: list, header: str, fmt) -> None:
+        if not items:
+            return  # the counts table above already says 0
+        out.extend(["", f"## {title} ({len(items)})", "", header, "|" + "---|" * header.count("|", 1)])
+        out.extend(_rows(items, fmt))
+
+    section(
+        "New failures",
+        cmp.new_failures,
+        "| family | case | old | new | reason |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {p.new.status.value} | {_cell(p.new.reason)} |",
+    )
+    section(
+        "Error-ratio regressions",
+        cmp.ratio_regressions,
+        "| family | case | old ratio | new ratio | new status |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {_ratio(p.old)} | {_ratio(p.new)} | {p.new.status.value} |",
+    )
+    section(
+        "Performance regressions",
+        cmp.perf_regressions,
+        "| family | case | old median ms (p20-p80) | new median ms (p20-p80) | x |",
+        lambda x: _perf_row(*x),
+    )
+    section(
+        "Capabilities lost (supported -> unsupported)",
+        cmp.capability_lost,
+        "| family | case | old | new reason |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {_cell(p.new.reason)} |",
+    )
+    section(
+        "Fixed",
+        cmp.fixed,
+        "| family | case | old | new |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {p.new.status.value} |",
+    )
+    section(
+        "Still failing, status changed",
+        cmp.changed_failures,
+        "| family | case | old | new |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {p.new.status.value} |",
+    )
+    section(
+        "Performance improvements",
+        cmp.perf_improvements,
+        "| family | case | old median ms (p20-p80) | new median ms (p20-p80) | x |",
+        lambda x: _perf_row(*x),
+    )
+    section(
+        "Capabilities gained (unsupported -> supported)",
+        cmp.capability_gained,
+        "| family | case | new |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.new.status.value} |",
+    )
+    section("Only in the old file", cmp.only_old, "| family | case |", lambda k: f"| {k[1]} | {k[0]} |")
+    section("Only in the new file", cmp.only_new, "| family | case |", lambda k: f"| {k[1]} | {k[0]} |")
+    return "\n".join(out) + "\n"
+
+
+def _perf_row(p: Pair, slowdown: float) -> str:
+    to, tn = p.old.timing, p.new.timing
+    assert to is not None and tn is not None
+    return (
+        f"| {p.key[1]} | {p.key[0]} | {to.median_ms:.4g} ({to.p20_ms:.4g}-{to.p80_ms:.4g}) | "
+        f"{tn.median_ms:.4g} ({tn.p20_ms:.4g}-{tn.p80_ms:.4g}) | {slowdown:.2f} |"
+    )

@@ -1,0 +1,156 @@
+"""Known failures: one TOML ledger per backend, each entry with its evidence.
+
+``conformance/ledgers/<backend>.toml`` (or the files of another directory, ``--ledger-dir``)::
+
+    # why this backend fails what it fails
+    [[failure]]
+    pattern = "*_win*-0_*"            # fnmatch glob on the case id
+    reason = "window right bound taken as sk, not 0 (FA2 bug)"
+    evidence = ["https://github.com/Dao-AILab/flash-attention/issues/895", "reports/h200-fa2.jsonl"]
+    statuses = ["fail"]               # optional, default ["fail"]; any of fail/error/crash/timeout
+
+A result is *known* when an entry of its backend matches its case id and lists its status; a
+problem no entry explains is *unexpected*.  An entry matching a case that passed is an
+*unexpected pass* (the bug may be fixed: the entry should go), and an entry matching no case of a
+backend that ran, nor any case of the built-in suites, is *stale* (its pattern no longer names
+anything).  An entry whose cases this run simply did not include (another suite, ``--case``) is
+neither.  The array-api-tests xfail files work the same way.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance._toml import TOMLDecodeError, load_toml_file
+from conformance.records import CheckResult, Status
+
+__all__ = ["DEFAULT_DIR", "Ledger", "LedgerEntry", "LedgerVerdict", "load_ledger"]
+
+DEFAULT_DIR = Path(__file__).resolve().parents[1] / "ledgers"
+_KEYS = {"pattern", "reason", "evidence", "statuses"}
+_PROBLEMS = [s.value for s in Status if s.is_problem]
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One known failure of one backend."""
+
+    backend: str
+    pattern: str
+    reason: str
+    evidence: tuple[str, ...] = ()
+    statuses: tuple[str, ...] = ("fail",)
+    source: str = ""
+
+    def matches(self, result: CheckResult) -> bool:
+        """Same backend, and the glob matches the case id."""
+        return result.backend == self.backend and fnmatch.fnmatchcase(result.case_id, self.pattern)
+
+    def explains(self, result: CheckResult) -> bool:
+        """Matches, and the result's status is one this entry expects."""
+        return self.matches(result) and result.status.value in self.statuses
+
+
+@dataclass
+class LedgerVerdict:
+    """A run's results sorted against the ledger."""
+
+    known: list[tuple[CheckResult, LedgerEntry]] = field(default_factory=list)
+    unexpected: list[CheckResult] = field(default_factory=list)
+    unexpected_passes: list[tuple[CheckResult, LedgerEntry]] = field(default_factory=list)
+    stale: list[LedgerEntry] = field(default_factory=list)
+
+
+@dataclass
+class Ledger:
+    """Every entry of every ledger file read."""
+
+    entries: list[LedgerEntry] = field(default_factory=list)
+
+    def for_backend(self, backend: str) -> list[LedgerEntry]:
+        return [e for e in self.entries if e.backend == backend]
+
+    def explain(self, result: CheckResult) -> LedgerEntry | None:
+        """The first entry that explains a problem result, else None."""
+        if not result.status.is_problem:
+            return None
+        return next((e for e in self.for_backend(result.backend) if e.explains(result)), None)
+
+    def classify(
+        self, results: Iterable[CheckResult], suite_case_ids: Callable[[], Iterable[str]] | None = None
+    ) -> LedgerVerdict:
+        """Known and unexpected problems, unexpected passes, stale entries (of backends that ran).
+
+        ``suite_case_ids`` returns every case id the harness can generate (called only when some
+        entry matched no result): an entry matching one of them is not stale, only not exercised.
+        Without it, every entry that matched no result of its backend is stale.
+        """
+        verdict = LedgerVerdict()
+        used: set[int] = set()
+        ran: set[str] = set()
+        for r in results:
+            ran.add(r.backend)
+            matching = [(i, e) for i, e in enumerate(self.entries) if e.matches(r)]
+            used.update(i for i, _ in matching)
+            if r.status.is_problem:
+                entry = next((e for _, e in matching if e.explains(r)), None)
+                if entry is None:
+                    verdict.unexpected.append(r)
+                else:
+                    verdict.known.append((r, entry))
+            elif r.status is Status.PASS and matching:
+                verdict.unexpected_passes.append((r, matching[0][1]))
+        unused = [e for i, e in enumerate(self.entries) if i not in used and e.backend in ran]
+        if unused and suite_case_ids is not None:
+            ids = list(suite_case_ids())
+            unused = [e for e in unused if not any(fnmatch.fnmatchcase(c, e.pattern) for c in ids)]
+        verdict.stale = unused
+        return verdict
+
+
+def _entry(backend: str, raw: Any, source: str) -> LedgerEntry:
+    if not isinstance(raw, dict):
+        # ValueError rather than TypeError: a malformed file is a value problem, like every other one here.
+        raise ValueError(f"{source}: each [[failure]] must be a table, got {raw!r}")  # noqa: TRY004
+    unknown = set(raw) - _KEYS
+    if unknown:
+        raise ValueError(f"{source}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS)})")
+    for key in ("pattern", "reason"):
+        if not isinstance(raw.get(key), str) or not raw[key].strip():
+            raise ValueError(f"{source}: every entry needs a non-empty string {key!r}")
+    evidence = raw.get("evidence", ())
+    evidence = (evidence,) if isinstance(evidence, str) else tuple(str(e) for e in evidence)
+    statuses = raw.get("statuses", ["fail"])
+    statuses = (statuses,) if isinstance(statuses, str) else tuple(statuses)
+    bad = [s for s in statuses if s not in _PROBLEMS]
+    if bad or not statuses:
+        raise ValueError(f"{source}: statuses must be a non-empty subset of {_PROBLEMS}, got {list(statuses)}")
+    return LedgerEntry(backend, raw["pattern"], raw["reason"], evidence, statuses, source)
+
+
+def load_ledger(directory: Path | str | None = None) -> Ledger:
+    """Every ``<backend>.toml`` in ``directory`` (default: the package's ``ledgers/``).
+
+    A missing directory is an empty ledger; a malformed file raises ``ValueError`` naming it.
+    """
+    directory = DEFAULT_DIR if directory is None else Path(directory)
+    ledger = Ledger()
+    if not directory.is_dir():
+        return ledger
+    for path in sorted(directory.glob("*.toml")):
+        try:
+            data = load_toml_file(path)
+        except TOMLDecodeError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        unknown = set(data) - {"failure"}
+        if unknown:
+            raise ValueError(f"{path}: top-level keys must be [[failure]] entries, got {sorted(unknown)}")
+        ledger.entries.extend(
+            _entry(path.stem, raw, f"{path.parent.name}/{path.name}[{i}]")
+            for i, raw in enumerate(data.get("failure", []))
+        )
+    return ledger

@@ -1,0 +1,341 @@
+"""Reports of one or more results files: ``DIR/report.md`` and a self-contained ``DIR/report.html``.
+
+:func:`build_context` turns records into plain data (every number already formatted where a
+template would otherwise repeat the logic); the two Jinja templates in ``templates/`` lay it out.
+Sections: runs and environments, per-backend totals (with the harness time spent outside the
+kernel), feature x backend matrix, unexpected failures, ledger-known failures, unexpected passes
+and stale ledger entries, the declared capability matrix, error-ratio histograms, performance.
+
+Several files are merged (shards of one sweep, or runs on several machines); when two records
+share (case id, backend), the one read last wins.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import json
+import re
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.cases.case import FEATURES, AttentionCase
+from conformance.running.env import refused_features
+from conformance.reporting.ledger import Ledger, LedgerEntry, load_ledger
+from conformance.records import CheckResult, Header, Status, read_records
+from conformance.cases.suites import all_case_ids
+
+__all__ = ["RunSet", "build_context", "load_runs", "write_report"]
+
+_TEMPLATES = Path(__file__).resolve().parent / "templates"
+STATUSES = [s.value for s in Status]
+#: What a header written by another tool (or an older runner) may lack; the templates need every key.
+_RUN_DEFAULTS = {
+    "device": "?",
+    "seed": "?",
+    "shard": None,
+    "timeout_s": "?",
+    "time": False,
+    "tol": [],
+    "resume": False,
+    "already_recorded": 0,
+}
+_ENV_KEYS = [
+    "host",
+    "os",
+    "python",
+    "torch",
+    "cuda",
+    "gpu",
+    "driver",
+    "compute_capability",
+    "cpu",
+    "device",
+    "git_commit",
+]
+
+
+@dataclass
+class RunSet:
+    """Headers and deduplicated results of the files read, in file order."""
+
+    sources: list[str] = field(default_factory=list)
+    headers: list[Header] = field(default_factory=list)
+    results: list[CheckResult] = field(default_factory=list)
+
+
+def load_runs(paths: Iterable[Path | str]) -> RunSet:
+    """Read results files; a later record of the same (case id, backend) replaces an earlier one."""
+    runs = RunSet()
+    latest: dict[tuple[str, str], CheckResult] = {}
+    for path in paths:
+        headers, results = read_records(Path(path))
+        runs.sources.append(str(path))
+        runs.headers.extend(headers)
+        for r in results:
+            latest.pop((r.case_id, r.backend), None)  # re-insert so the order follows the last write
+            latest[r.case_id, r.backend] = r
+    runs.results = list(latest.values())
+    return runs
+
+
+def _median_ms(xs: Sequence[float]) -> str:
+    return f"{statistics.median(xs) * 1e3:.2f}" if xs else "n/a"
+
+
+def _fmt(x: float | None, spec: str = ".3g") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _worst(r: CheckResult) -> str:
+    s = r.stats
+    if s is None:
+        return "n/a (no output compared)"
+    text = (
+        f"max abs {s.max_abs:.3g} at (token, head, dim) {tuple(s.worst)}; error ratio {s.error_ratio:.3g} "
+        f"(allowed {s.allowed_max_abs:.3g}, baseline {s.baseline_max_abs:.3g}); mismatch {s.mismatch_frac:.2%}"
+    )
+    if s.lse_max_abs is not None:
+        text += f"; lse max abs {s.lse_max_abs:.3g} (allowed {_fmt(s.lse_allowed)})"
+    if s.nonfinite:
+        text += f"; {s.nonfinite} non-finite"
+    if s.failed_checks:
+        text += f"; failed: {', '.join(s.failed_checks)}"
+    return text
+
+
+def _case(r: CheckResult) -> AttentionCase | None:
+    try:
+        return AttentionCase.from_json(r.case)
+    except (KeyError, TypeError, ValueError):
+        return None  # a record from a newer case model this version cannot rebuild
+
+
+def _failure(r: CheckResult, entry: LedgerEntry | None = None) -> dict[str, Any]:
+    case = _case(r)
+    row = {
+        "backend": r.backend,
+        "case_id": r.case_id,
+        "status": r.status.value,
+        "summary": case.summary() if case else "(case not readable)",
+        "worst": _worst(r),
+        "reason": r.reason.strip() or "(no reason recorded)",
+        "repro": r.repro,
+        "version": r.version,
+    }
+    if entry is not None:
+        row.update(ledger_reason=entry.reason, evidence=list(entry.evidence), pattern=entry.pattern)
+    return row
+
+
+def _backend_infos(runs: RunSet) -> dict[str, dict[str, str]]:
+    infos: dict[str, dict[str, str]] = {}
+    for h in runs.headers:
+        for name, info in h.backends.items():
+            infos[name] = {**infos.get(name, {}), **info}
+    return infos
+
+
+def _capabilities(backends: list[str], infos: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """backend -> refused feature -> reason, from the headers, else from the adapters' declarations."""
+    caps: dict[str, dict[str, str]] = {}
+    for b in backends:
+        info = infos.get(b, {})
+        if any(k.startswith("refuses.") for k in info) or "capabilities_error" in info or "devices" in info:
+            caps[b] = refused_features(info)
+            continue
+        try:
+            from attnfast.registry import get_backend
+
+            caps[b] = {f: s.reason for f, s in get_backend(b).capabilities().items() if not s.ok}
+        except Exception:  # noqa: BLE001, S112 - an old header for a backend not installed here: leave it out
+            continue
+    return caps
+
+
+def _b64(png: bytes | None) -> str | None:
+    return base64.b64encode(png).decode("ascii") if png else None
+
+
+def _merge_shards(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry for the shards of one sweep (same suite, environment, backends and options)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        shard = run["run"].get("shard")
+        argv = re.sub(r" --(shard|out) \S+", "", run["argv"])
+        options = {k: v for k, v in run["run"].items() if k not in ("shard", "cases")}
+        key = json.dumps([run["suite"], run["env"], run["backends"], options, argv], sort_keys=True, default=str)
+        if key not in merged:
+            merged[key] = {**run, "shards": []}
+        entry = merged[key]
+        entry["started"] = min(entry["started"] or "", run["started"] or "") or entry["started"]
+        if shard:
+            entry["shards"].append(tuple(shard))
+    out = []
+    for entry in merged.values():
+        shards = sorted(entry["shards"])
+        entry["shards"] = ""
+        if len(shards) > 1:
+            entry["run"] = {**entry["run"], "shard": None}
+            entry["shards"] = f"{len(shards)} of {shards[0][1]} ({', '.join(str(i) for i, _ in shards)})"
+            entry["argv"] = re.sub(r" --(shard|out) \S+", "", entry["argv"]) + "  (per shard: --shard I/N --out FILE)"
+        out.append(entry)
+    return out
+
+
+def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str, Any]:
+    """Everything the templates show, as plain data (see the module docstring for the sections)."""
+    from . import plots as plotting
+
+    results = runs.results
+    backends = sorted({r.backend for r in results})
+    infos = _backend_infos(runs)
+    by_backend: dict[str, list[CheckResult]] = defaultdict(list)
+    for r in results:
+        by_backend[r.backend].append(r)
+    totals = []
+    for b in backends:
+        rs = by_backend[b]
+        ran = [r for r in rs if r.status not in (Status.CRASH, Status.TIMEOUT, Status.UNSUPPORTED)]
+        counts = Counter(r.status.value for r in rs)
+        totals.append(
+            {
+                "backend": b,
+                "version": infos.get(b, {}).get("version", rs[0].version),
+                "total": len(rs),
+                "counts": {s: counts.get(s, 0) for s in STATUSES},
+                "problems": sum(r.status.is_problem for r in rs),
+                "harness_ms": _median_ms([r.harness_s for r in ran]),
+                "kernel_ms": _median_ms([r.kernel_s for r in ran]),
+                "roundtrip_ms": _median_ms([r.extra["roundtrip_s"] for r in ran if "roundtrip_s" in r.extra]),
+            }
+        )
+    cells: dict[str, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
+    for r in results:
+        case = _case(r)
+        for f in case.features() if case else ():
+            cells[f][r.backend][r.status.value] += 1
+    matrix = [
+        {"feature": f, "cells": [{s: cells[f][b].get(s, 0) for s in STATUSES} for b in backends]}
+        for f in FEATURES
+        if f in cells
+    ]
+    verdict = ledger.classify(results, suite_case_ids=all_case_ids)
+    caps = _capabilities(backends, infos)
+    cap_backends = [b for b in backends if b in caps]
+    capability = [
+        {"feature": f, "description": FEATURES[f], "cells": [caps[b].get(f) for b in cap_backends]} for f in FEATURES
+    ]
+    ratios = {b: [r.stats.error_ratio for r in by_backend[b] if r.stats is not None] for b in backends}
+    timed = sorted((r for r in results if r.timing is not None), key=lambda r: (r.case_id, r.backend))
+    perf = [
+        {
+            "backend": r.backend,
+            "case_id": r.case_id,
+            "median_ms": _fmt(r.timing.median_ms, ".4g"),
+            "p20_ms": _fmt(r.timing.p20_ms, ".4g"),
+            "p80_ms": _fmt(r.timing.p80_ms, ".4g"),
+            "tflops": _fmt(r.timing.tflops, ".1f"),
+            "gbps": _fmt(r.timing.gbps, ".0f"),
+            "roofline": _fmt(r.timing.roofline_pct, ".0f"),
+            "bound": r.timing.bound or "",
+            "method": r.timing.method,
+            "status": r.status.value,
+        }
+        for r in timed
+    ]
+    ratio_png = plotting.error_ratio_histograms(ratios) if plots else None
+    tput = {b: [(r.case_id, r.timing.tflops) for r in timed if r.backend == b] for b in backends}
+    tput_png = plotting.throughput_plot(tput) if plots and perf else None
+    runs_ctx = _merge_shards(
+        [
+            {
+                "suite": h.suite,
+                "started": h.started,
+                "argv": " ".join(h.argv),
+                "run": {**_RUN_DEFAULTS, **h.env.get("run", {})},
+                "env": {k: h.env[k] for k in _ENV_KEYS if k in h.env},
+                "backends": {
+                    n: f"{i.get('version', '?')} ({i.get('family', '?')}, available: {i.get('available', '?')})"
+                    for n, i in h.backends.items()
+                },
+            }
+            for h in runs.headers
+        ]
+    )
+    return {
+        "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "sources": runs.sources,
+        "runs": runs_ctx,
+        "statuses": STATUSES,
+        "backends": backends,
+        "totals": totals,
+        "n_results": len(results),
+        "n_cases": len({r.case_id for r in results}),
+        "matrix": matrix,
+        "unexpected": [_failure(r) for r in verdict.unexpected],
+        "known": [_failure(r, e) for r, e in verdict.known],
+        "unexpected_passes": [
+            {
+                "backend": r.backend,
+                "case_id": r.case_id,
+                "pattern": e.pattern,
+                "reason": e.reason,
+                "source": e.source,
+            }
+            for r, e in verdict.unexpected_passes
+        ],
+        "stale": [
+            {"backend": e.backend, "pattern": e.pattern, "reason": e.reason, "source": e.source} for e in verdict.stale
+        ],
+        "cap_backends": cap_backends,
+        "capability": capability,
+        "ratio_png": _b64(ratio_png),
+        "tput_png": _b64(tput_png),
+        "perf": perf,
+        "_pngs": {"error_ratio.png": ratio_png, "throughput.png": tput_png},
+    }
+
+
+def _md_cell(text: Any) -> str:
+    """Text safe inside one Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _environment(html: bool):
+    try:
+        import jinja2
+    except ModuleNotFoundError:
+        raise RuntimeError("attnconf report needs jinja2 and matplotlib: pip install 'attnconf[report]'") from None
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+        autoescape=html,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    env.filters["md"] = _md_cell
+    return env
+
+
+def write_report(
+    paths: Sequence[Path | str], out_dir: Path | str, ledger_dir: Path | str | None = None
+) -> tuple[Path, Path]:
+    """Write ``report.md`` (with its PNGs beside it) and ``report.html`` to ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ctx = build_context(load_runs(paths), load_ledger(ledger_dir))
+    for name, png in ctx.pop("_pngs").items():
+        if png:
+            (out_dir / name).write_bytes(png)
+    md = out_dir / "report.md"
+    html = out_dir / "report.html"
+    md.write_text(_environment(False).get_template("report.md.j2").render(**ctx), encoding="utf-8")
+    html.write_text(_environment(True).get_template("report.html.j2").render(**ctx), encoding="utf-8")
+    return md, html

@@ -1,0 +1,166 @@
+"""The environment a run happened in, for the header line of a results file.
+
+:func:`resolve_backend` turns what the user typed (a registry name or ``module:Class``) into an
+adapter.  The header has two halves: :func:`host_env` (machine, OS, Python, torch, CUDA, GPU)
+and :func:`backend_info` (one adapter's name, family, package version, availability and declared
+refusals).  Both are
+collected inside the worker process (:mod:`conformance.running.worker`), because asking for the GPU's name
+and compute capability creates a CUDA context, which the parent process must not own: a crashed
+kernel would otherwise leave the parent with a broken context.
+
+Every probe tolerates failure (no git, no ``nvidia-smi``, no GPU): a missing fact is recorded as
+``"n/a"`` rather than stopping the run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["REFUSES_PREFIX", "backend_info", "git_commit", "host_env", "refused_features", "resolve_backend"]
+
+#: Header key prefix of a declared refusal: ``"refuses.<feature>": reason``.  Kept flat so that a
+#: header's backend entry stays the ``dict[str, str]`` that :class:`conformance.records.Header` declares.
+REFUSES_PREFIX = "refuses."
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    """stdout of a short command, or None when it is missing or fails."""
+    if shutil.which(cmd[0]) is None:
+        return None
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def git_commit(repo: Path = _REPO) -> str:
+    """Commit of the harness checkout (``+dirty`` when the tree has changes), or ``"n/a"``.
+
+    A copy of the tree without ``.git`` (a GPU runner that receives files, not a clone) reports
+    ``$ATTNCONF_GIT_COMMIT`` when set.
+    """
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+    if not commit:
+        return os.environ.get("ATTNCONF_GIT_COMMIT", "n/a")
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+    return commit + ("+dirty" if dirty else "")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "n/a"
+
+
+def _gpu_env(device: str) -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"cuda": torch.version.cuda or "n/a", "cuda_available": torch.cuda.is_available()}
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return info
+    index = torch.device(device).index or 0
+    props = torch.cuda.get_device_properties(index)
+    info.update(
+        gpu=props.name,
+        gpu_count=torch.cuda.device_count(),
+        gpu_memory_gib=round(props.total_memory / 2**30, 1),
+        compute_capability=f"{props.major}.{props.minor}",
+    )
+    smi = _run(["nvidia-smi", f"--id={index}", "--query-gpu=driver_version", "--format=csv,noheader"])
+    if smi:
+        info["driver"] = smi.splitlines()[0].strip()
+    else:
+        # The CUDA driver API version (e.g. 12040): coarser than the display driver, but always there.
+        try:
+            info["driver"] = f"cuda-driver-api {torch._C._cuda_getDriverVersion()}"
+        except Exception:  # noqa: BLE001 - a private API; its absence only loses one fact
+            info["driver"] = "n/a"
+    return info
+
+
+def host_env(device: str = "cpu") -> dict[str, Any]:
+    """Machine, OS, Python, torch, CUDA and (for a CUDA device) the GPU, driver and compute capability."""
+    import torch
+
+    env: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count() or 0,
+        "device": device,
+        "git_commit": git_commit(),
+    }
+    env.update(_gpu_env(device))
+    return env
+
+
+def backend_info(backend: Any, spec: str | None = None) -> dict[str, str]:
+    """One adapter as the header records it: describe() plus availability and refusals.
+
+    ``spec`` is what the user typed (a registry name or ``module:Class``) when it differs from the
+    adapter's own name, so a report can show how the backend was selected.
+    """
+    info = {str(k): str(v) for k, v in backend.describe().items()}
+    try:
+        avail = backend.is_available()
+        info["available"] = "yes" if avail.ok else "no"
+        if not avail.ok:
+            info["unavailable_reason"] = avail.reason
+    except Exception as exc:  # noqa: BLE001 - an adapter probe that raises is itself a finding
+        info["available"] = "no"
+        info["unavailable_reason"] = f"is_available() raised {type(exc).__name__}: {exc}"
+    info["devices"] = ",".join(getattr(backend, "devices", ()))
+    try:
+        for feature, support in sorted(backend.capabilities().items()):
+            if not support.ok:
+                info[REFUSES_PREFIX + feature] = support.reason
+    except Exception as exc:  # noqa: BLE001
+        info["capabilities_error"] = f"{type(exc).__name__}: {exc}"
+    if spec and spec != info.get("name"):
+        info["spec"] = spec
+    return info
+
+
+def refused_features(info: dict[str, str]) -> dict[str, str]:
+    """The ``feature -> reason`` refusals recorded in one header backend entry."""
+    return {k[len(REFUSES_PREFIX) :]: v for k, v in info.items() if k.startswith(REFUSES_PREFIX)}
+
+
+def resolve_backend(spec: str) -> Any:
+    """An adapter instance from a registry name or a ``module:Class`` import path.
+
+    The import form lets a test or a vendor point the runner at any
+    :class:`attnfast.base.Backend` subclass (or zero-argument factory) without registering it.
+    """
+    import importlib
+
+    from attnfast.base import Backend
+    from attnfast.registry import get_backend
+
+    if ":" not in spec:
+        return get_backend(spec)
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot import backend {spec!r}: {type(exc).__name__}: {exc}") from exc
+    backend = obj()
+    if not isinstance(backend, Backend):
+        raise TypeError(f"{spec} must produce an attnfast.base.Backend, got {type(backend).__name__}")
+    return backend

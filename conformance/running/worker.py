@@ -1,0 +1,387 @@
+"""The worker process that runs kernels on behalf of :mod:`conformance.running.runner`.
+
+Run as ``python -m conformance.running.worker``; it talks JSON lines: requests on stdin, replies on the
+*protocol channel*, which is the process's original stdout.  Before anything else is imported,
+that stdout is duplicated to a private file descriptor and fd 1 is pointed at stderr, so a stray
+``print`` (or a C++ ``printf`` in a kernel) can never corrupt the protocol.
+
+Why a separate process: a kernel bug can kill the process (segfault, ``abort``, CUDA illegal
+memory access) or hang it; the parent survives, records ``crash`` or ``timeout`` and starts a
+fresh worker.  The worker persists across cases and keeps the last case's context (inputs,
+reference, baseline) so several backends of one case share one reference computation.
+
+Requests and replies (one JSON object per line):
+
+* on start the worker sends ``{"op": "ready", "pid": ...}``;
+* ``{"op": "describe", "backends": [spec...], "device": d}`` ->
+  ``{"ok": true, "env": {...}, "backends": {spec: info}, "errors": {spec: message}}``;
+* ``{"op": "load", "backends": [spec...]}`` -> ``{"ok": true, "errors": {...}}``: import the
+  adapters now, so a fresh worker's imports do not count against the first case's timeout;
+* ``{"op": "check", "case": {...}, "backend": spec, "seed": n, "device": d, "tol": [...],
+  "tol_file": path|null, "time": bool}`` -> ``{"ok": true, "result": CheckResult JSON}``, or
+  ``{"ok": false, "error": text}`` when the harness itself (inputs, reference) failed.
+
+Backends are named by registry name or ``module:Class`` (:func:`conformance.running.env.resolve_backend`).
+:class:`WorkerClient` is the parent's side of the protocol: it starts the process, sends one
+request, waits for the reply with a deadline, and turns a dead or silent worker into a
+:class:`Reply` of kind ``crash`` or ``timeout``.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["Reply", "WorkerClient", "WorkerStartError", "load_overrides", "main"]
+
+
+def load_overrides(texts: list[str], tol_file: str | None) -> tuple[Any, ...]:
+    """Tolerance overrides: the ``--tol-file`` layer first, then each ``--tol KEY=VALUE`` on top."""
+    from conformance.verdict import tolerance
+
+    layers: list[Any] = list(tolerance.load_toml(tol_file)) if tol_file else []
+    layers.extend(tolerance.parse_override(t) for t in texts)
+    return tuple(layers)
+
+
+class _Worker:
+    """Per-process state: resolved backends, the last case context, the timer."""
+
+    def __init__(self) -> None:
+        self.backends: dict[str, Any] = {}
+        self.ctx_key: str | None = None
+        self.ctx: Any = None
+        self.timers: dict[str, Any] = {}
+        self.overrides: dict[str, tuple[Any, ...]] = {}
+
+    def backend(self, spec: str) -> Any:
+        if spec not in self.backends:
+            from conformance.running.env import resolve_backend
+
+            self.backends[spec] = resolve_backend(spec)
+        return self.backends[spec]
+
+    def describe(self, req: dict[str, Any]) -> dict[str, Any]:
+        from conformance.running.env import backend_info, host_env
+
+        infos: dict[str, dict[str, str]] = {}
+        errors: dict[str, str] = {}
+        for spec in req["backends"]:
+            try:
+                infos[spec] = backend_info(self.backend(spec), spec)
+            except Exception as exc:  # noqa: BLE001 - reported to the user as a usage error
+                errors[spec] = f"{type(exc).__name__}: {exc}"
+        return {"ok": True, "env": host_env(req.get("device", "cpu")), "backends": infos, "errors": errors}
+
+    def check(self, req: dict[str, Any]) -> dict[str, Any]:
+        from conformance.cases.case import AttentionCase
+        from conformance.verdict.check import check_backend, prepare_context
+
+        device, seed = req.get("device", "cpu"), int(req.get("seed", 0))
+        key = json.dumps([req["case"], seed, device], sort_keys=True)
+        if key != self.ctx_key:
+            self.ctx, self.ctx_key = None, None  # free the previous case's tensors first
+            self.ctx = prepare_context(AttentionCase.from_json(req["case"]), seed=seed, device=device)
+            self.ctx_key = key
+        tol_key = json.dumps([req.get("tol", []), req.get("tol_file")])
+        if tol_key not in self.overrides:
+            self.overrides[tol_key] = load_overrides(list(req.get("tol", [])), req.get("tol_file"))
+        timer = None
+        if req.get("time"):
+            if device not in self.timers:
+                from conformance.perf.timing import make_timer
+
+                self.timers[device] = make_timer(device)  # one per device: it caches the copy bandwidth
+            case_timer, case = self.timers[device], self.ctx.case
+            # make_timer's timer takes (case, fn) for the roofline; check_backend calls timer(fn).
+            timer = lambda fn: case_timer(case, fn)
+        result = check_backend(self.ctx, self.backend(req["backend"]), overrides=self.overrides[tol_key], timer=timer)
+        return {"ok": True, "result": result.to_json()}
+
+    def load(self, req: dict[str, Any]) -> dict[str, Any]:
+        errors: dict[str, str] = {}
+        for spec in req["backends"]:
+            try:
+                self.backend(spec)
+            except Exception as exc:  # noqa: BLE001
+                errors[spec] = f"{type(exc).__name__}: {exc}"
+        return {"ok": not errors, "errors": errors}
+
+    def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        try:
+            if op == "load":
+                return self.load(req)
+            if op == "describe":
+                return self.describe(req)
+            if op == "check":
+                return self.check(req)
+            return {"ok": False, "error": f"unknown op {op!r}"}
+        except Exception as exc:  # noqa: BLE001 - the parent records it; the worker keeps serving
+            return {
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc(limit=8),
+            }
+
+
+def _claim_stdout() -> IO[str]:
+    """Move the protocol channel off fd 1 and send fd 1 (and ``sys.stdout``) to stderr."""
+    sys.stdout.flush()
+    proto_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(proto_fd, "w", encoding="utf-8", buffering=1)
+
+
+def _send(channel: IO[str], message: dict[str, Any]) -> None:
+    channel.write(json.dumps(message, allow_nan=True) + "\n")
+    channel.flush()
+
+
+def _watch_parent(period_s: float = 1.0) -> None:
+    """Exit when the parent dies: a killed runner must not leave a worker hung in a kernel forever.
+
+    (EOF on stdin covers a worker that is waiting for a request; this covers one that is busy.)
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(period_s)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def main() -> int:
+    """Serve requests until stdin closes (the parent exited or is done)."""
+    channel = _claim_stdout()
+    import faulthandler
+
+    # A segfault or abort prints the Python stack to stderr, which the parent quotes in "crash";
+    # SIGUSR1 prints it on demand, which the parent asks for before killing a hung worker.
+    faulthandler.enable(file=sys.stderr)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    _watch_parent()
+    # torch, the reference and the checker load before "ready": the parent's startup deadline
+    # covers them, not the first case's timeout.
+    import conformance.verdict.check  # noqa: F401
+
+    worker = _Worker()
+    _send(channel, {"op": "ready", "pid": os.getpid()})
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            req = json.loads(line)
+        except json.JSONDecodeError as exc:
+            _send(channel, {"ok": False, "error": f"bad request line: {exc}"})
+            continue
+        try:
+            _send(channel, worker.handle(req))
+        except BrokenPipeError:
+            return 0  # the parent is gone; nobody is left to tell
+    return 0
+
+
+@dataclass
+class Reply:
+    """What became of one request: ``ok`` (``data`` holds the reply), ``crash`` or ``timeout``."""
+
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    wall_s: float = 0.0
+
+
+class WorkerStartError(RuntimeError):
+    """The worker died or stayed silent before it said it was ready."""
+
+
+_REPO = Path(__file__).resolve().parents[2]
+_TAIL_CHARS = 3000
+
+
+def _exit_text(returncode: int | None) -> str:
+    if returncode is None:
+        return "worker closed its channel but is still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"worker killed by {name} (exit status {returncode})"
+    return f"worker exited with status {returncode}"
+
+
+class WorkerClient:
+    """The parent's handle on one worker process; a new one is started after a crash or timeout.
+
+    Replies are read by a thread into a queue so the parent can wait with a deadline; stderr is
+    drained by another thread into a bounded tail (an undrained pipe would block the worker),
+    which is quoted in crash and timeout reasons.
+    """
+
+    def __init__(self, *, startup_timeout: float = 180.0, python: str = sys.executable) -> None:
+        self.startup_timeout = startup_timeout
+        self.python = python
+        #: backend specs every fresh worker imports before its first request (set once they resolved).
+        self.preload: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+        self.starts = 0
+        self._replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._tail: collections.deque[str] = collections.deque(maxlen=200)
+        self._err_thread: threading.Thread | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        """Start a worker and wait for its ``ready`` line."""
+        env = dict(os.environ)
+        # The worker must import this checkout and whatever `module:Class` backends the parent can.
+        paths = [str(_REPO), os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env["PYTHONUNBUFFERED"] = "1"
+        self.proc = subprocess.Popen(
+            [self.python, "-m", "conformance.running.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the parent, which cleans up
+            env=env,
+        )
+        self.starts += 1
+        replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        tail: collections.deque[str] = collections.deque(maxlen=200)
+        self._replies, self._tail = replies, tail
+        threading.Thread(target=self._read_replies, args=(self.proc.stdout, replies, tail), daemon=True).start()
+        self._err_thread = threading.Thread(target=self._read_stderr, args=(self.proc.stderr, tail), daemon=True)
+        self._err_thread.start()
+        try:
+            ready = replies.get(timeout=self.startup_timeout)
+        except queue.Empty:
+            ready = None
+        if not ready or ready.get("op") != "ready":
+            self.kill()
+            raise WorkerStartError(f"worker did not start: {_exit_text(self.proc.returncode)}\n{self.stderr_tail()}")
+        if self.preload:
+            reply = self.request({"op": "load", "backends": self.preload}, timeout=self.startup_timeout)
+            if reply.kind != "ok" or not reply.data.get("ok"):
+                self.kill()
+                raise WorkerStartError(
+                    f"worker could not load {self.preload}: {reply.reason or reply.data.get('errors')}"
+                )
+
+    @staticmethod
+    def _read_replies(stream: IO[str], replies: queue.Queue, tail: collections.deque) -> None:
+        for line in stream:
+            try:
+                replies.put(json.loads(line))
+            except json.JSONDecodeError:
+                tail.append("[not a protocol message] " + line.rstrip())
+        replies.put(None)  # EOF: the worker is gone
+
+    @staticmethod
+    def _read_stderr(stream: IO[str], tail: collections.deque) -> None:
+        for line in stream:
+            tail.append(line.rstrip("\n"))
+
+    def stderr_tail(self, lines: int = 25) -> str:
+        """The last lines the worker wrote to stderr (bounded, for a record's reason)."""
+        text = "\n".join(list(self._tail)[-lines:])
+        return text[-_TAIL_CHARS:] if text else "(worker stderr was empty)"
+
+    def request(self, message: dict[str, Any], timeout: float) -> Reply:
+        """Send one request; wait at most ``timeout`` seconds for its reply."""
+        if not self.alive:
+            self.start()
+        assert self.proc is not None and self.proc.stdin is not None
+        t0 = time.perf_counter()
+        try:
+            self.proc.stdin.write(json.dumps(message, allow_nan=True) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the worker is dead; the reader thread reports EOF below
+        try:
+            reply = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            self._dump_stacks()
+            self.kill()
+            return Reply(
+                "timeout",
+                reason=f"no reply within {timeout:g} s; worker killed\n{self.stderr_tail()}",
+                wall_s=time.perf_counter() - t0,
+            )
+        if reply is None:
+            return Reply("crash", reason=f"{self._reap()}\n{self.stderr_tail()}", wall_s=time.perf_counter() - t0)
+        return Reply("ok", data=reply, wall_s=time.perf_counter() - t0)
+
+    def _dump_stacks(self) -> None:
+        """Ask a hung worker for its Python stacks (faulthandler on SIGUSR1) before killing it."""
+        if self.alive and hasattr(signal, "SIGUSR1"):
+            assert self.proc is not None
+            try:
+                os.kill(self.proc.pid, signal.SIGUSR1)
+                time.sleep(0.5)
+            except OSError:
+                pass
+
+    def _reap(self) -> str:
+        assert self.proc is not None
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        if self._err_thread is not None:
+            self._err_thread.join(timeout=2)  # let the last stderr lines (faulthandler's) arrive
+        return _exit_text(self.proc.returncode)
+
+    def kill(self) -> None:
+        """Kill the worker (and anything it started) without waiting for it to cooperate."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                self.proc.kill()
+        self.proc.wait()
+        if self._err_thread is not None:
+            self._err_thread.join(timeout=2)
+
+    def close(self) -> None:
+        """Ask the worker to exit (stdin EOF); kill it if it does not within a few seconds."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The low-precision baseline: plain PyTorch attention in the inputs' own dtype.
+
+This is flash-attention's test helper ``attention_ref(..., upcast=False)`` (``../shared/SEMANTICS.md``
+section 7): it measures how far a *correct* implementation that works in bf16/fp16 lands from the
+fp32 reference, and the tolerance model scales every allowed error by that distance.  Steps, per
+sequence and per tile of query rows:
+
+1. ``s = (q * scale) @ k^T`` in the input dtype (the scale applied to q first, as attention_ref does);
+2. soft-cap in the input dtype: ``tanh(s / cap) * cap``;
+3. to fp32; ALiBi ``-slope * |i + sk - sq - j|``; mask to ``-inf`` (:func:`attnref.row_bounds`);
+4. softmax in fp32 with the sink in the denominator only; ``P`` cast to the input dtype;
+5. ``P @ V`` in the input dtype.
+
+Fully masked rows give 0 output and LSE ``-inf`` (the sink's value with sinks), the reference's
+convention.  The LSE is fp32, computed from the low-precision scores.  Each tile holds at most
+``MAX_TILE_ELEMS`` scores (heads x query rows x keys), so memory stays bounded for long sequences.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnref import row_bounds
+
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
+from conformance.verdict.reference import case_options, strict_fp32
+
+__all__ = ["MAX_TILE_ELEMS", "baseline"]
+
+MAX_TILE_ELEMS = 1 << 24
+
+
+@torch.no_grad()
+def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same-dtype PyTorch attention of ``case``.
+
+    Returns ``out (total_q, h, dv)`` in the case dtype and ``lse (h, total_q)`` fp32.
+    """
+    dt = case.torch_dtype
+    dev = inputs.q.device
+    h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
+    group = h // hk
+    scale = case.scale if case.scale is not None else 1.0 / math.sqrt(d)
+    options = case_options(case)
+    out = torch.zeros(case.total_q, h, dv, dtype=dt, device=dev)
+    lse = torch.full((h, case.total_q), -math.inf, dtype=torch.float32, device=dev)
+    sink = None if inputs.sinks is None else inputs.sinks.to(dev, torch.float32).reshape(h, 1)
+    slopes = None if inputs.alibi_slopes is None else inputs.alibi_slopes.to(dev, torch.float32).reshape(h, 1, 1)
+    cu_q = [int(x) for x in inputs.cu_seqlens_q.tolist()]
+    cu_k = [int(x) for x in inputs.cu_seqlens_k.tolist()]
+
+    with strict_fp32():
+        for b, (sq, sk) in enumerate(case.requests):
+            q0, k0 = cu_q[b], cu_k[b]
+            if sq == 0:
+                continue
+            if sk == 0:  # nothing to attend: output stays 0, LSE is the sink or -inf
+                if sink is not None:
+                    lse[:, q0 : q0 + sq] = sink
+                continue
+            # (h, sk, d): query head i reads kv head i // group
+            kb = inputs.k[k0 : k0 + sk].to(dt).repeat_interleave(group, dim=1).permute(1, 0, 2)
+            vb = inputs.v[k0 : k0 + sk].to(dt).repeat_interleave(group, dim=1).permute(1, 0, 2)
+            qb = (inputs.q[q0 : q0 + sq].to(dt) * scale).permute(1, 0, 2)  # rounded to dt, like attention_ref
+            cols = torch.arange(sk, device=dev)
+            tq = max(1, min(sq, MAX_TILE_ELEMS // (h * sk)))
+            for t0 in range(0, sq, tq):
+                t1 = min(sq, t0 + tq)
+                o, l = _tile(
+                    qb[:, t0:t1], kb, vb, torch.arange(t0, t1, device=dev), cols, sq, sk, options, slopes, sink
+                )
+                out[q0 + t0 : q0 + t1] = o.permute(1, 0, 2)
+                lse[:, q0 + t0 : q0 + t1] = l
+    return out, lse
+
+
+def _tile(q, k, v, rows, cols, sq, sk, options, slopes, sink) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tile of query rows of one sequence: out (h, tq, dv) in the input dtype, lse (h, tq) fp32."""
+    s = torch.matmul(q, k.transpose(-1, -2))  # (h, tq, sk), input dtype
+    if options.softcap is not None:
+        s = torch.tanh(s / options.softcap) * options.softcap
+    s = s.float()
+    if slopes is not None:
+        s = s - slopes * (rows[:, None] + (sk - sq) - cols[None, :]).abs().float()
+    lo, hi = row_bounds(rows, sq, sk, options)
+    visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+    s = s.masked_fill(~visible, -math.inf)
+    m = s.amax(dim=-1)
+    if sink is not None:
+        m = torch.maximum(m, sink)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # fully masked row: keep exp() finite
+    e = torch.exp(s - m[..., None])
+    denom = e.sum(dim=-1)
+    if sink is not None:
+        denom = denom + torch.exp(sink - m)
+    live = denom > 0
+    safe = torch.where(live, denom, torch.ones_like(denom))
+    p = (e / safe[..., None]).to(v.dtype)
+    o = torch.matmul(p, v)
+    o = torch.where(live[..., None], o, torch.zeros_like(o))
+    l = torch.where(live, m + torch.log(safe), torch.full_like(m, -math.inf))
+    return o, l

@@ -1,0 +1,311 @@
+"""Tolerances as data: one dtype table, then feature, backend, case and user layers.
+
+Pass rule (``../shared/SEMANTICS.md`` section 7, flash-attention's own tests).  With ``ref`` the
+fp32 reference, ``base`` the same-dtype baseline (:mod:`conformance.verdict.baseline`) and
+``B = max|base - ref|``, the kernel output passes when, elementwise,
+
+    |out - ref| <= factor * B + atol + rtol * |ref|
+
+holds everywhere (or on all but ``max_mismatch_frac`` of the elements), and
+
+* ``mean|out - ref| <= mean_factor * mean|base - ref| + mean_atol``;
+* no NaN/Inf where the reference is finite;
+* cosine similarity of the flattened outputs >= ``min_cosine`` (skipped when ``ref`` is all 0);
+* LSE, on rows whose reference LSE is finite:
+  ``|lse - lse_ref| <= lse_factor * max|lse_base - lse_ref| + lse_atol + lse_rtol * |lse_ref|``;
+* fully masked rows (reference LSE ``-inf``): kernel LSE exactly ``-inf``; rows whose reference
+  output is exactly 0: ``|out| <= atol``.
+
+Scaling by the baseline rather than fixing atol/rtol is what lets one rule judge bf16 decode and
+fp16 long prefill alike: a kernel may be a few times as far from the exact answer as plain
+low-precision PyTorch is, and no further.  ``atol`` is the dtype's rounding noise (half an ulp in
+[1, 2)), which covers cases where the baseline happens to be exact (a single key, few elements).
+
+Defaults (:data:`DTYPE_DEFAULTS`):
+
+=====  ======  =======  ====  ====  =========  ====  =======  =======  ========  ==========  ========
+dtype  factor  atol     rtol  mean  mean_atol  lse   lse_atol lse_rtol min_cos   mismatch    note
+=====  ======  =======  ====  ====  =========  ====  =======  =======  ========  ==========  ========
+bf16   2       3.9e-3   0     2     4.9e-4     2     1e-3     1e-5     0.999     0           2^-8
+fp16   2       4.9e-4   0     2     6.1e-5     2     1e-4     1e-5     0.99999   0           2^-11
+fp32   2       1e-5     0     2     1e-6       2     1e-5     1e-6     0.999999  0           vs fp64 ref
+=====  ======  =======  ====  ====  =========  ====  =======  =======  ========  ==========  ========
+
+Feature layer (:data:`FEATURE_RULES`, applied in table order when the case has the feature):
+``softcap`` -> factor 3, lse_factor 3 (flash-attention's softcap tests); ``append``, ``paged``,
+``splits`` -> mean_factor 1.5 (flash-attention's kvcache tests add a mean check at 1.5x).
+Backend (:data:`BACKEND_RULES`) and case (:data:`CASE_RULES`, ``fnmatch`` globs on the case id)
+layers are empty until a measured need, with its evidence, puts an entry there.
+
+User overrides come last, in the order given: each is a mapping of tolerance fields plus optional
+scope keys ``dtype``, ``feature``, ``backend``, ``case`` (a glob); it applies only where every scope
+key matches.  Command-line spelling (:func:`parse_override`)::
+
+    factor=4    bf16.atol=0.01    feature:paged.mean_factor=2    backend:fa2.factor=3    case:*cap30*.factor=5
+
+A TOML file (:func:`load_toml`) holds the same layers::
+
+    factor = 2.5                  # top-level keys: every case
+    [dtype.bf16]
+    atol = 0.01
+    [feature.softcap]
+    factor = 4
+    [backend.fa2]
+    mean_factor = 2
+    [case."*_cap30*"]
+    factor = 5
+
+Resolution: dtype default -> feature -> backend -> case -> overrides; later layers win and a field
+left ``None`` inherits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conformance.cases.case import DTYPES, FEATURES, AttentionCase
+from conformance._toml import load_toml_file
+
+__all__ = [
+    "BACKEND_RULES",
+    "CASE_RULES",
+    "DTYPE_DEFAULTS",
+    "FEATURE_RULES",
+    "FIELDS",
+    "SCOPES",
+    "Tolerance",
+    "layers",
+    "load_toml",
+    "parse_override",
+    "resolve",
+]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """One layer of tolerance settings; ``None`` = inherit from the layer below.  See the module docstring."""
+
+    factor: float | None = None
+    atol: float | None = None
+    rtol: float | None = None
+    mean_factor: float | None = None
+    mean_atol: float | None = None
+    lse_factor: float | None = None
+    lse_atol: float | None = None
+    lse_rtol: float | None = None
+    min_cosine: float | None = None
+    max_mismatch_frac: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise ValueError(f"tolerance {name} must be a number or None (inherit), got {value!r}")
+            object.__setattr__(self, name, float(value))
+            if name == "min_cosine":
+                if not -1.0 <= value <= 1.0:
+                    raise ValueError(f"tolerance min_cosine must be in [-1, 1], got {value}")
+            elif name == "max_mismatch_frac":
+                if not 0.0 <= value <= 1.0:
+                    raise ValueError(f"tolerance max_mismatch_frac must be in [0, 1], got {value}")
+            elif value < 0:
+                raise ValueError(f"tolerance {name} must be >= 0, got {value}")
+
+    def over(self, base: Tolerance) -> Tolerance:
+        """``base`` with every field this layer sets replaced."""
+        return dataclasses.replace(base, **{k: v for k, v in self.fields().items() if v is not None})
+
+    def fields(self) -> dict[str, float | None]:
+        return {name: getattr(self, name) for name in FIELDS}
+
+    def missing(self) -> list[str]:
+        """Fields still ``None`` (a resolved tolerance has none)."""
+        return [name for name in FIELDS if getattr(self, name) is None]
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Tolerance))
+SCOPES: tuple[str, ...] = ("dtype", "feature", "backend", "case")
+#: The names a scope may take, for the scopes with a closed set (backends and cases are open).
+_SCOPE_NAMES: dict[str, Any] = {"dtype": DTYPES, "feature": FEATURES}
+
+#: Complete defaults per dtype (every field set); see the module docstring for the reasoning.
+DTYPE_DEFAULTS: dict[str, Tolerance] = {
+    "bf16": Tolerance(
+        factor=2,
+        atol=2**-8,
+        rtol=0,
+        mean_factor=2,
+        mean_atol=2**-11,
+        lse_factor=2,
+        lse_atol=1e-3,
+        lse_rtol=1e-5,
+        min_cosine=0.999,
+        max_mismatch_frac=0,
+    ),
+    "fp16": Tolerance(
+        factor=2,
+        atol=2**-11,
+        rtol=0,
+        mean_factor=2,
+        mean_atol=2**-14,
+        lse_factor=2,
+        lse_atol=1e-4,
+        lse_rtol=1e-5,
+        min_cosine=0.99999,
+        max_mismatch_frac=0,
+    ),
+    "fp32": Tolerance(
+        factor=2,
+        atol=1e-5,
+        rtol=0,
+        mean_factor=2,
+        mean_atol=1e-6,
+        lse_factor=2,
+        lse_atol=1e-5,
+        lse_rtol=1e-6,
+        min_cosine=0.999999,
+        max_mismatch_frac=0,
+    ),
+}
+
+#: Feature -> layer, applied in this order for every feature the case has.
+FEATURE_RULES: dict[str, Tolerance] = {
+    "softcap": Tolerance(factor=3, lse_factor=3),
+    "append": Tolerance(mean_factor=1.5),
+    "paged": Tolerance(mean_factor=1.5),
+    "splits": Tolerance(mean_factor=1.5),
+}
+
+#: Backend name -> layer.  Empty: no built-in backend has shown a need; add entries with evidence.
+BACKEND_RULES: dict[str, Tolerance] = {}
+
+#: (case id glob, layer), applied in order when the glob matches.  Empty for the same reason.
+CASE_RULES: list[tuple[str, Tolerance]] = []
+
+
+def _check_tables() -> None:
+    """Fail at import if the built-in tables are inconsistent (a typo here would silently inherit)."""
+    if set(DTYPE_DEFAULTS) != set(DTYPES):
+        raise RuntimeError(f"DTYPE_DEFAULTS must cover every case dtype {sorted(DTYPES)}")
+    for dtype, tol in DTYPE_DEFAULTS.items():
+        if tol.missing():
+            raise RuntimeError(f"DTYPE_DEFAULTS[{dtype}] leaves {tol.missing()} unset")
+    if set(FEATURE_RULES) - set(FEATURES):
+        raise RuntimeError(f"FEATURE_RULES names unknown features {set(FEATURE_RULES) - set(FEATURES)}")
+
+
+_check_tables()
+
+
+def _scope_matches(scope: Mapping[str, Any], case: AttentionCase, backend_name: str) -> bool:
+    if "dtype" in scope and scope["dtype"] != case.dtype:
+        return False
+    if "feature" in scope and scope["feature"] not in case.features():
+        return False
+    if "backend" in scope and scope["backend"] != backend_name:
+        return False
+    if "case" in scope and not fnmatch.fnmatchcase(case.id, str(scope["case"])):
+        return False
+    return True
+
+
+def _override_layer(override: Mapping[str, Any]) -> Tolerance:
+    unknown = set(override) - set(FIELDS) - set(SCOPES)
+    if unknown:
+        raise ValueError(
+            f"tolerance override keys must be among {list(FIELDS)} or scopes {list(SCOPES)}, got {sorted(unknown)}"
+        )
+    return Tolerance(**{k: v for k, v in override.items() if k in FIELDS})
+
+
+def layers(
+    case: AttentionCase, backend_name: str, overrides: Sequence[Mapping[str, Any]] = ()
+) -> list[tuple[str, Tolerance]]:
+    """Every layer that applies to (case, backend), lowest first, each with a label saying where it came from."""
+    out: list[tuple[str, Tolerance]] = [(f"dtype {case.dtype}", DTYPE_DEFAULTS[case.dtype])]
+    feats = case.features()
+    out += [(f"feature {name}", tol) for name, tol in FEATURE_RULES.items() if name in feats]
+    if backend_name in BACKEND_RULES:
+        out.append((f"backend {backend_name}", BACKEND_RULES[backend_name]))
+    out += [(f"case {glob}", tol) for glob, tol in CASE_RULES if fnmatch.fnmatchcase(case.id, glob)]
+    for i, override in enumerate(overrides):
+        layer = _override_layer(override)  # validate even when the scope does not match
+        if _scope_matches(override, case, backend_name):
+            scope = " ".join(f"{k}={override[k]}" for k in SCOPES if k in override)
+            out.append((f"override {i}" + (f" ({scope})" if scope else ""), layer))
+    return out
+
+
+def resolve(case: AttentionCase, backend_name: str, overrides: Sequence[Mapping[str, Any]] = ()) -> Tolerance:
+    """The complete tolerance for (case, backend): default -> feature -> backend -> case -> overrides."""
+    tol = Tolerance()
+    for _, layer in layers(case, backend_name, overrides):
+        tol = layer.over(tol)
+    return tol
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """``[SCOPE.]KEY=VALUE`` (the ``--tol`` flag) to an override mapping.
+
+    SCOPE is a dtype (``bf16``), or ``dtype:``/``feature:``/``backend:``/``case:`` followed by a
+    value (a glob for ``case:``).  VALUE is a float (``inf`` allowed, e.g. to switch a check off).
+    """
+    lhs, eq, value = text.partition("=")
+    if not eq:
+        raise ValueError(f"--tol must look like KEY=VALUE or SCOPE.KEY=VALUE, got {text!r}")
+    scope_text, _, key = lhs.strip().rpartition(".")
+    if key not in FIELDS:
+        raise ValueError(f"--tol key must be one of {list(FIELDS)}, got {key!r} in {text!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"--tol value must be a number, got {value!r} in {text!r}") from None
+    out: dict[str, Any] = {}
+    if scope_text:
+        kind, colon, name = scope_text.partition(":")
+        if not colon:
+            kind, name = "dtype", scope_text
+        if kind not in SCOPES or not name:
+            raise ValueError(
+                f"--tol scope must be a dtype or one of {[s + ':NAME' for s in SCOPES]}, got {scope_text!r}"
+            )
+        known = _SCOPE_NAMES.get(kind)
+        if known is not None and name not in known:
+            raise ValueError(f"--tol {kind} scope must be one of {sorted(known)}, got {name!r}")
+        out[kind] = name
+    Tolerance(**{key: number})  # range check now, with the flag still in view
+    out[key] = number
+    return out
+
+
+def load_toml(path: str | Path) -> list[dict[str, Any]]:
+    """Override mappings from a TOML file (format in the module docstring), lowest layer first."""
+    data = load_toml_file(path)
+    top = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    out: list[dict[str, Any]] = [top] if top else []
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    unknown = set(tables) - set(SCOPES)
+    if unknown:
+        raise ValueError(f"{path}: tables must be among {list(SCOPES)}, got {sorted(unknown)}")
+    for scope in SCOPES:
+        for name, fields in tables.get(scope, {}).items():
+            if not isinstance(fields, dict):
+                raise ValueError(f"{path}: [{scope}.{name}] must be a table of tolerance fields, got {fields!r}")
+            known = _SCOPE_NAMES.get(scope)
+            if known is not None and name not in known:
+                raise ValueError(f"{path}: [{scope}.{name}]: {scope} must be one of {sorted(known)}")
+            out.append({scope: name, **fields})
+    for override in out:
+        try:
+            _override_layer(override)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: {exc}") from None
+    return out

@@ -1,0 +1,108 @@
+"""The case model: validation, ids, JSON round trips, features, and input generation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conformance.cases.case import FEATURES, AttentionCase
+from conformance.cases.inputs import alibi_slopes, make_inputs
+
+
+def _case(**kw) -> AttentionCase:
+    base = dict(requests=((1, 300), (17, 17), (5, 100)), num_heads=8, num_kv_heads=2, head_dim=64, batch_name="mixed")
+    base.update(kw)
+    return AttentionCase(**base)
+
+
+def test_id_is_readable_and_stable() -> None:
+    case = _case(kv_layout="HND", block_size=16, causal=True, window=(128, 0), softcap=30.0, sinks=True)
+    assert case.id.startswith("gqa_h8_kv2_d64_bf16_mixed_ps16hnd_causal_win128-0_cap30_sink-")
+    assert case.id == _case(kv_layout="HND", block_size=16, causal=True, window=(128, 0), softcap=30, sinks=True).id
+
+
+def test_json_round_trip_and_defaults_omitted() -> None:
+    case = _case(alibi=True, head_dim_v=32, num_splits=2)
+    data = case.to_json()
+    assert "softcap" not in data and "kv_layout" not in data
+    again = AttentionCase.from_json(json.loads(json.dumps(data)))
+    assert again == case and again.id == case.id
+
+
+def test_from_json_ignores_unknown_keys() -> None:
+    data = _case().to_json() | {"field_from_the_future": 3}
+    assert AttentionCase.from_json(data) == _case()
+
+
+def test_distinct_cases_have_distinct_ids() -> None:
+    a, b = _case(), _case(requests=((1, 301), (17, 17), (5, 100)))
+    assert a.id != b.id and a.id.rsplit("-", 1)[0] == b.id.rsplit("-", 1)[0]
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(num_heads=6, num_kv_heads=4), "multiple of num_kv_heads"),
+        (dict(dtype="int4"), "dtype must be one of"),
+        (dict(kv_layout="NHD"), "block_size must be set exactly"),
+        (dict(block_size=16), "block_size must be set exactly"),
+        (dict(window=(-1, 0)), "window must be"),
+        (dict(causal=True, window=(4, 4)), "window right must be None or 0"),
+        (dict(requests=()), "at least one"),
+        (dict(requests=((3, 2),), append=True), "append needs q_len <= kv_len"),
+        (dict(softcap=-1.0), "softcap must be positive"),
+    ],
+)
+def test_invalid_cases_are_rejected(kw, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        _case(**kw)
+
+
+def test_features_are_declared() -> None:
+    case = _case(kv_layout="HND", block_size=16, causal=True, window=(128, 0), softcap=30.0, sinks=True, head_dim_v=32)
+    feats = case.features()
+    assert feats <= set(FEATURES)
+    assert {"paged", "hnd", "causal", "window", "softcap", "sinks", "gqa", "dv", "mixed", "chunked", "varlen"} <= feats
+    assert "decode" in _case(requests=((1, 5), (1, 9))).features()
+    assert "cross" in _case(requests=((7, 30),)).features()
+
+
+def test_inputs_are_deterministic_and_device_independent() -> None:
+    case = _case(kv_layout="NHD", block_size=16, sinks=True, alibi=True)
+    a, b = make_inputs(case, seed=3), make_inputs(case, seed=3)
+    assert torch.equal(a.q, b.q) and torch.equal(a.k_cache, b.k_cache) and torch.equal(a.block_table, b.block_table)
+    assert not torch.equal(make_inputs(case, seed=4).q, a.q)
+    assert a.sinks.shape == (8,) and a.alibi_slopes.shape == (8,)
+
+
+def test_paged_cache_holds_the_keys() -> None:
+    case = _case(kv_layout="HND", block_size=16)
+    inp = make_inputs(case)
+    from attnref import gather_kv
+
+    k, cu = gather_kv(inp.k_cache, inp.block_table, case.kv_lens, layout="HND")
+    assert torch.equal(k, inp.k) and cu.tolist() == inp.cu_seqlens_k.tolist()
+
+
+def test_append_leaves_new_tokens_out_of_the_cache() -> None:
+    case = _case(requests=((2, 40), (2, 9)), kv_layout="NHD", block_size=16, append=True)
+    inp = make_inputs(case)
+    from attnref import gather_kv
+
+    k_old, _ = gather_kv(inp.k_cache, inp.block_table, [38, 7])
+    assert torch.equal(k_old[:38], inp.k[:38]) and torch.equal(k_old[38:], inp.k[40:47])
+    assert torch.equal(inp.k_new, torch.cat([inp.k[38:40], inp.k[47:49]]))
+
+
+def test_softcap_inputs_reach_the_cap() -> None:
+    case = _case(softcap=30.0, requests=((64, 64),))
+    inp = make_inputs(case)
+    scores = torch.einsum("qhd,khd->hqk", inp.q.float()[:, :2], inp.k.float()[:, :1].expand(-1, 2, -1)) / 8
+    assert scores.abs().max() > 30.0  # so tanh saturates and a missing cap is visible
+
+
+def test_alibi_slopes_match_the_paper() -> None:
+    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    assert alibi_slopes(12).shape == (12,)

@@ -1,0 +1,149 @@
+"""compare: a planted wrong backend of the same family regresses; identical runs do not; each rule."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from conformance.cases.case import AttentionCase
+from conformance.verdict.check import check_backend, prepare_context
+from conformance.cli import main
+from conformance.reporting.compare import compare_results, render_markdown
+from conformance.records import CheckResult, ErrorStats, Status, Timing, append_record
+from tests.conformance.fakes import ExactBackend, WindowOffByOneBackend
+
+WINDOW_CASES = [
+    AttentionCase(requests=((6, 6), (1, 9)), num_heads=2, num_kv_heads=1, head_dim=16, window=(2, 0)),
+    AttentionCase(requests=((8, 8),), num_heads=2, num_kv_heads=2, head_dim=8, causal=True, window=(3, None)),
+]
+
+
+def test_planted_window_bug_regresses_identical_runs_do_not(tmp_path: Path) -> None:
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    for case in WINDOW_CASES:
+        ctx = prepare_context(case)
+        append_record(old, check_backend(ctx, ExactBackend()))
+        append_record(new, check_backend(ctx, WindowOffByOneBackend()))  # same family "fake", one bug
+    summary = tmp_path / "summary.md"
+    assert main(["compare", str(old), str(new), "--out", str(summary)]) == 1
+    text = summary.read_text()
+    assert "REGRESSED" in text and "## New failures (2)" in text
+    assert all(c.id in text for c in WINDOW_CASES)
+    assert main(["compare", str(old), str(old)]) == 0
+    assert main(["compare", str(new), str(old)]) == 0  # the reverse direction only fixes things
+    assert main(["compare", str(old), str(new), "--perf-threshold", "fast"]) == 2
+
+
+def rec(
+    case_id: str,
+    status: str = "pass",
+    family: str = "fa",
+    ratio: float | None = 0.1,
+    timing: tuple[float, float, float] | None = None,
+) -> CheckResult:
+    stats = (
+        None
+        if ratio is None
+        else ErrorStats(
+            max_abs=ratio,
+            max_rel=ratio,
+            mean_abs=ratio,
+            worst=(0, 0, 0),
+            mismatch_frac=0.0,
+            error_ratio=ratio,
+            baseline_max_abs=1.0,
+            baseline_mean_abs=1.0,
+            allowed_max_abs=1.0,
+            cosine=1.0,
+        )
+    )
+    t = (
+        None
+        if timing is None
+        else Timing(median_ms=timing[1], p20_ms=timing[0], p80_ms=timing[2], reps=50, method="test")
+    )
+    return CheckResult(
+        case_id=case_id,
+        backend=family + "-x",
+        family=family,
+        status=Status(status),
+        case={},
+        stats=stats,
+        timing=t,
+    )
+
+
+def test_each_rule() -> None:
+    old = [
+        rec("same"),
+        rec("breaks"),
+        rec("heals", "fail", ratio=5.0),
+        rec("drifts", ratio=0.2),
+        rec("noise", ratio=0.1),
+        rec("slower", timing=(1.0, 1.02, 1.04)),
+        rec("jitter", timing=(1.0, 1.02, 1.04)),
+        rec("faster", timing=(2.0, 2.02, 2.04)),
+        rec("dropped", "pass", ratio=0.1),
+        rec("gained", "unsupported", ratio=None),
+        rec("gone"),
+        rec("crashy", "fail", ratio=9.0),
+    ]
+    new = [
+        rec("same"),
+        rec("breaks", "crash", ratio=None),
+        rec("heals"),
+        rec("drifts", ratio=0.9),
+        rec("noise", ratio=0.4),
+        rec("slower", timing=(1.2, 1.22, 1.24)),
+        rec("jitter", timing=(1.03, 1.05, 1.07)),
+        rec("faster", timing=(1.0, 1.02, 1.04)),
+        rec("dropped", "unsupported", ratio=None),
+        rec("gained"),
+        rec("fresh"),
+        rec("crashy", "crash", ratio=None),
+    ]
+    cmp = compare_results(old, new, perf_margin=0.05)
+    ids = lambda pairs: [p.key[0] for p in pairs]
+    assert ids(cmp.new_failures) == ["breaks"]
+    assert ids(cmp.fixed) == ["heals"]
+    assert ids(cmp.changed_failures) == ["crashy"]
+    assert ids(cmp.ratio_regressions) == ["drifts"]  # 0.1 -> 0.4 grew 4x but stays under the 0.5 floor
+    assert [p.key[0] for p, _ in cmp.perf_regressions] == ["slower"]  # jitter: new p20 1.03 < old p80 1.04 x 1.05
+    assert [p.key[0] for p, _ in cmp.perf_improvements] == ["faster"]
+    assert ids(cmp.capability_lost) == ["dropped"] and ids(cmp.capability_gained) == ["gained"]
+    assert cmp.only_old == [("gone", "fa")] and cmp.only_new == [("fresh", "fa")]
+    assert cmp.regressed
+    text = render_markdown(cmp)
+    assert "## Performance regressions (1)" in text and "| fa | slower |" in text
+
+
+def test_auto_margin_follows_the_measured_spread() -> None:
+    noisy = [rec(f"c{i}", timing=(0.8, 1.0, 1.2)) for i in range(5)]  # 40 % spread
+    slower = [
+        dataclasses.replace(r, timing=dataclasses.replace(r.timing, p20_ms=1.3, median_ms=1.4, p80_ms=1.5))
+        for r in noisy
+    ]
+    cmp = compare_results(noisy, slower)  # 1.3 > 1.2 but not by the 40 % noise margin
+    assert cmp.margin_auto and cmp.margin == pytest.approx(0.4)
+    assert not cmp.perf_regressions and not cmp.regressed
+    assert compare_results(noisy, slower, perf_margin=0.0).perf_regressions
+
+
+def test_join_is_by_family_not_backend_name() -> None:
+    old = [rec("a", family="fam")]
+    new = [dataclasses.replace(rec("a", "fail", family="fam"), backend="renamed-adapter")]
+    cmp = compare_results(old, new)
+    assert [p.key for p in cmp.new_failures] == [("a", "fam")] and not cmp.only_new
+
+
+def test_families_in_one_file_only_are_summarised_and_identical_numerics_counted() -> None:
+    old = [rec("a"), rec("b", ratio=0.2)]
+    new = [rec("a"), rec("b", ratio=0.3), rec("a", family="other"), rec("c", family="other")]
+    cmp = compare_results(old, new)
+    assert cmp.only_new == [] and cmp.families_only_new == {"other": 2}
+    assert (cmp.identical_errors, cmp.compared_errors) == (1, 2)
+    text = render_markdown(cmp)
+    assert "Families only in the new file, not compared: other (2 records)." in text
+    assert "1 of 2 pairs checked in both runs have the same max error" in text and "1 changed" in text
