@@ -17,6 +17,7 @@ Conventions converted here (``../shared/SEMANTICS.md`` sections 2-4):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,7 +47,12 @@ __all__ = [
     "lse_posinf_to_neginf",
     "padded_lse_to_varlen",
     "padded_new_tokens",
+    "pad_v",
+    "kernel_case",
+    "prepare_padded_v",
     "stale_padded_cache",
+    "stored_tensors",
+    "StoredTensors",
     "uniform_q_len",
 ]
 
@@ -85,6 +91,11 @@ class PreparedKernel:
     def __init__(self, fn: Callable[..., Any], call: KernelCall) -> None:
         self._fn = fn
         self.call = call
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Translation facts the record carries (``extra["notes"]``), e.g. a dtype conversion."""
+        return self.call.notes
 
     def kernel(self) -> Any:
         return self._fn(**self.call.kwargs)
@@ -182,6 +193,105 @@ def padded_new_tokens(inputs: CaseInputs, q_len: int) -> tuple[torch.Tensor, tor
     kn = inputs.k_new.reshape(case.batch, q_len, case.num_kv_heads, case.head_dim)
     vn = inputs.v_new.reshape(case.batch, q_len, case.num_kv_heads, case.dv)
     return kn, vn
+
+
+# ---------------------------------------------------------------------------------- stored tensors
+@dataclass(frozen=True)
+class StoredTensors:
+    """What an FA-family kernel is handed for a case: q/k/v/qv as stored (fp8 for a quantized case, the
+    activation dtype otherwise), paged caches as stored, and fp32 descales ``(batch, hk)`` or None."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    qv: torch.Tensor | None
+    k_cache: torch.Tensor | None
+    v_cache: torch.Tensor | None
+    q_descale: torch.Tensor | None
+    k_descale: torch.Tensor | None
+    v_descale: torch.Tensor | None
+
+
+def _descale(scale: torch.Tensor | None, case: AttentionCase, name: str) -> torch.Tensor | None:
+    """A case's fp8 descale as FA3 takes it: ``(batch, hk)``; a per-tensor ``(1,)`` scale is expanded the way
+    vLLM and SGLang do (``scale.expand(batch, hk)``, no copy)."""
+    if scale is None:
+        return None
+    from attnref.quant import expand_descale
+
+    return expand_descale(scale, case.batch, case.num_kv_heads, name)
+
+
+def stored_tensors(case: AttentionCase, inputs: CaseInputs) -> StoredTensors:
+    """The tensors an FA-family kernel reads for ``case`` (see :class:`StoredTensors`).
+
+    Not quantized: the inputs as they are.  fp8: the stored fp8 q/k/v/qv (q and qv in the activation
+    dtype when ``quant_q`` is False) with their descales.  Paged MLA (``qv``) caches are SGLang's two
+    strided views of the one ``[c_kv | k_rope]`` cache.  int8 has no FA-family kernel: ``ValueError``.
+    """
+    quant = inputs.quant
+    k_cache, v_cache = inputs.k_cache, inputs.v_cache
+    if case.qv and inputs.mla_cache is not None:
+        dv = case.dv
+        joint = inputs.mla_cache if case.kv_layout == "NHD" else inputs.mla_cache.transpose(1, 2)
+        k_cache, v_cache = joint[..., dv:], joint[..., :dv]
+        if case.kv_layout == "HND":
+            k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+    if quant is None:
+        return StoredTensors(inputs.q, inputs.k, inputs.v, inputs.qv, k_cache, v_cache, None, None, None)
+    if quant.fmt == "int8" or quant.v is None:
+        raise ValueError(f"quant {case.quant!r}: no flash-attention kernel reads seed 001's int8 layouts")
+    dt = case.torch_dtype
+    q = quant.q if quant.q is not None else inputs.q.to(dt)
+    qv = quant.qv if quant.qv is not None else (None if inputs.qv is None else inputs.qv.to(dt))
+    return StoredTensors(
+        q,
+        quant.k,
+        quant.v,
+        qv,
+        k_cache,
+        v_cache,
+        _descale(quant.q_descale, case, "q_descale"),
+        _descale(quant.k_descale, case, "k_descale"),
+        _descale(quant.v_descale, case, "v_descale"),
+    )
+
+
+def pad_v(v: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """V (or a V cache) zero-padded on its last dim to ``head_dim`` (seed ``004``'s
+    ``torch.nn.functional.pad(v, [0, q.shape[-1] - v.shape[-1]], value=0)``)."""
+    out = v.new_zeros(*v.shape[:-1], head_dim)  # new_zeros + copy: also for fp8, where F.pad is not implemented
+    out[..., : v.shape[-1]] = v
+    return out
+
+
+def kernel_case(case: AttentionCase) -> AttentionCase:
+    """The call the kernel sees: for a ``v_padded`` case the same case with ``head_dim_v == head_dim``."""
+    return case.padded_v_call()
+
+
+def prepare_padded_v(
+    prepare: Callable[[AttentionCase, CaseInputs], PreparedKernel], case: AttentionCase, inputs: CaseInputs
+) -> PreparedKernel:
+    """Seed ``004``'s path for a kernel that needs equal head dims: V (the packed V, the V cache and a
+    quantized V) zero-padded to ``head_dim``, ``prepare`` run on that equal-dims call, the output stripped
+    back to the case's ``head_dim_v`` in the call's ``finish`` (so the strip is part of what is timed)."""
+    d, dv = case.head_dim, case.dv
+    padded = {"case": kernel_case(case), "v": pad_v(inputs.v, d)}
+    if inputs.v_cache is not None:
+        padded["v_cache"] = pad_v(inputs.v_cache, d)
+    if inputs.quant is not None and inputs.quant.v is not None:
+        padded["quant"] = dataclasses.replace(inputs.quant, v=pad_v(inputs.quant.v, d))
+    prepared = prepare(padded["case"], dataclasses.replace(inputs, **padded))
+    inner = prepared.call.finish
+
+    def finish(result: Any) -> KernelOutput:
+        res = inner(result)
+        return KernelOutput(res.out[..., :dv], res.lse)
+
+    note = f"v_padded: V zero-padded from {dv} to {d}, output stripped back to {dv}"
+    call = dataclasses.replace(prepared.call, finish=finish, notes=prepared.call.notes + (note,))
+    return PreparedKernel(prepared._fn, call)
 
 
 # ---------------------------------------------------------------------------------- LSE

@@ -7,6 +7,11 @@ write are re-derived from ``../shared/SEMANTICS.md`` so that a bug in the refere
 Conventions of this module:
 
 * one sequence at a time: ``q (sq, h, d)``, ``k (sk, hk, d)``, ``v (sk, hk, dv)``;
+* quantized cases: the stored tensors (``CaseInputs.quant`` and the stored-dtype paged caches) are
+  read and dequantized here (``stored.float() * descale``, the descale picked per sequence, kv
+  head, token, slot or channel as the case's granularity says), then rounded to the activation
+  dtype: the backend computes on what a quantized kernel is handed, not on the harness's copy;
+* MLA ``qv``: ``[q | qv]`` against ``[k | v]`` (the same dot product), default scale ``1/sqrt(d + dv)``;
 * a *sink column*: a sink is expressed as one extra key appended after the ``sk`` real keys, with
   ``k = 0`` (its raw score is exactly 0) and ``v = 0`` (it adds nothing to the output), whose
   score is set to the sink's logit by a bias or a score modifier.  It then enters only the
@@ -55,8 +60,10 @@ class SeqTensors:
 
 
 def softmax_scale(case: AttentionCase) -> float:
-    """The case's scale, or the kernels' default ``1/sqrt(d)``."""
-    return case.scale if case.scale is not None else 1.0 / math.sqrt(case.head_dim)
+    """The case's scale, or the kernels' default ``1/sqrt(d)`` (``1/sqrt(d + dv)`` with ``qv``)."""
+    if case.scale is not None:
+        return case.scale
+    return 1.0 / math.sqrt(case.head_dim + (case.dv if case.qv else 0))
 
 
 def visibility(case: AttentionCase, sq: int, sk: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -165,6 +172,51 @@ def _write_paged(
         cache[blocks, offs] = values.to(cache.dtype)
 
 
+def _seq_scale(scale: torch.Tensor, b: int, groups: int = 1) -> torch.Tensor:
+    """A ``(1,)`` or ``(batch, hk)`` fp8 descale as a ``(1, heads, 1)`` factor for sequence ``b``."""
+    if scale.numel() == 1:
+        return scale.reshape(1, 1, 1)
+    return scale[b].repeat_interleave(groups)[None, :, None]
+
+
+def _dequant_q(
+    case: AttentionCase, inputs: CaseInputs, b: int, rows: slice
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sequence ``b``'s q and qv as the kernel is given them, dequantized (fp32)."""
+    quant = inputs.quant
+    assert quant is not None
+    qv = None if inputs.qv is None else inputs.qv[rows].float()
+    if quant.q is None:  # q (and qv) stayed in the activation dtype
+        return inputs.q[rows].float(), qv
+    assert quant.q_descale is not None
+    if quant.fmt == "int8":
+        return quant.q[rows].float() * quant.q_descale[rows][..., None], None
+    factor = _seq_scale(quant.q_descale, b, case.num_heads // case.num_kv_heads)
+    if quant.qv is not None:
+        qv = quant.qv[rows].float() * factor
+    return quant.q[rows].float() * factor, qv
+
+
+def _dequant_kv(
+    case: AttentionCase,
+    inputs: CaseInputs,
+    b: int,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_token_scale: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence ``b``'s stored keys and values dequantized (fp32); ``k_token_scale`` (n, hk) for int8 K."""
+    quant = inputs.quant
+    assert quant is not None
+    if quant.fmt == "int8":
+        assert k_token_scale is not None
+        kd = k.float() * k_token_scale[..., None]
+        vd = v.float() if quant.v_descale is None else v.float() * quant.v_descale[None]
+        return kd, vd
+    assert quant.v_descale is not None
+    return k.float() * _seq_scale(quant.k_descale, b), v.float() * _seq_scale(quant.v_descale, b)
+
+
 def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
     """Per-request tensors as a kernel without paging or append support must be given them.
 
@@ -174,8 +226,12 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
     * contiguous with ``append``: the cache is the first ``kv_len - q_len`` keys of ``inputs.k``
       and the new tokens are written after them, so ``k_new`` (not ``k``'s copy of the new
       tokens) is what is attended.
+    * quantized: the stored keys/values (packed, or gathered from the stored-dtype caches with the
+      int8 K scales of the same slots) and q are dequantized, then rounded to the activation dtype.
+    * ``qv``: ``q`` becomes ``[q | qv]`` and ``k`` becomes ``[k | v]``.
     """
     out: list[SeqTensors] = []
+    quant, dt = inputs.quant, case.torch_dtype
     cu_q = [int(x) for x in inputs.cu_seqlens_q.tolist()]
     dev = inputs.q.device
     hnd = case.kv_layout == "HND"
@@ -183,9 +239,12 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
     if case.paged and case.append:
         assert k_cache is not None and v_cache is not None
         k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    cu_k = [int(x) for x in inputs.cu_seqlens_k.tolist()]
     for b, (ql, kl) in enumerate(case.requests):
         q = inputs.q[cu_q[b] : cu_q[b + 1]]
+        qv = None if inputs.qv is None else inputs.qv[cu_q[b] : cu_q[b + 1]]
         new = slice(cu_q[b], cu_q[b + 1])
+        k_token_scale = None
         if case.paged:
             assert k_cache is not None and v_cache is not None and inputs.block_table is not None
             bs = case.block_size
@@ -199,11 +258,26 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
             blocks, offs = _token_slots(row, torch.arange(kl, device=dev), bs)
             k = _read_paged(k_cache, blocks, offs, hnd)
             v = _read_paged(v_cache, blocks, offs, hnd)
+            if quant is not None and quant.k_scale_cache is not None:  # (num_blocks, hk, block): slot scales
+                k_token_scale = quant.k_scale_cache[blocks, :, offs]
+        elif quant is not None:
+            keys = slice(cu_k[b], cu_k[b + 1])
+            k = quant.k[keys]
+            v = quant.v[keys] if quant.v is not None else inputs.v[keys]
+            if quant.fmt == "int8":
+                k_token_scale = quant.k_descale[keys]
         else:
             k, v = inputs.k_of(b), inputs.v_of(b)
             if case.append and ql:
                 assert inputs.k_new is not None and inputs.v_new is not None
                 k = torch.cat([k[: kl - ql], inputs.k_new[new].to(k.dtype)])
                 v = torch.cat([v[: kl - ql], inputs.v_new[new].to(v.dtype)])
+        if quant is not None:
+            q, qv = _dequant_q(case, inputs, b, new)
+            k, v = _dequant_kv(case, inputs, b, k, v, k_token_scale)
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
+            qv = None if qv is None else qv.to(dt)
+        if qv is not None:  # MLA absorbed: [q | qv] . [k | v] = q.k + qv.v
+            q, k = torch.cat([q, qv], dim=-1), torch.cat([k, v], dim=-1)
         out.append(SeqTensors(b, cu_q[b], q, k.contiguous(), v.contiguous()))
     return out

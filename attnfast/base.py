@@ -8,11 +8,18 @@ into the reference's conventions:
 * ``lse``: ``(h, total_q)`` float32, natural log, ``-inf`` for a fully masked row (or the sink's
   value with sinks), ALiBi in the symmetric form; ``None`` when the kernel cannot return it.
 
+Features listed in :data:`~conformance.cases.case.OPT_IN_FEATURES` (quantization, MLA ``qv``,
+V padding, FA3 scheduler metadata) are refused unless the adapter names them in ``accepts``: an
+adapter written before they existed must not be fed tensors it does not know how to read
+(``CaseInputs.quant``, ``CaseInputs.qv``).
+
 ``supports(case, device)`` answers before anything runs; a refusal carries the reason and the
 runner records it as ``unsupported`` (never a silent skip).  ``prepare`` does all the per-case
 work that is not the kernel (layout conversions, metadata) and returns a zero-argument callable
 that runs only the kernel, so timing measures the kernel alone.  The callable must be idempotent:
-calling it twice gives the same result (a kvcache append rewrites the same slots).
+calling it twice gives the same result (a kvcache append rewrites the same slots).  It may carry a
+``notes`` attribute (strings): translation facts a reader of the record needs, such as a dtype the
+adapter converted an argument to; the check copies them into the record's ``extra["notes"]``.
 """
 
 from __future__ import annotations
@@ -24,10 +31,10 @@ from typing import ClassVar
 
 import torch
 
-from conformance.cases.case import FEATURES, AttentionCase
+from conformance.cases.case import FEATURES, OPT_IN_FEATURES, AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-__all__ = ["Support", "KernelOutput", "Backend", "OK", "refuse_features"]
+__all__ = ["Support", "KernelOutput", "Backend", "OK", "NOT_DECLARED", "refuse_features"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,9 @@ class Support:
 
 
 OK = Support(True)
+
+#: Reason given for an opt-in feature the adapter does not list in ``accepts``.
+NOT_DECLARED = "not declared by this adapter (an opt-in feature: list it in Backend.accepts to receive it)"
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,14 @@ class Backend(abc.ABC):
     description: ClassVar[str] = ""
     #: features this backend cannot express, with the reason (the capability matrix).
     refused: ClassVar[dict[str, str]] = {}
+    #: opt-in features (``OPT_IN_FEATURES``) this backend handles; every other opt-in feature is refused.
+    accepts: ClassVar[frozenset[str]] = frozenset()
+
+    def refusals(self) -> dict[str, str]:
+        """``refused`` plus every opt-in feature not in ``accepts`` (with :data:`NOT_DECLARED`)."""
+        out = {f: NOT_DECLARED for f in OPT_IN_FEATURES - self.accepts}
+        out.update(self.refused)
+        return out
 
     def version(self) -> str:
         """Version of the kernel package (``importlib.metadata``), or ``"n/a"``."""
@@ -82,13 +100,19 @@ class Backend(abc.ABC):
 
     def capabilities(self) -> dict[str, Support]:
         """Declared support of every feature (for the capability matrix)."""
-        return {f: Support(False, self.refused[f]) if f in self.refused else OK for f in FEATURES}
+        refused = self.refusals()
+        return {f: Support(False, refused[f]) if f in refused else OK for f in FEATURES}
 
     def supports(self, case: AttentionCase, device: str) -> Support:
         """Whether this case runs here; override to add shape limits (call ``super()`` first)."""
         if device.split(":")[0] not in self.devices:
             return Support(False, f"runs on {'/'.join(self.devices)}, not {device}")
-        return refuse_features(case, self.refused)
+        refused = self.refusals()
+        if case.v_padded:  # the kernel sees the padded, equal-dims call
+            if "v_pad" in refused:
+                return Support(False, f"v_pad: {refused['v_pad']}")
+            case = case.padded_v_call()
+        return refuse_features(case, refused)
 
     @abc.abstractmethod
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:

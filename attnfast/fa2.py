@@ -50,6 +50,7 @@ from ._fa_common import (
     lse_posinf_to_neginf,
     padded_lse_to_varlen,
     padded_new_tokens,
+    prepare_padded_v,
     uniform_q_len,
 )
 from .base import OK, Backend, KernelOutput, Support, package_version
@@ -182,6 +183,8 @@ class FA2Backend(Backend):
         "dv": "FA2 needs the value head dim equal to the qk head dim",
         "hnd": "FA2 reads NHD pages (num_blocks, block_size, hk, d) only",
     }
+    #: seed 004's path for FA2: V zero-padded to the qk head dim, output stripped.
+    accepts = frozenset({"v_pad"})
 
     def version(self) -> str:
         return package_version("flash-attn", "flash_attn")
@@ -195,9 +198,11 @@ class FA2Backend(Backend):
 
     def supports(self, case: AttentionCase, device: str) -> Support:
         base = super().supports(case, device)
-        return base if not base else _shape_support(case)
+        return base if not base else _shape_support(case.padded_v_call())
 
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
+        if case.v_padded:
+            return prepare_padded_v(self.prepare, case, inputs)
         import flash_attn
 
         call = fa2_plan(case, inputs)

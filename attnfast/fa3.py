@@ -76,8 +76,10 @@ def fa3_entry(case: AttentionCase) -> str:
 def fa3_shape_support(case: AttentionCase, cc: tuple[int, int] | None) -> Support:
     """FA3's head-dim limits for ``case``; ``cc`` None skips the Hopper-only check."""
     d, dv = case.head_dim, case.dv
-    if max(d, dv) > 256:
-        return Support(False, f"head dims ({d}, {dv}): FA3 supports head dims up to 256")
+    if d > 256 or (dv > 256 and d == dv):
+        return Support(
+            False, f"head dims ({d}, {dv}): 'FlashAttention forward only supports head dimension at most 256'"
+        )
     if d % 8 or dv % 8:
         return Support(False, f"head dims ({d}, {dv}): FA3 needs head dims divisible by 8 for 16-bit inputs")
     if d != dv:

@@ -30,7 +30,14 @@ from typing import Any
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from ._fa_common import KernelCall, PreparedKernel, compute_capability, cuda_device_support, fa4_window
+from ._fa_common import (
+    KernelCall,
+    PreparedKernel,
+    compute_capability,
+    cuda_device_support,
+    fa4_window,
+    prepare_padded_v,
+)
 from .base import OK, Backend, KernelOutput, Support, package_version
 
 __all__ = ["FA4Backend", "fa4_plan", "fa4_shape_support"]
@@ -118,6 +125,8 @@ class FA4Backend(Backend):
         "append": "FA4 has no kvcache entry point that writes new keys into the cache",
         "fp32": "FA4 takes fp16 and bf16 inputs (fp8 on SM100 only)",
     }
+    #: seed 004's padded-V path (vLLM pads V for kernels without its head-dim pair).
+    accepts = frozenset({"v_pad"})
 
     def version(self) -> str:
         return package_version("flash-attn-4")
@@ -134,9 +143,11 @@ class FA4Backend(Backend):
         if not base:
             return base
         cc = compute_capability(device)
-        return OK if cc is None else fa4_shape_support(case, cc)
+        return OK if cc is None else fa4_shape_support(case.padded_v_call(), cc)
 
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
+        if case.v_padded:
+            return prepare_padded_v(self.prepare, case, inputs)
         from flash_attn.cute import flash_attn_varlen_func
 
         return PreparedKernel(flash_attn_varlen_func, fa4_plan(case, inputs))

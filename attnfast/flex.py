@@ -140,6 +140,10 @@ class FlexCpuBackend(Backend):
         "torch flex_attention on CPU (eager); mask_mod/score_mod per request; sinks as an extra key"
     )
     refused: ClassVar[dict[str, str]] = {}
+    #: quantized inputs are dequantized and MLA's qv concatenated in ``_torch_common.sequences``.
+    accepts: ClassVar[frozenset[str]] = frozenset(
+        {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv"}
+    )
 
     def __init__(self, max_score_elems: int = 1 << 24) -> None:
         if max_score_elems < 1:
@@ -183,7 +187,7 @@ class FlexCpuBackend(Backend):
         for seq in sequences(case, inputs):
             tiles += self._tiles(case, inputs, seq, scale)
         h, dv, total_q = case.num_heads, case.dv, case.total_q
-        dtype, device = inputs.q.dtype, inputs.q.device
+        dtype, device = case.torch_dtype, inputs.q.device
 
         def run() -> KernelOutput:
             out = torch.zeros(total_q, h, dv, dtype=dtype, device=device)

@@ -25,6 +25,8 @@ BUILTIN: dict[str, str] = {
     "flex-cpu": "attnfast.flex:FlexCpuBackend",
     "fa2": "attnfast.fa2:FA2Backend",
     "fa3": "attnfast.fa3:FA3Backend",
+    "fa3-vllm": "attnfast.fa3_vllm:FA3VllmBackend",
+    "flashmla": "attnfast.flashmla:FlashMLABackend",
     "fa4": "attnfast.fa4:FA4Backend",
     "torch-flash": "attnfast.torch_flash:TorchFlashBackend",
     "sdpa-cuda": "attnfast.sdpa:SdpaCudaBackend",

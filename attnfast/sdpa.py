@@ -191,6 +191,10 @@ class _SdpaBase(Backend):
     """Shared translation; subclasses choose the SDPA backends and the mask argument."""
 
     refused: ClassVar[dict[str, str]] = {"softcap": _SOFTCAP}
+    #: quantized inputs are dequantized and MLA's qv concatenated in ``_torch_common.sequences``.
+    accepts: ClassVar[frozenset[str]] = frozenset(
+        {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv"}
+    )
 
     def version(self) -> str:
         return torch.__version__
@@ -267,7 +271,7 @@ class _SdpaBase(Backend):
             lse[:, seq.q0 : seq.q0 + seq.sq] = seq_lse
             if call is not None:
                 calls.append(call)
-        total_q, dtype, device = case.total_q, inputs.q.dtype, inputs.q.device
+        total_q, dtype, device = case.total_q, case.torch_dtype, inputs.q.device
 
         def run() -> KernelOutput:
             out = torch.zeros(total_q, h, dv, dtype=dtype, device=device)

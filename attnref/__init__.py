@@ -15,9 +15,23 @@ operations, LSE of fully masked rows).
 from .core import attend_sequence
 from .mask import row_bounds, visible_mask, window_from_fa2, window_to_fa2, window_to_fa4
 from .merge import merge_many, merge_states
+from .mla import attention_mla_paged, attention_mla_varlen, join_latent, split_latent
 from .options import AttnOptions, Numerics, Window
 from .padded import attention_padded
 from .paged import attention_paged, cache_geometry, gather_kv, to_layout, unstack_kv, write_kv_cache
+from .quant import (
+    QUANT_FORMATS,
+    QuantFormat,
+    amax_scale,
+    dequantize,
+    dequantize_cache,
+    expand_descale,
+    quant_format,
+    quantize,
+    quantize_int8_per_token_head,
+    write_kv_cache_fp8,
+    write_kv_cache_int8,
+)
 from .result import AttnResult
 from .varlen import attention_varlen
 
@@ -25,16 +39,29 @@ __all__ = [
     "AttnOptions",
     "AttnResult",
     "Numerics",
+    "QUANT_FORMATS",
+    "QuantFormat",
     "Window",
+    "amax_scale",
     "attend_sequence",
+    "attention_mla_paged",
+    "attention_mla_varlen",
     "attention_padded",
     "attention_paged",
     "attention_varlen",
     "cache_geometry",
+    "dequantize",
+    "dequantize_cache",
+    "expand_descale",
     "gather_kv",
+    "join_latent",
     "merge_many",
     "merge_states",
+    "quant_format",
+    "quantize",
+    "quantize_int8_per_token_head",
     "row_bounds",
+    "split_latent",
     "to_layout",
     "unstack_kv",
     "visible_mask",
@@ -42,4 +69,6 @@ __all__ = [
     "window_to_fa2",
     "window_to_fa4",
     "write_kv_cache",
+    "write_kv_cache_fp8",
+    "write_kv_cache_int8",
 ]

@@ -3,7 +3,7 @@
 ``attend_sequence`` computes one sequence (all heads) in fp32 or fp64, following the order of
 operations of ``../shared/SEMANTICS.md`` section 3:
 
-1. ``s = scale * q.k``
+1. ``s = scale * q.k`` (plus ``scale * qv.v`` with an MLA-absorbed ``qv``, :mod:`attnref.mla`)
 2. soft-cap ``s = cap * tanh(s / cap)``
 3. mask (:mod:`attnref.mask`) to ``-inf``
 4. ALiBi ``s += -slope * |i + sk - sq - j|`` (the symmetric form; FA2's causal kernel adds
@@ -16,6 +16,10 @@ Conventions (the package's, used by every entry point):
   sink's ``exp`` when sinks are given.
 * A fully masked row (no visible key, including ``sk == 0``) has output 0 and LSE ``-inf``, or
   LSE equal to the sink when a sink is present (its output is still 0).
+
+With ``qv`` the default scale is ``1/sqrt(d + dv)`` (upstream FA3's and FlashMLA's rule,
+``../shared/SEMANTICS.md`` section 3); the score is computed as one dot product of the
+concatenations ``[q | qv] . [k | v]``, which is exactly ``q.k + qv.v``.
 
 Queries and keys are tiled so that at most ``numerics.max_tile_elems`` scores exist at once;
 key tiles that no row of a query tile can see are never computed.
@@ -49,6 +53,7 @@ def attend_sequence(
     *,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
     numerics: Numerics = Numerics(),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of one sequence, no validation (callers validate).
@@ -56,6 +61,7 @@ def attend_sequence(
     Args:
         q: (sq, h, d); k: (sk, hk, d); v: (sk, hk, dv), with ``h % hk == 0``.
         alibi_slopes: (h,) or None.  sinks: (h,) or None.
+        qv: (sq, h, dv) or None: MLA absorbed, adds ``qv . v`` to every score.
 
     Returns:
         out (sq, h, dv) and lse (h, sq), both in ``numerics.dtype``.
@@ -69,7 +75,10 @@ def attend_sequence(
     lse = torch.full((h, sq), -math.inf, dtype=ct, device=dev)
     if sq == 0:
         return out, lse
-    scale = options.scale if options.scale is not None else 1.0 / math.sqrt(d)
+    scale = options.scale if options.scale is not None else 1.0 / math.sqrt(d + (0 if qv is None else dv))
+    if qv is not None:  # [q | qv] . [k | v] = q.k + qv.v
+        q, k = torch.cat([q.to(ct), qv.to(ct)], dim=-1), torch.cat([k.to(ct), v.to(ct)], dim=-1)
+        d = d + dv
     qh = q.to(ct).permute(1, 0, 2).reshape(hk, group, sq, d)
     kh = k.to(ct).permute(1, 0, 2)  # (hk, sk, d)
     vh = v.to(ct).permute(1, 0, 2)  # (hk, sk, dv)

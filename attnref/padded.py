@@ -8,7 +8,7 @@ import torch
 from .core import attend_sequence
 from .options import AttnOptions, Numerics
 from .result import AttnResult
-from .validate import check_alibi, check_head_vector, check_qkv, check_seqlens
+from .validate import check_alibi, check_head_vector, check_qkv, check_qv, check_seqlens
 
 __all__ = ["attention_padded"]
 
@@ -23,6 +23,7 @@ def attention_padded(
     options: AttnOptions = AttnOptions(),
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
     numerics: Numerics = Numerics(),
 ) -> AttnResult:
     """Reference attention over a padded batch.
@@ -30,6 +31,7 @@ def attention_padded(
     Args:
         q: (b, sq, h, d).  k: (b, sk, hk, d).  v: (b, sk, hk, dv).
         seqlens_k: (b,) keys used per sequence (<= sk); None = all ``sk``.
+        qv: (b, sq, h, dv) MLA-absorbed query part scored against V (:mod:`attnref.mla`).
 
     Returns:
         ``AttnResult(out (b, sq, h, dv), lse (b, h, sq))``.
@@ -42,11 +44,19 @@ def attention_padded(
     lens = [sk] * batch if seqlens_k is None else check_seqlens("seqlens_k", seqlens_k, batch, sk)
     check_alibi(alibi_slopes, batch, h, q.device)
     check_head_vector("sinks", sinks, h, q.device)
+    check_qv(qv, q, dv)
     out = torch.zeros(batch, sq, h, dv, dtype=numerics.dtype, device=q.device)
     lse = torch.full((batch, h, sq), float("-inf"), dtype=numerics.dtype, device=q.device)
     for b in range(batch):
         slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
         out[b], lse[b] = attend_sequence(
-            q[b], k[b, : lens[b]], v[b, : lens[b]], options, alibi_slopes=slopes, sinks=sinks, numerics=numerics
+            q[b],
+            k[b, : lens[b]],
+            v[b, : lens[b]],
+            options,
+            alibi_slopes=slopes,
+            sinks=sinks,
+            qv=None if qv is None else qv[b],
+            numerics=numerics,
         )
     return AttnResult(out, lse)

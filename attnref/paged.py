@@ -27,6 +27,7 @@ from .validate import (
     check_cu_seqlens,
     check_head_vector,
     check_qkv,
+    check_qv,
     check_seqlens,
 )
 
@@ -147,6 +148,7 @@ def attention_paged(
     options: AttnOptions = AttnOptions(),
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
     numerics: Numerics = Numerics(),
 ) -> AttnResult:
     """Reference attention with keys read through a block table.
@@ -156,6 +158,7 @@ def attention_paged(
         k_cache, v_cache: caches in ``layout`` (or a stacked cache and ``None``).
         block_table: (b, max_blocks) integer block ids.
         seqused_k: (b,) keys of each sequence (its context, the new tokens included).
+        qv: (total_q, h, dv) MLA-absorbed query part scored against V (:mod:`attnref.mla`).
 
     Returns:
         ``AttnResult(out (total_q, h, dv), lse (h, total_q))``.
@@ -178,6 +181,7 @@ def attention_paged(
     table = check_block_table(block_table, batch, nb, bs, lens)
     check_alibi(alibi_slopes, batch, h, q.device)
     check_head_vector("sinks", sinks, h, q.device)
+    check_qv(qv, q, dv)
 
     out = torch.zeros(q.shape[0], h, dv, dtype=numerics.dtype, device=q.device)
     lse = torch.full((h, q.shape[0]), float("-inf"), dtype=numerics.dtype, device=q.device)
@@ -187,6 +191,13 @@ def attention_paged(
         vb = _gather_one(v_cache, table[b], lens[b], layout)
         slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
         out[q0:q1], lse[:, q0:q1] = attend_sequence(
-            q[q0:q1], kb, vb, options, alibi_slopes=slopes, sinks=sinks, numerics=numerics
+            q[q0:q1],
+            kb,
+            vb,
+            options,
+            alibi_slopes=slopes,
+            sinks=sinks,
+            qv=None if qv is None else qv[q0:q1],
+            numerics=numerics,
         )
     return AttnResult(out, lse)

@@ -15,6 +15,7 @@ __all__ = [
     "check_head_vector",
     "check_alibi",
     "check_block_table",
+    "check_qv",
     "as_int_list",
 ]
 
@@ -69,6 +70,21 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, token_dims: int
     if d == 0 or dv == 0:
         _fail(f"head dims must be positive, got d={d}, dv={dv}")
     return h, hk, d, dv
+
+
+def check_qv(qv: torch.Tensor | None, q: torch.Tensor, dv: int) -> None:
+    """MLA-absorbed ``qv``: q's shape with the last dim ``dv`` (V's head dim), q's dtype and device."""
+    if qv is None:
+        return
+    if not isinstance(qv, torch.Tensor):
+        _fail(f"qv must be a torch.Tensor or None, got {type(qv).__name__}")
+    want = tuple(q.shape[:-1]) + (dv,)
+    if tuple(qv.shape) != want:
+        _fail(f"qv must have shape {want} (q's tokens and heads, V's head dim {dv}), got {tuple(qv.shape)}")
+    if qv.dtype != q.dtype:
+        _fail(f"qv must have q's dtype {q.dtype}, got {qv.dtype}")
+    if qv.device != q.device:
+        _fail(f"qv must be on q's device {q.device}, got {qv.device}")
 
 
 def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, exact: bool = True) -> list[int]:

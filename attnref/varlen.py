@@ -13,7 +13,7 @@ import torch
 from .core import attend_sequence
 from .options import AttnOptions, Numerics
 from .result import AttnResult
-from .validate import check_alibi, check_cu_seqlens, check_head_vector, check_qkv, check_seqlens
+from .validate import check_alibi, check_cu_seqlens, check_head_vector, check_qkv, check_qv, check_seqlens
 
 __all__ = ["attention_varlen", "sequence_spans"]
 
@@ -60,6 +60,7 @@ def attention_varlen(
     options: AttnOptions = AttnOptions(),
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
     numerics: Numerics = Numerics(),
 ) -> AttnResult:
     """Reference attention over a varlen batch.
@@ -71,6 +72,7 @@ def attention_varlen(
         seqused_k: (b,) number of keys each sequence uses from its start.
         options: causal / window / softcap / scale / chunk.
         alibi_slopes: (h,) or (b, h).  sinks: (h,) per-head sink logits.
+        qv: (total_q, h, dv) MLA-absorbed query part scored against V (:mod:`attnref.mla`).
         numerics: accumulation dtype and tile budget.
 
     Returns:
@@ -82,6 +84,7 @@ def attention_varlen(
     spans = sequence_spans(k.shape[0], batch, cu_seqlens_k, seqused_k)
     check_alibi(alibi_slopes, batch, h, q.device)
     check_head_vector("sinks", sinks, h, q.device)
+    check_qv(qv, q, dv)
 
     out = torch.zeros(q.shape[0], h, dv, dtype=numerics.dtype, device=q.device)
     lse = torch.full((h, q.shape[0]), float("-inf"), dtype=numerics.dtype, device=q.device)
@@ -89,7 +92,14 @@ def attention_varlen(
         q0, q1 = cu_q[b], cu_q[b + 1]
         slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
         o, l = attend_sequence(
-            q[q0:q1], k[k0 : k0 + n], v[k0 : k0 + n], options, alibi_slopes=slopes, sinks=sinks, numerics=numerics
+            q[q0:q1],
+            k[k0 : k0 + n],
+            v[k0 : k0 + n],
+            options,
+            alibi_slopes=slopes,
+            sinks=sinks,
+            qv=None if qv is None else qv[q0:q1],
+            numerics=numerics,
         )
         out[q0:q1] = o
         lse[:, q0:q1] = l

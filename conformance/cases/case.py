@@ -9,6 +9,20 @@ request attends to, the new tokens included (a decode step is ``(1, ctx + 1)``, 
 ``(n, n)``, a chunked-prefill chunk ``(c, done + c)``, cross attention any pair with
 ``causal=False``).  ``q_len > kv_len`` is legal: under causal masking the top rows see nothing.
 
+Quantization (``quant``, seed ``001`` and vLLM/SGLang's fp8 caches): ``fp8_e4m3`` / ``fp8_e5m2``
+quantize k and v (and q, and qv, unless ``quant_q`` is False) with descales per tensor or per
+(sequence, kv head) (``descale``); ``int8_t1`` quantizes q and k per token and head and v per
+channel with a static scale, ``int8_t2`` q and k only (v stays in the activation dtype).  ``dtype``
+is then the activation and output dtype.  The reference judges the kernel on the dequantized values.
+
+MLA absorbed decode (``qv``): queries carry a second part ``qv`` of width ``head_dim_v`` scored
+against V, ``s = scale * (q.k + qv.v)`` (FA3 ``qv``; FlashMLA's 576-wide cache is the same call with
+``head_dim`` 64 = rope and ``head_dim_v`` 512 = latent); the default scale is ``1/sqrt(d + dv)``.
+``v_padded``: the caller zero-pads V to ``head_dim`` and strips the output back to ``head_dim_v``
+(seed ``004``'s path for kernels that need equal head dims).  ``scheduler_metadata``: the FA3 call
+takes precomputed scheduler metadata (vLLM's CUDA-graph path).  Features that arrived after the
+adapter API (:data:`OPT_IN_FEATURES`) are refused by an adapter unless it declares them.
+
 JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from their defaults, so
 adding a field with a default keeps every existing id, hash and record valid; :meth:`from_json`
 ignores keys it does not know (records written by a newer version stay readable).
@@ -24,10 +38,20 @@ from typing import Any
 
 import torch
 
-__all__ = ["AttentionCase", "DTYPES", "FEATURES", "LAYOUTS"]
+__all__ = ["AttentionCase", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 LAYOUTS = ("contiguous", "NHD", "HND")
+#: Quantization modes: which tensors are stored in which format (the case's ``quant`` field).
+QUANTS: dict[str, str] = {
+    "none": "q, k, v in the activation dtype",
+    "fp8_e4m3": "k, v (and q, qv unless quant_q is False) fp8 e4m3 with fp32 descales",
+    "fp8_e5m2": "k, v (and q, qv unless quant_q is False) fp8 e5m2 with fp32 descales",
+    "int8_t1": "seed 001 type 1: int8 q, k per token and head; int8 v with a static per-channel scale",
+    "int8_t2": "seed 001 type 2: int8 q, k per token and head; v in the activation dtype",
+}
+#: Descale granularity per quantization family (the first is the default when ``descale`` is None).
+DESCALES: dict[str, tuple[str, ...]] = {"fp8": ("tensor", "head"), "int8": ("token",)}
 
 #: Every feature a case can exercise; backends declare support for each (see attnfast.base).
 FEATURES: dict[str, str] = {
@@ -56,7 +80,23 @@ FEATURES: dict[str, str] = {
     "fp16": "fp16 inputs",
     "bf16": "bf16 inputs",
     "fp32": "fp32 inputs",
+    "fp8_e4m3": "k, v (and q) stored as fp8 e4m3 with fp32 descales",
+    "fp8_e5m2": "k, v (and q) stored as fp8 e5m2 with fp32 descales",
+    "fp8_kv_only": "fp8 k, v with q (and qv) in the activation dtype",
+    "descale_head": "fp8 descales per (sequence, kv head) rather than per tensor",
+    "int8_t1": "int8 q, k per token and head, int8 v per channel (seed 001 type 1)",
+    "int8_t2": "int8 q, k per token and head, v in the activation dtype (seed 001 type 2)",
+    "qv": "MLA absorbed: a query part scored against V (FA3 qv, FlashMLA's 576-wide cache)",
+    "v_pad": "V zero-padded to the qk head dim, output stripped back (seed 004)",
+    "sched_meta": "precomputed FA3 scheduler metadata (vLLM's CUDA-graph path)",
 }
+
+#: Features an adapter must declare in ``Backend.accepts`` to be given (refused otherwise, with a
+#: reason): they arrived after the adapter API, and an adapter written before them would otherwise
+#: be fed dequantized or concatenated tensors it never asked for.
+OPT_IN_FEATURES: frozenset[str] = frozenset(
+    {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "v_pad", "sched_meta"}
+)
 
 
 def _fmt_num(x: float) -> str:
@@ -84,6 +124,12 @@ class AttentionCase:
     chunk: int | None = None
     append: bool = False
     num_splits: int | None = None
+    quant: str = "none"
+    quant_q: bool = True
+    descale: str | None = None
+    qv: bool = False
+    v_padded: bool = False
+    scheduler_metadata: bool = False
     batch_name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -127,11 +173,53 @@ class AttentionCase:
             yield "append needs q_len <= kv_len for every request (the new tokens are the last q_len keys)"
         if self.num_splits is not None and self.num_splits < 1:
             yield f"num_splits must be >= 1 or None, got {self.num_splits}"
+        yield from self._quant_problems()
+        if self.qv and self.head_dim_v is None:
+            yield "qv needs head_dim_v (the width of qv and V, e.g. 512 for MLA's latent)"
+        if self.v_padded and not self.dv < self.head_dim:
+            yield (
+                f"v_padded needs head_dim_v < head_dim (V is zero-padded to head_dim), got {self.dv}, {self.head_dim}"
+            )
+
+    def _quant_problems(self):
+        if self.quant not in QUANTS:
+            yield f"quant must be one of {list(QUANTS)}, got {self.quant!r}"
+            return
+        family = self.quant_family
+        if family is None:
+            if self.descale is not None or not self.quant_q:
+                yield "descale and quant_q apply only to a quantized case (quant != 'none')"
+            return
+        if self.dtype not in ("bf16", "fp16"):
+            yield f"a quantized case needs a bf16 or fp16 activation dtype, got {self.dtype!r}"
+        if self.descale is not None and self.descale not in DESCALES[family]:
+            allowed = list(DESCALES[family])
+            yield f"descale must be one of {allowed} (or None) for quant {self.quant!r}, got {self.descale!r}"
+        if family == "int8" and not self.quant_q:
+            yield "quant_q must be True for the int8 types (they quantize q by definition)"
+        if family == "int8" and self.qv:
+            yield "qv cannot be combined with an int8 type (seed 001's int8 modes have no MLA path)"
+        if self.append:
+            yield (
+                "append cannot be combined with quant: engines quantize new keys while writing the cache "
+                "(attnref.quant.write_kv_cache_fp8 / _int8) before the kernel reads it"
+            )
 
     # ------------------------------------------------------------------ derived values
     @property
     def dv(self) -> int:
         return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def quant_family(self) -> str | None:
+        """``"fp8"``, ``"int8"`` or None (not quantized)."""
+        return None if self.quant == "none" else self.quant.split("_")[0]
+
+    @property
+    def descale_mode(self) -> str | None:
+        """The descale granularity in force: ``descale``, or the family's default; None when not quantized."""
+        family = self.quant_family
+        return None if family is None else (self.descale or DESCALES[family][0])
 
     @property
     def paged(self) -> bool:
@@ -213,6 +301,15 @@ class AttentionCase:
             f.add("dv")
         if self.num_splits is not None and self.num_splits > 1:
             f.add("splits")
+        if self.quant != "none":
+            f.add(self.quant)
+            if not self.quant_q:
+                f.add("fp8_kv_only")
+            if self.descale_mode == "head":
+                f.add("descale_head")
+        for name, feature in (("qv", "qv"), ("v_padded", "v_pad"), ("scheduler_metadata", "sched_meta")):
+            if getattr(self, name):
+                f.add(feature)
         return frozenset(f)
 
     # ------------------------------------------------------------------ naming
@@ -246,6 +343,13 @@ class AttentionCase:
             parts.append("append")
         if self.num_splits is not None:
             parts.append(f"split{self.num_splits}")
+        if self.quant != "none":
+            parts.append(self.quant.replace("_", "") + ("kv" if not self.quant_q else ""))
+            if self.descale is not None:
+                parts.append(f"ds{self.descale}")
+        for name in ("qv", "v_padded", "scheduler_metadata"):
+            if getattr(self, name):
+                parts.append({"qv": "qv", "v_padded": "vpad", "scheduler_metadata": "sched"}[name])
         return "_".join(parts) + "-" + self.digest()
 
     def digest(self) -> str:
@@ -261,7 +365,8 @@ class AttentionCase:
         return (
             f"q/kv lens [{shown}] h={self.num_heads} hk={self.num_kv_heads} d={self.head_dim} dv={self.dv} "
             f"{self.dtype} {f'paged {self.kv_layout} block {self.block_size}' if self.paged else 'contiguous'}"
-            f" window={self.window} softcap={self.softcap} [{' '.join(mods)}]"
+            f" window={self.window} softcap={self.softcap}"
+            f"{f' quant={self.quant} descale={self.descale_mode}' if self.quant != 'none' else ''} [{' '.join(mods)}]"
         )
 
     # ------------------------------------------------------------------ JSON
@@ -284,6 +389,10 @@ class AttentionCase:
         if "window" in kwargs:
             kwargs["window"] = tuple(kwargs["window"])
         return cls(**kwargs)
+
+    def padded_v_call(self) -> "AttentionCase":
+        """The kernel call a ``v_padded`` case makes (``head_dim_v == head_dim``); the case itself otherwise."""
+        return self.replace(head_dim_v=None, v_padded=False) if self.v_padded else self
 
     def replace(self, **changes: Any) -> "AttentionCase":
         return dataclasses.replace(self, **changes)

@@ -6,10 +6,17 @@ a CPU rerun of one case see the same numbers.  Choices that make bugs visible:
 * with a soft-cap, queries are scaled so raw scores reach the cap (``q *= cap / 4``, as
   flash-attention's own tests do); a kernel that ignores the cap is then far off;
 * sinks are drawn around ``log(kv_len)`` so they carry a share of the softmax mass comparable to
-  the keys';
+  the keys', and rounded to bf16 (model sinks are bf16 parameters, and vLLM's FA3 ``s_aux`` takes
+  bf16 only, so every kernel is handed exactly the case's values);
 * paged caches hold every sequence's keys in randomly permuted blocks, and the unused slots hold
   large finite values (stale data, as in a real engine) so a kernel that reads past
-  ``seqused_k`` is caught rather than masked by zeros.
+  ``seqused_k`` is caught rather than masked by zeros (in a quantized cache: values near the
+  format's largest, and K scales of 1);
+* quantized cases (:mod:`conformance.cases.quant_inputs`): q/k/v/qv hold the dequantized values in
+  fp32, ``quant`` the stored tensors and descales the kernel is given;
+* MLA (``qv``) paged caches also come as one ``(num_blocks, block, 1, dv + d)`` tensor
+  ``[c_kv | k_rope]`` (``mla_cache``, FlashMLA's and SGLang's layout; ``k_cache``/``v_cache`` are
+  contiguous copies of its two parts).
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ from dataclasses import dataclass
 import torch
 
 from conformance.cases.case import AttentionCase
+from conformance.cases.quant_inputs import QuantTensors, quantize_case, vary_magnitudes
 
-__all__ = ["CaseInputs", "make_inputs", "alibi_slopes"]
+__all__ = ["CaseInputs", "QuantTensors", "make_inputs", "alibi_slopes"]
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -43,7 +51,9 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 class CaseInputs:
     """Inputs of one case.  Layout is varlen: tokens packed, sequences delimited by cu_seqlens.
 
-    ``k``/``v`` hold every key of every request (the new tokens last within each request);
+    ``k``/``v`` hold every key of every request (the new tokens last within each request); for a
+    quantized case q/k/v/qv are the dequantized values in fp32 and ``quant`` holds what the kernel is
+    given (the paged caches then have the stored dtype);
     the paged fields are set when ``case.paged``.  With ``case.append`` the paged cache (or, for a
     contiguous case, ``k_cache_padded``) holds only the first ``kv_len - q_len`` keys of each
     request and the kernel is expected to write ``k_new``/``v_new`` itself.
@@ -63,6 +73,9 @@ class CaseInputs:
     block_table: torch.Tensor | None = None
     k_new: torch.Tensor | None = None
     v_new: torch.Tensor | None = None
+    qv: torch.Tensor | None = None
+    quant: QuantTensors | None = None
+    mla_cache: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -77,9 +90,27 @@ class CaseInputs:
         return self.v[s:e]
 
 
+def _stale_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cache contents (real values exact, stale ones large) in the cache's stored ``dtype``."""
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        limit = torch.finfo(dtype).max
+        return x.clamp(-limit, limit).to(dtype)
+    if dtype == torch.int8:
+        return x.round().clamp(-127, 127).to(dtype)
+    return x.to(dtype)
+
+
 def _paged_cache(
-    case: AttentionCase, k: torch.Tensor, v: torch.Tensor, cu_k: list[int], keep: list[int], gen: torch.Generator
+    case: AttentionCase,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_k: list[int],
+    keep: list[int],
+    gen: torch.Generator,
+    k_scales: torch.Tensor | None = None,
 ):
+    """Paged caches of ``k``/``v`` (in their stored dtype), the block table, and the int8 K-scale cache
+    ``(num_blocks, hk, block_size)`` when per-token ``k_scales (total_kv, hk)`` are given."""
     bs = case.block_size
     assert bs is not None
     need = [max(1, -(-n // bs)) for n in case.kv_lens]
@@ -88,6 +119,7 @@ def _paged_cache(
     hk = case.num_kv_heads
     kc = torch.randn(num_blocks, bs, hk, case.head_dim, generator=gen) * 100
     vc = torch.randn(num_blocks, bs, hk, case.dv, generator=gen) * 100
+    sc = None if k_scales is None else torch.ones(num_blocks, bs, hk)
     table = torch.zeros(case.batch, max(need), dtype=torch.int32)
     cursor = 0
     for b, n in enumerate(case.kv_lens):
@@ -102,10 +134,14 @@ def _paged_cache(
             blk = int(blocks[t0 // bs])
             kc[blk, : t1 - t0] = k[cu_k[b] + t0 : cu_k[b] + t1].float()
             vc[blk, : t1 - t0] = v[cu_k[b] + t0 : cu_k[b] + t1].float()
-    kc, vc = kc.to(k.dtype), vc.to(v.dtype)
+            if sc is not None and k_scales is not None:
+                sc[blk, : t1 - t0] = k_scales[cu_k[b] + t0 : cu_k[b] + t1]
+    kc, vc = _stale_to(kc, k.dtype), _stale_to(vc, v.dtype)
     if case.kv_layout == "HND":
         kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
-    return kc, vc, table
+    if sc is not None:
+        sc = sc.transpose(1, 2).contiguous()  # (num_blocks, hk, block_size), seed 001's layout
+    return kc, vc, table, sc
 
 
 def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device = "cpu") -> CaseInputs:
@@ -118,7 +154,17 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
         q = q * (case.softcap / 4.0)
     k = torch.randn(case.total_kv, hk, d, generator=gen)
     v = torch.randn(case.total_kv, hk, dv, generator=gen)
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    qv = torch.randn(case.total_q, h, dv, generator=gen) if case.qv else None
+    quant = None
+    if case.quant != "none":
+        q = vary_magnitudes(q, case.q_lens, hk, gen)
+        qv = None if qv is None else vary_magnitudes(qv, case.q_lens, hk, gen)
+        k, v = vary_magnitudes(k, case.kv_lens, hk, gen), vary_magnitudes(v, case.kv_lens, hk, gen)
+        quant, deq = quantize_case(case, q, k, v, qv)
+        q, k, v, qv = deq["q"], deq["k"], deq["v"], deq["qv"]
+    else:
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
+        qv = None if qv is None else qv.to(dt)
     cu_q = [0]
     cu_k = [0]
     for ql, kl in case.requests:
@@ -128,7 +174,7 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
     sinks = None
     if case.sinks:
         mean_kv = max(1.0, sum(case.kv_lens) / case.batch)
-        sinks = torch.rand(h, generator=gen) * 2.0 - 1.0 + math.log(mean_kv)
+        sinks = (torch.rand(h, generator=gen) * 2.0 - 1.0 + math.log(mean_kv)).to(torch.bfloat16).float()
     inputs = CaseInputs(
         case=case,
         q=q,
@@ -139,6 +185,8 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
         seqlens_k=torch.tensor(case.kv_lens, dtype=torch.int32),
         alibi_slopes=slopes,
         sinks=sinks,
+        qv=qv,
+        quant=quant,
     )
     if case.append:
         idx = (
@@ -148,12 +196,22 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
         )
         inputs.k_new, inputs.v_new = k[idx], v[idx]
     if case.paged:
-        inputs.k_cache, inputs.v_cache, inputs.block_table = _paged_cache(case, k, v, cu_k, case.cached_kv_lens, gen)
+        stored_k = k if quant is None else quant.k
+        stored_v = v if quant is None or quant.v is None else quant.v
+        k_scales = quant.k_descale if quant is not None and quant.fmt == "int8" else None
+        inputs.k_cache, inputs.v_cache, inputs.block_table, k_scale_cache = _paged_cache(
+            case, stored_k, stored_v, cu_k, case.cached_kv_lens, gen, k_scales
+        )
+        if quant is not None:
+            quant.k_scale_cache = k_scale_cache
+        if case.qv:  # [c_kv | k_rope]: FlashMLA's single cache, SGLang's split of it
+            inputs.mla_cache = torch.cat([inputs.v_cache, inputs.k_cache], dim=-1)
     return _to(inputs, torch.device(device))
 
 
 def _to(inputs: CaseInputs, device: torch.device) -> CaseInputs:
-    for name, value in list(vars(inputs).items()):
-        if isinstance(value, torch.Tensor):
-            setattr(inputs, name, value.to(device))
+    for holder in (inputs, inputs.quant) if inputs.quant is not None else (inputs,):
+        for name, value in list(vars(holder).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(holder, name, value.to(device))
     return inputs

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.sweep import BATCHES, CONTIG, MASKS, PAGED, Sweep
+from conformance.cases.sweep import BATCHES, CONTIG, MASKS, MLA_DIMS, MLA_PREFILL_DIMS, MLA_SCALE, PAGED, Sweep
 
 __all__ = ["BATCHES", "MASKS", "Sweep", "SUITES", "all_case_ids", "suite_names", "get_suite"]
 
@@ -66,6 +66,112 @@ SMOKE: tuple[Sweep, ...] = (
         "misc",
         {"batch": ("s_mix",), "scale": (0.05,), "num_splits": (None, 3)},
         {"mask": "causal", "heads": (4, 2), "dims": (64, 64)},
+    ),
+    Sweep(
+        "quant",
+        {
+            "batch": ("s_mix", "s_spec"),
+            "quant": ("fp8_e4m3", "fp8_e5m2", "int8_t1", "int8_t2"),
+            "kv": (CONTIG, ("NHD", 16)),
+        },
+        {"mask": "causal", "heads": (4, 2), "dims": (64, 64)},
+    ),
+    Sweep(
+        "fp8_opts",
+        {"batch": ("s_dec",), "descale": ("tensor", "head"), "quant_q": (True, False)},
+        {"quant": "fp8_e4m3", "mask": "causal", "heads": (4, 2), "dims": (64, 64), "kv": ("NHD", 16)},
+    ),
+    Sweep(
+        "sched",
+        {"batch": ("s_dec", "s_mix"), "kv": (CONTIG, ("NHD", 16))},
+        {"scheduler_metadata": True, "mask": "causal", "heads": (4, 2), "dims": (64, 64)},
+    ),
+    Sweep(
+        "mla",
+        {"batch": ("s_dec", "s_spec"), "quant": ("none", "fp8_e4m3")},
+        {"dims": MLA_DIMS, "qv": True, "heads": (8, 1), "mask": "causal", "kv": ("NHD", 64), "scale": MLA_SCALE},
+    ),
+    Sweep("mla_prefill", {"batch": ("s_pf",), "v_padded": (False, True)}, {"dims": MLA_PREFILL_DIMS, "mask": "causal"}),
+)
+
+#: Quantization, MLA and FA3-call sweeps of ``default`` (issue 8): fp8 formats x descale granularity x head
+#: dims (192/128 included), fp8 with masks and modifiers, fp8 paged caches over every layout and block size,
+#: fp8 k/v with a 16-bit q, seed 001's int8 types, MLA absorbed decode and spec decode (64 + 512, plain and
+#: fp8), seed 004's MLA prefill (192/128, V padded or not), FA3 scheduler metadata.
+QUANT_MLA: tuple[Sweep, ...] = (
+    Sweep(
+        "fp8",
+        {
+            "batch": ("pfvar", "dec", "spec4", "mixdf", "chunk", "emptykv"),
+            "quant": ("fp8_e4m3", "fp8_e5m2"),
+            "descale": ("tensor", "head"),
+            "dims": ((64, 64), (128, 128), (256, 256), MLA_PREFILL_DIMS),
+        },
+        {"heads": (8, 2), "mask": "causal"},
+    ),
+    Sweep(
+        "fp8_mods",
+        {
+            "batch": ("pfvar", "dec"),
+            "mask": ("none", "cw128", "w32-32"),
+            "softcap": (None, 30.0),
+            "sinks": (False, True),
+        },
+        {"quant": "fp8_e4m3", "descale": "head", "heads": (8, 2), "dims": (128, 128)},
+    ),
+    Sweep(
+        "fp8_paged",
+        {"batch": ("dec", "mixdf", "spec4"), "kv": PAGED, "descale": ("tensor", "head")},
+        {"quant": "fp8_e4m3", "mask": "causal", "heads": (8, 2), "dims": (128, 128)},
+    ),
+    Sweep(
+        "fp8_heads",
+        {"batch": ("dec", "pfvar"), "heads": ((8, 8), (8, 1), (32, 8), (16, 2)), "quant_q": (True, False)},
+        {"quant": "fp8_e4m3", "mask": "causal", "dims": (128, 128)},
+    ),
+    Sweep(
+        "int8",
+        {
+            "batch": ("pfvar", "dec", "spec4", "mixdf"),
+            "quant": ("int8_t1", "int8_t2"),
+            "kv": (CONTIG, ("NHD", 16), ("HND", 64)),
+            "dims": ((64, 64), (128, 128)),
+        },
+        {"mask": "causal", "heads": (8, 2)},
+    ),
+    Sweep(
+        "mla",
+        {
+            "batch": ("dec", "spec4", "mixdf"),
+            "heads": ((16, 1), (128, 1)),
+            "kv": (("NHD", 64), ("NHD", 16), CONTIG),
+            "scale": (None, MLA_SCALE),
+        },
+        {"dims": MLA_DIMS, "qv": True, "mask": "causal"},
+    ),
+    Sweep(
+        "mla_fp8",
+        {"batch": ("dec", "spec4"), "kv": (("NHD", 64), CONTIG), "descale": ("tensor", "head")},
+        {"dims": MLA_DIMS, "qv": True, "mask": "causal", "heads": (16, 1), "quant": "fp8_e4m3", "scale": MLA_SCALE},
+    ),
+    Sweep(
+        "mla_prefill",
+        {
+            "batch": ("pfvar", "chunk", "mixdf", "cross"),
+            "v_padded": (False, True),
+            "mask": ("causal", "none"),
+            "dtype": ("bf16", "fp16"),
+        },
+        {"dims": MLA_PREFILL_DIMS, "heads": (16, 16)},
+    ),
+    Sweep(
+        "sched",
+        {
+            "batch": ("dec", "spec4", "mixdf", "pfvar"),
+            "kv": (CONTIG, ("NHD", 16), ("NHD", 256)),
+            "num_splits": (None, 3),
+        },
+        {"scheduler_metadata": True, "mask": "causal", "heads": (8, 2), "dims": (128, 128)},
     ),
 )
 
@@ -209,7 +315,7 @@ DEFAULT: tuple[Sweep, ...] = (
         {"batch": ("pf4k", "dec16k", "chunk8k"), "mask": ("causal", "cw128"), "kv": (CONTIG, ("NHD", 256))},
         {"heads": (8, 1), "dims": (128, 128)},
     ),
-)
+) + QUANT_MLA
 
 FULL: tuple[Sweep, ...] = DEFAULT + (
     Sweep(
@@ -250,6 +356,28 @@ FULL: tuple[Sweep, ...] = DEFAULT + (
             "heads": ((8, 2), (8, 8), (16, 2)),
             "sinks": (False, True),
         },
+    ),
+    Sweep(
+        "quant_x",
+        {
+            "batch": _MAIN + ("sqgtsk", "emptykv"),
+            "quant": ("fp8_e4m3", "fp8_e5m2", "int8_t1", "int8_t2"),
+            "mask": ("none", "causal", "cw128", "w32-32"),
+            "dims": ((64, 64), (128, 128), (256, 256), MLA_PREFILL_DIMS),
+            "kv": (CONTIG, ("NHD", 16), ("HND", 64), ("NHD", 256)),
+        },
+        {"heads": (8, 2)},
+    ),
+    Sweep(
+        "mla_x",
+        {
+            "batch": ("dec", "spec4", "mixdf", "sqgtsk"),
+            "heads": ((16, 1), (32, 1), (128, 1)),
+            "kv": (("NHD", 64), ("HND", 64), ("NHD", 1), CONTIG),
+            "quant": ("none", "fp8_e4m3"),
+            "mask": ("causal", "none", "cw128"),
+        },
+        {"dims": MLA_DIMS, "qv": True, "scale": MLA_SCALE},
     ),
     Sweep(
         "long_x",
@@ -313,6 +441,7 @@ def _perf_cases() -> list[AttentionCase]:
             batch_name="anchor_b4x8192",
         )
     )
+    cases += _perf_quant_mla_cases()
     # GQA 8 prefill
     for s in (4096, 16384):
         cases.append(
@@ -325,6 +454,58 @@ def _perf_cases() -> list[AttentionCase]:
                 batch_name=f"gqa_pf{32768 // s}x{s}",
             )
         )
+    return cases
+
+
+def _perf_quant_mla_cases() -> list[AttentionCase]:
+    """fp8 prefill and paged decode (beside their bf16 twins above) and MLA absorbed decode (FlashMLA vs FA3 q_v)."""
+    cases = []
+    for d in (64, 128, 256):
+        for s in (4096, 8192, 16384):
+            cases.append(
+                AttentionCase(
+                    requests=((s, s),) * (32768 // s),
+                    num_heads=16,
+                    num_kv_heads=16,
+                    head_dim=d,
+                    causal=True,
+                    quant="fp8_e4m3",
+                    batch_name=f"pf{32768 // s}x{s}",
+                )
+            )
+    for ctx in (4096, 32768):
+        for layout, bs in (("contiguous", None), ("NHD", 16), ("NHD", 256)):
+            cases.append(
+                AttentionCase(
+                    requests=((1, ctx),) * (16 * 32768 // ctx),
+                    num_heads=64,
+                    num_kv_heads=8,
+                    head_dim=128,
+                    causal=True,
+                    kv_layout=layout,
+                    block_size=bs,
+                    quant="fp8_e4m3",
+                    batch_name=f"dec{16 * 32768 // ctx}x{ctx}",
+                )
+            )
+    for b, ctx in ((32, 4096), (128, 4096), (32, 32768), (64, 8192)):
+        for h in (16, 128):
+            for q_len in (1, 2):
+                cases.append(
+                    AttentionCase(
+                        requests=((q_len, ctx),) * b,
+                        num_heads=h,
+                        num_kv_heads=1,
+                        head_dim=MLA_DIMS[0],
+                        head_dim_v=MLA_DIMS[1],
+                        qv=True,
+                        causal=True,
+                        scale=MLA_SCALE,
+                        kv_layout="NHD",
+                        block_size=64,
+                        batch_name=f"mla{'dec' if q_len == 1 else 'spec2'}{b}x{ctx}",
+                    )
+                )
     return cases
 
 

@@ -9,6 +9,8 @@ Axis names used by the grids of :mod:`conformance.cases.suites`:
 * ``kv``: ("contiguous", None) or (layout, block size), block sizes 1..256, NHD and HND
 * ``mask``: a causal / window / chunk combination from :data:`MASKS`
 * ``softcap``, ``alibi``, ``sinks``, ``append``, ``num_splits``, ``scale``: case fields as they are
+* ``quant``, ``quant_q``, ``descale``: quantization (``conformance.cases.case.QUANTS``)
+* ``qv``, ``v_padded``, ``scheduler_metadata``: MLA absorbed, padded V, FA3 scheduler metadata
 
 A new axis value is one entry in a table here; a new axis is one key read in :func:`build_case`.
 """
@@ -22,7 +24,7 @@ from typing import Any
 
 from conformance.cases.case import AttentionCase
 
-__all__ = ["BATCHES", "CONTIG", "MASKS", "PAGED", "Sweep", "build_case"]
+__all__ = ["BATCHES", "CONTIG", "MASKS", "MLA_DIMS", "MLA_PREFILL_DIMS", "MLA_SCALE", "PAGED", "Sweep", "build_case"]
 
 Req = tuple[tuple[int, int], ...]
 
@@ -74,6 +76,11 @@ MASKS: dict[str, tuple[bool, tuple[int | None, int | None], int | None]] = {
     "cchunk128": (True, (None, None), 128),
 }
 
+#: DeepSeek's MLA softmax scale 1/sqrt(qk_nope 128 + rope 64), rounded: what the engines pass explicitly.
+MLA_SCALE = 0.0722
+#: MLA absorbed geometry (head_dim = rope 64, head_dim_v = latent 512) and seed 004's prefill dims.
+MLA_DIMS, MLA_PREFILL_DIMS = (64, 512), (192, 128)
+
 CONTIG = ("contiguous", None)
 PAGED = tuple((layout, bs) for layout in ("NHD", "HND") for bs in (1, 16, 32, 64, 128, 256))
 
@@ -124,5 +131,11 @@ def build_case(point: Mapping[str, Any]) -> AttentionCase:
         scale=point.get("scale"),
         append=point.get("append", False),
         num_splits=point.get("num_splits"),
+        quant=point.get("quant", "none"),
+        quant_q=point.get("quant_q", True),
+        descale=point.get("descale"),
+        qv=point.get("qv", False),
+        v_padded=point.get("v_padded", False),
+        scheduler_metadata=point.get("scheduler_metadata", False),
         batch_name=batch,
     )

@@ -5,7 +5,8 @@ the mask rule of ``../shared/SEMANTICS.md`` section 2 lets through::
 
     flops = sum over requests of visible_pairs * num_heads * 2 * (d + dv)
 
-(``2 d`` for the q.k multiply-adds of one pair, ``2 dv`` for its p.v ones).  Softmax, soft-cap,
+(``2 d`` for the q.k multiply-adds of one pair, ``2 dv`` for its p.v ones; with an MLA-absorbed
+``qv`` the score is ``q.k + qv.v``, so the first product is ``2 (d + dv)`` per pair).  Softmax, soft-cap,
 ALiBi, sinks and masking are not counted: they are O(pairs) scalar work next to O(pairs * d)
 matrix work, and no vendor counts them either.  Pairs are counted exactly, per request, in closed
 form (or with one vectorised pass over the query rows for chunked local attention): never with a
@@ -19,7 +20,9 @@ s = 8192).  This module reports the exact count.
 Bytes: the fewest bytes a kernel must move through device memory, assuming ideal reuse (each
 input byte read once, each output byte written once; on-chip reuse between query tiles is free):
 
-* q read (``total_q * h * d``) and out written (``total_q * h * dv``), in the case's dtype;
+* q read (``total_q * h * d``, plus ``qv``'s ``total_q * h * dv``) and out written (``total_q * h * dv``),
+  in their stored dtype: 1 byte per element for quantized q/k/v (fp8, int8), the activation dtype's
+  size otherwise (the output is always in the activation dtype); descales are metadata;
 * K and V read once per *kv* head (GQA/MQA share them across the query heads of a group): per
   request only the union of the key ranges its rows can see (a sliding window over a long cache
   reads only the window), times ``hk * (d + dv)``;
@@ -34,7 +37,8 @@ input byte read once, each output byte written once; on-chip reuse between query
 A paged kernel that reads whole blocks moves at most one block per end of the union more than
 counted here; a 256-token page at the edge of a 128-token window is the case where it matters.
 
-Peaks (:data:`PEAKS`) are datasheet numbers (dense, no sparsity) for 16-bit inputs; METHOD.md
+Peaks (:data:`PEAKS`) are datasheet numbers (dense, no sparsity) for 16-bit inputs, and for 8-bit
+ones (fp8 q/k/v: both products run on fp8 tensor cores, 1979 TFLOP/s on an H100/H200 SXM); METHOD.md
 calls them leads, so :func:`roofline` also reports the fraction of a *measured* copy bandwidth
 (``conformance.perf.timing.measure_copy_bandwidth``) next to the spec one.
 """
@@ -144,8 +148,19 @@ def case_visible_pairs(case: AttentionCase) -> int:
 
 
 def attention_flops(case: AttentionCase) -> int:
-    """Matrix-product FLOPs of the forward pass: visible pairs * h * 2 * (d + dv)."""
-    return case_visible_pairs(case) * case.num_heads * 2 * (case.head_dim + case.dv)
+    """Matrix-product FLOPs of the forward pass: visible pairs * h * 2 * (d + dv) (+ 2 dv with ``qv``)."""
+    score_dim = case.head_dim + (case.dv if case.qv else 0)
+    return case_visible_pairs(case) * case.num_heads * 2 * (score_dim + case.dv)
+
+
+def _itemsizes(case: AttentionCase) -> tuple[int, int, int]:
+    """Bytes per element of the stored q (and qv), k and v of ``case``."""
+    act = case.torch_dtype.itemsize
+    if case.quant == "none":
+        return act, act, act
+    q = 1 if case.quant_q else act
+    v = act if case.quant == "int8_t2" else 1
+    return q, 1, v
 
 
 # ---------------------------------------------------------------------------- bytes
@@ -168,6 +183,7 @@ class ByteModel:
 def attention_bytes(case: AttentionCase, *, lse: bool = False) -> ByteModel:
     """Bytes the kernel must move (see the module docstring for what is counted and why)."""
     item = case.torch_dtype.itemsize
+    q_item, k_item, v_item = _itemsizes(case)
     h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
     opts = case_options(case)
     keys = 0
@@ -181,9 +197,9 @@ def attention_bytes(case: AttentionCase, *, lse: bool = False) -> ByteModel:
     metadata = 2 * (case.batch + 1) * 4 + table_entries * 4
     metadata += h * 4 * (int(case.alibi) + int(case.sinks))
     return ByteModel(
-        q=case.total_q * h * d * item,
+        q=case.total_q * h * (d + (dv if case.qv else 0)) * q_item,
         out=case.total_q * h * dv * item,
-        kv=keys * hk * (d + dv) * item,
+        kv=keys * hk * (d * k_item + dv * v_item),
         kv_append=case.total_q * hk * (d + dv) * item if case.append else 0,
         metadata=metadata,
         lse=h * case.total_q * 4 if lse else 0,
@@ -193,22 +209,25 @@ def attention_bytes(case: AttentionCase, *, lse: bool = False) -> ByteModel:
 # ---------------------------------------------------------------------------- peaks and roofline
 @dataclass(frozen=True)
 class Peak:
-    """Datasheet ceilings of one GPU: dense 16-bit tensor-core FLOP/s and HBM bandwidth."""
+    """Datasheet ceilings of one GPU: dense 16-bit (and 8-bit) tensor-core FLOP/s and HBM bandwidth."""
 
     tflops_16bit: float | None
     hbm_gbps: float | None
     source: str
+    tflops_8bit: float | None = None
 
 
 #: GPU name substring -> peaks, first match wins (specific names before general ones).  Names are
 #: what ``torch.cuda.get_device_name`` reports ("NVIDIA H100 80GB HBM3", "NVIDIA H200").
 PEAKS: dict[str, Peak] = {
-    "H100 PCIe": Peak(756.0, 2000.0, "NVIDIA H100 datasheet, PCIe: 1513 TFLOP/s bf16 sparse, 2.0 TB/s"),
-    "H100 NVL": Peak(835.0, 3900.0, "NVIDIA H100 datasheet, NVL: 1671 TFLOP/s bf16 sparse, 3.9 TB/s"),
-    "H100 80GB HBM3": Peak(989.0, 3350.0, "NVIDIA H100 datasheet, SXM: 989 TFLOP/s dense bf16, 3.35 TB/s"),
-    "H100 SXM": Peak(989.0, 3350.0, "NVIDIA H100 datasheet, SXM: 989 TFLOP/s dense bf16, 3.35 TB/s"),
-    "H200 NVL": Peak(835.0, 4800.0, "NVIDIA H200 datasheet, NVL: 1671 TFLOP/s bf16 sparse, 4.8 TB/s"),
-    "H200": Peak(989.0, 4800.0, "NVIDIA H200 datasheet, SXM: 989 TFLOP/s dense bf16, 4.8 TB/s"),
+    "H100 PCIe": Peak(756.0, 2000.0, "NVIDIA H100 datasheet, PCIe: 1513 TFLOP/s bf16 sparse, 2.0 TB/s", 1513.0),
+    "H100 NVL": Peak(835.0, 3900.0, "NVIDIA H100 datasheet, NVL: 1671 TFLOP/s bf16 sparse, 3.9 TB/s", 1671.0),
+    "H100 80GB HBM3": Peak(
+        989.0, 3350.0, "NVIDIA H100 datasheet, SXM: 989 (fp8 1979) TFLOP/s dense, 3.35 TB/s", 1979.0
+    ),
+    "H100 SXM": Peak(989.0, 3350.0, "NVIDIA H100 datasheet, SXM: 989 (fp8 1979) TFLOP/s dense, 3.35 TB/s", 1979.0),
+    "H200 NVL": Peak(835.0, 4800.0, "NVIDIA H200 datasheet, NVL: 1671 TFLOP/s bf16 sparse, 4.8 TB/s", 1671.0),
+    "H200": Peak(989.0, 4800.0, "NVIDIA H200 datasheet, SXM: 989 (fp8 1979) TFLOP/s dense, 4.8 TB/s", 1979.0),
     "unknown": Peak(None, None, "no peak table entry for this device: roofline_pct disabled"),
 }
 
@@ -247,10 +266,14 @@ def roofline(
     key, peak = match_peak(gpu_name)
     notes = []
     peak_tflops = peak.tflops_16bit if case.dtype in ("bf16", "fp16") else None
+    if case.quant_family == "fp8" and case.quant_q:  # both products on fp8 tensor cores
+        peak_tflops = peak.tflops_8bit
+    elif case.quant_family is not None:  # int8, or fp8 k/v with 16-bit q: the units depend on the kernel
+        peak_tflops = None
     if key == "unknown":
         notes.append(f"no peak for device {gpu_name!r}")
     elif peak_tflops is None:
-        notes.append(f"no {case.dtype} compute peak (TF32 or FP32 units depend on the kernel)")
+        notes.append(f"no {case.dtype}/{case.quant} compute peak (the units depend on the kernel)")
     bound = pct = None
     if peak_tflops is not None and peak.hbm_gbps is not None:
         t_compute = flops / (peak_tflops * 1e12)

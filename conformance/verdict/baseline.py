@@ -5,14 +5,19 @@ section 7): it measures how far a *correct* implementation that works in bf16/fp
 fp32 reference, and the tolerance model scales every allowed error by that distance.  Steps, per
 sequence and per tile of query rows:
 
-1. ``s = (q * scale) @ k^T`` in the input dtype (the scale applied to q first, as attention_ref does);
+1. ``s = (q * scale) @ k^T`` in the input dtype (the scale applied to q first, as attention_ref does),
+   plus ``(qv * scale) @ v^T`` with an MLA-absorbed ``qv`` (default scale ``1/sqrt(d + dv)``);
 2. soft-cap in the input dtype: ``tanh(s / cap) * cap``;
 3. to fp32; ALiBi ``-slope * |i + sk - sq - j|``; mask to ``-inf`` (:func:`attnref.row_bounds`);
-4. softmax in fp32 with the sink in the denominator only; ``P`` cast to the input dtype;
+4. softmax in fp32 with the sink in the denominator only; ``P`` cast to the input dtype, and for an
+   fp8-quantized V through the fp8 format and back (``attention_ref``'s ``intermediate_dtype``: an
+   fp8 kernel multiplies P by V in fp8, so the baseline rounds P as it does);
 5. ``P @ V`` in the input dtype.
 
 Fully masked rows give 0 output and LSE ``-inf`` (the sink's value with sinks), the reference's
-convention.  The LSE is fp32, computed from the low-precision scores.  Each tile holds at most
+convention.  The LSE is fp32, computed from the low-precision scores.  A quantized case's inputs are
+its dequantized values (fp32), rounded here to the activation dtype like flash-attention's fp8
+tests do.  Each tile holds at most
 ``MAX_TILE_ELEMS`` scores (heads x query rows x keys), so memory stays bounded for long sequences.
 """
 
@@ -43,7 +48,10 @@ def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, tor
     dev = inputs.q.device
     h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
     group = h // hk
-    scale = case.scale if case.scale is not None else 1.0 / math.sqrt(d)
+    scale = case.scale if case.scale is not None else 1.0 / math.sqrt(d + (dv if case.qv else 0))
+    inter = None
+    if inputs.quant is not None and inputs.quant.v is not None and inputs.quant.v.dtype.is_floating_point:
+        inter = inputs.quant.v.dtype  # fp8 V: P goes through fp8 before P @ V
     options = case_options(case)
     out = torch.zeros(case.total_q, h, dv, dtype=dt, device=dev)
     lse = torch.full((h, case.total_q), -math.inf, dtype=torch.float32, device=dev)
@@ -65,21 +73,35 @@ def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, tor
             kb = inputs.k[k0 : k0 + sk].to(dt).repeat_interleave(group, dim=1).permute(1, 0, 2)
             vb = inputs.v[k0 : k0 + sk].to(dt).repeat_interleave(group, dim=1).permute(1, 0, 2)
             qb = (inputs.q[q0 : q0 + sq].to(dt) * scale).permute(1, 0, 2)  # rounded to dt, like attention_ref
+            qvb = None if inputs.qv is None else (inputs.qv[q0 : q0 + sq].to(dt) * scale).permute(1, 0, 2)
             cols = torch.arange(sk, device=dev)
             tq = max(1, min(sq, MAX_TILE_ELEMS // (h * sk)))
             for t0 in range(0, sq, tq):
                 t1 = min(sq, t0 + tq)
                 o, l = _tile(
-                    qb[:, t0:t1], kb, vb, torch.arange(t0, t1, device=dev), cols, sq, sk, options, slopes, sink
+                    qb[:, t0:t1],
+                    kb,
+                    vb,
+                    torch.arange(t0, t1, device=dev),
+                    cols,
+                    sq,
+                    sk,
+                    options,
+                    slopes,
+                    sink,
+                    None if qvb is None else qvb[:, t0:t1],
+                    inter,
                 )
                 out[q0 + t0 : q0 + t1] = o.permute(1, 0, 2)
                 lse[:, q0 + t0 : q0 + t1] = l
     return out, lse
 
 
-def _tile(q, k, v, rows, cols, sq, sk, options, slopes, sink) -> tuple[torch.Tensor, torch.Tensor]:
+def _tile(q, k, v, rows, cols, sq, sk, options, slopes, sink, qv=None, inter=None) -> tuple[torch.Tensor, torch.Tensor]:
     """One tile of query rows of one sequence: out (h, tq, dv) in the input dtype, lse (h, tq) fp32."""
     s = torch.matmul(q, k.transpose(-1, -2))  # (h, tq, sk), input dtype
+    if qv is not None:
+        s = s + torch.matmul(qv, v.transpose(-1, -2))
     if options.softcap is not None:
         s = torch.tanh(s / options.softcap) * options.softcap
     s = s.float()
@@ -99,6 +121,8 @@ def _tile(q, k, v, rows, cols, sq, sk, options, slopes, sink) -> tuple[torch.Ten
     live = denom > 0
     safe = torch.where(live, denom, torch.ones_like(denom))
     p = (e / safe[..., None]).to(v.dtype)
+    if inter is not None:
+        p = p.to(inter).to(v.dtype)
     o = torch.matmul(p, v)
     o = torch.where(live[..., None], o, torch.zeros_like(o))
     l = torch.where(live, m + torch.log(safe), torch.full_like(m, -math.inf))

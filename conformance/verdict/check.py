@@ -84,7 +84,10 @@ def repro_command(case: AttentionCase, backend_name: str, device: str, seed: int
 
 def _fresh_inputs(inputs: CaseInputs) -> CaseInputs:
     """A copy whose tensors are clones: whatever the kernel writes stays in its own copy."""
-    changes = {k: v.clone() for k, v in vars(inputs).items() if isinstance(v, torch.Tensor)}
+    changes: dict[str, Any] = {k: v.clone() for k, v in vars(inputs).items() if isinstance(v, torch.Tensor)}
+    if inputs.quant is not None:
+        quant = {k: v.clone() for k, v in vars(inputs.quant).items() if isinstance(v, torch.Tensor)}
+        changes["quant"] = dataclasses.replace(inputs.quant, **quant)
     return dataclasses.replace(inputs, **changes)
 
 
@@ -150,6 +153,9 @@ def check_backend(
     extra["tolerance"] = tol.fields()
     try:
         fn = backend.prepare(case, _fresh_inputs(ctx.inputs))
+        notes = getattr(fn, "notes", ())
+        if notes:
+            extra["notes"] = list(notes)
         t0 = time.perf_counter()
         result = fn()
         _sync(ctx.device)

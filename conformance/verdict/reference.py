@@ -3,7 +3,9 @@
 The reference reads the contiguous keys ``inputs.k``/``inputs.v`` (every key of every request, the
 new tokens included) through ``cu_seqlens_k``, whatever the case's KV layout: a paged or appending
 kernel must give the same answer as if the keys had been contiguous, so the reference never
-depends on the cache the kernel reads (nor on what the kernel writes into it).
+depends on the cache the kernel reads (nor on what the kernel writes into it).  For a quantized
+case those are the dequantized values (:mod:`conformance.cases.quant_inputs`), in fp32; with ``qv``
+(MLA absorbed) the score adds ``qv . v``.
 
 On CUDA, TF32 is switched off for the duration (:func:`strict_fp32`): with TF32 an fp32 matmul
 keeps only 10 mantissa bits, which would make the "exact" side of every comparison as noisy as
@@ -91,5 +93,6 @@ def reference(case: AttentionCase, inputs: CaseInputs, numerics: Numerics | None
             options=case_options(case),
             alibi_slopes=inputs.alibi_slopes,
             sinks=inputs.sinks,
+            qv=inputs.qv,
             numerics=numerics,
         )

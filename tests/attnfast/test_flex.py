@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 
 from attnfast.flex import FlexCpuBackend, make_mask_mod, make_score_mod
-from conformance.cases.case import AttentionCase
+from conformance.cases.case import OPT_IN_FEATURES, AttentionCase
 from conformance.cases.inputs import make_inputs
 from torch_cases import CASES as SHARED_CASES
 from torch_cases import C, check_backend, random_cases
@@ -55,7 +55,8 @@ def test_flex_query_tiles_agree() -> None:
 
 def test_flex_declares_everything_and_cpu_only() -> None:
     backend = FlexCpuBackend()
-    assert all(s.ok for s in backend.capabilities().values())
+    refused = {f for f, s in backend.capabilities().items() if not s}
+    assert refused == OPT_IN_FEATURES - backend.accepts == {"v_pad", "sched_meta"}
     assert not backend.supports(CASES["prefill_causal"], "cuda")
     with pytest.raises(ValueError, match="max_score_elems"):
         FlexCpuBackend(max_score_elems=0)

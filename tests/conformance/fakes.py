@@ -29,6 +29,13 @@ __all__ = [
     "ALL_FAKES",
     "PLANTED_BUGS",
     "CrashingBackend",
+    "DescaleDroppedBackend",
+    "PerTensorDescaleBackend",
+    "QvIgnoredBackend",
+    "RopeNopeSwappedBackend",
+    "StoredExactBackend",
+    "VPadNotStrippedBackend",
+    "WrongFp8FormatBackend",
     "ExactBackend",
     "HangingBackend",
     "LseSignBackend",
@@ -228,6 +235,144 @@ class RefusesSinksBackend(ExactBackend):
     refused: ClassVar[dict[str, str]] = {"sinks": "planted refusal: this fake has no sink support"}
 
 
+class StoredExactBackend(ExactBackend):
+    """Computes from what a kernel is handed: the *stored* quantized tensors and their descales, MLA in
+    FlashMLA's 576-wide spelling, V padded and stripped.  Must pass; its subclasses plant one mistake each
+    in that plumbing (the bugs ``../shared/SEMANTICS.md`` section 8 lists for fp8, and MLA's)."""
+
+    name = "fake-stored-exact"
+    description = "test fake: dequantizes the stored tensors, MLA as [nope | rope], V padding"
+    accepts: ClassVar[frozenset[str]] = frozenset(
+        {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "v_pad"}
+    )
+    refused: ClassVar[dict[str, str]] = {"append": "this fake reads the inputs' keys, it writes no cache"}
+
+    # -- the hooks the bug fakes override
+    def stored(self, x: torch.Tensor) -> torch.Tensor:
+        """A stored tensor as the kernel reads its bytes."""
+        return x.float()
+
+    def descale(self, scale: torch.Tensor, which: str) -> torch.Tensor:
+        """The descale the kernel applies (``which`` is q, k or v)."""
+        return scale
+
+    def mla_parts(self, q, qv, k, v):
+        """FlashMLA's spelling: the 576-wide query and cache, and V = the cache's first dv channels."""
+        return torch.cat([qv, q], -1), torch.cat([v, k], -1), v.shape[-1]
+
+    def pad_and_strip(self, out: torch.Tensor, dv: int) -> torch.Tensor:
+        return out[..., :dv]
+
+    # -- the computation
+    def _per_token(self, scale: torch.Tensor, lens: list[int], heads: int, which: str, fmt: str) -> torch.Tensor:
+        scale = self.descale(scale, which)
+        if fmt == "int8":  # q, k per (token, head); v per (kv head, channel)
+            return (scale[None] if which == "v" else scale[..., None]).float()
+        if scale.numel() == 1:
+            return scale.reshape(1, 1, 1).float()
+        rows = torch.repeat_interleave(scale, torch.tensor(lens, device=scale.device), dim=0)  # (batch, hk)
+        return rows.repeat_interleave(heads // scale.shape[1], dim=1)[..., None].float()
+
+    def dequantized(self, case: AttentionCase, inputs: CaseInputs):
+        quant = inputs.quant
+        q, k, v, qv = inputs.q.float(), inputs.k.float(), inputs.v.float(), inputs.qv
+        if quant is not None:
+            h, hk = case.num_heads, case.num_kv_heads
+            if quant.q is not None:
+                f = self._per_token(quant.q_descale, case.q_lens, h, "q", quant.fmt)
+                q = self.stored(quant.q) * f
+                qv = None if quant.qv is None else self.stored(quant.qv) * f
+            k = self.stored(quant.k) * self._per_token(quant.k_descale, case.kv_lens, hk, "k", quant.fmt)
+            if quant.v is not None:
+                v = self.stored(quant.v) * self._per_token(quant.v_descale, case.kv_lens, hk, "v", quant.fmt)
+        return q, k, v, None if qv is None else qv.float()
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        options, sinks = self.options(case), self.sinks(inputs)
+
+        def run() -> KernelOutput:
+            q, k, v, qv = self.dequantized(case, inputs)
+            dv = case.dv
+            if case.v_padded:
+                v = torch.cat([v, v.new_zeros(*v.shape[:-1], case.head_dim - dv)], -1)
+            if qv is not None:
+                q, k, dv_mla = self.mla_parts(q, qv, k, v)
+                v = k[..., :dv_mla]
+                opts = options if options.scale is not None else options.with_(scale=(case.head_dim + dv) ** -0.5)
+            else:
+                opts = options
+            with strict_fp32():
+                res = attention_varlen(
+                    q, k, v, inputs.cu_seqlens_q, inputs.cu_seqlens_k, options=opts,
+                    alibi_slopes=inputs.alibi_slopes, sinks=sinks, numerics=FP32,
+                )  # fmt: skip
+            out = self.pad_and_strip(res.out, dv) if case.v_padded else res.out
+            return self.finish(case, out, res.lse)
+
+        return run
+
+
+class DescaleDroppedBackend(StoredExactBackend):
+    """Reads fp8 K without its descale (vLLM 51363: descales dropped by the caller)."""
+
+    name = "fake-descale-dropped"
+    description = "test fake: k_descale ignored"
+
+    def descale(self, scale: torch.Tensor, which: str) -> torch.Tensor:
+        return torch.ones_like(scale) if which == "k" else scale
+
+
+class PerTensorDescaleBackend(StoredExactBackend):
+    """Applies the first (sequence, kv head)'s descale everywhere: per-tensor where per-head was given."""
+
+    name = "fake-per-tensor-descale"
+    description = "test fake: descale[0, 0] for every sequence and head"
+
+    def descale(self, scale: torch.Tensor, which: str) -> torch.Tensor:
+        return scale.flatten()[:1].expand_as(scale) if scale.dim() == 2 and which != "v" else scale
+
+
+class WrongFp8FormatBackend(StoredExactBackend):
+    """Reads e4m3 bytes as e5m2 (and the reverse): the cache dtype mixed up between writer and reader."""
+
+    name = "fake-wrong-fp8-format"
+    description = "test fake: fp8 bytes read in the other format"
+
+    def stored(self, x: torch.Tensor) -> torch.Tensor:
+        other = {torch.float8_e4m3fn: torch.float8_e5m2, torch.float8_e5m2: torch.float8_e4m3fn}.get(x.dtype)
+        return (x.view(other) if other is not None else x).float()
+
+
+class QvIgnoredBackend(StoredExactBackend):
+    """Accepts qv and drops it: the score is q_rope . k_rope only (default scale kept)."""
+
+    name = "fake-qv-ignored"
+    description = "test fake: qv dropped"
+
+    def mla_parts(self, q, qv, k, v):
+        return torch.cat([torch.zeros_like(qv), q], -1), torch.cat([v, k], -1), v.shape[-1]
+
+
+class RopeNopeSwappedBackend(StoredExactBackend):
+    """Builds FlashMLA's query as [rope | nope] while the cache is [c_kv | k_rope]."""
+
+    name = "fake-rope-nope-swapped"
+    description = "test fake: 576-wide query assembled rope first"
+
+    def mla_parts(self, q, qv, k, v):
+        return torch.cat([q, qv], -1), torch.cat([v, k], -1), v.shape[-1]
+
+
+class VPadNotStrippedBackend(StoredExactBackend):
+    """Pads V to the qk head dim and returns the padded output (seed 004's strip forgotten)."""
+
+    name = "fake-vpad-not-stripped"
+    description = "test fake: padded output returned"
+
+    def pad_and_strip(self, out: torch.Tensor, dv: int) -> torch.Tensor:
+        return out
+
+
 #: Bug backend -> the case feature that exposes its bug.
 PLANTED_BUGS: dict[type[ExactBackend], str] = {
     WindowOffByOneBackend: "window",
@@ -235,6 +380,12 @@ PLANTED_BUGS: dict[type[ExactBackend], str] = {
     SoftcapMissingBackend: "softcap",
     LseSignBackend: "lse",
     NoisyBackend: "any",
+    DescaleDroppedBackend: "fp8_e4m3",
+    PerTensorDescaleBackend: "descale_head",
+    WrongFp8FormatBackend: "fp8_e4m3",
+    QvIgnoredBackend: "qv",
+    RopeNopeSwappedBackend: "qv",
+    VPadNotStrippedBackend: "v_pad",
 }
 
 ALL_FAKES: tuple[type[ExactBackend], ...] = (
@@ -248,4 +399,11 @@ ALL_FAKES: tuple[type[ExactBackend], ...] = (
     HangingBackend,
     RaisingBackend,
     RefusesSinksBackend,
+    StoredExactBackend,
+    DescaleDroppedBackend,
+    PerTensorDescaleBackend,
+    WrongFp8FormatBackend,
+    QvIgnoredBackend,
+    RopeNopeSwappedBackend,
+    VPadNotStrippedBackend,
 )

@@ -335,7 +335,8 @@ def _start_fake_kernel(fake: str) -> subprocess.Popen:
     """A child process that builds a tiny case, prints 'ready', then runs the fake's kernel."""
     script = (
         f"import sys; sys.path[:0] = [{str(Path(__file__).parents[3])!r}]\n"
-        "from tests.conformance import fakes\nfrom conformance.cases.case import AttentionCase\nfrom conformance.cases.inputs import make_inputs\n"
+        "from tests.conformance import fakes\nfrom conformance.cases.case import AttentionCase\n"
+        "from conformance.cases.inputs import make_inputs\n"
         "c = AttentionCase(requests=((2, 2),), num_heads=1, num_kv_heads=1, head_dim=8)\n"
         f"fn = fakes.{fake}().prepare(c, make_inputs(c))\nprint('ready', flush=True)\nfn()\n"
     )

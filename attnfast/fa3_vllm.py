@@ -1,0 +1,203 @@
+"""vLLM's FA3 fork (``vllm.vllm_flash_attn``, vLLM 0.24.0): the kernel vLLM and the seed engines call on Hopper.
+
+One entry point, ``flash_attn_varlen_func(..., fa_version=3)`` (the fork's argument order differs from
+upstream; every argument is passed by keyword), for every case:
+
+* contiguous KV: packed k/v with ``cu_seqlens_k``; paged KV: the caches with ``block_table`` and
+  ``seqused_k`` (the fork takes exactly one of ``cu_seqlens_k`` / ``seqused_k``), any block size; an
+  HND cache is passed as its ``(num_blocks, page, hk, d)`` strided view, as vLLM does for HND;
+* ``causal`` travels in the flag, the window in FA2 spelling (``-1`` = unbounded); ``softcap``;
+* sinks through ``s_aux``, which takes bf16 only ("We only support bf16 dtype for S aux", measured):
+  the adapter converts, and the case's sinks are bf16-representable
+  (:func:`conformance.cases.inputs.make_inputs`), so the conversion is exact (a record note says so);
+* fp8 e4m3: the stored q/k/v with ``q/k/v_descale`` of shape ``(batch, hk)``; a per-tensor scale is
+  expanded to that shape the way vLLM does (a ``(1,)`` descale raises "q_descale must have shape
+  (batch_size, num_heads_k)", measured); the output is bf16;
+* MLA absorbed: ``q_v``; with the paged MLA cache, ``k_cache``/``v_cache`` are SGLang's two strided views
+  of the one ``[c_kv | k_rope]`` cache;
+* ``softmax_scale``: the case's, else None, i.e. the fork's default ``q.shape[-1] ** -0.5``; with ``q_v``
+  that is ``1/sqrt(d)`` where upstream FA3, FlashMLA and the reference use ``1/sqrt(d + dv)`` (measured on
+  an H100: the kernel matches ``1/sqrt(64)`` to 1.3e-2 and is 3.3 away from ``1/sqrt(576)``); the
+  ``qv`` cases without a scale therefore fail and ``ledgers/fa3-vllm.toml`` says why;
+* ``num_splits``: the case's, or 0 (the fork's heuristic) when unset;
+* ``scheduler_metadata``: from ``get_scheduler_metadata`` with the call's own shapes, computed in
+  ``prepare`` (vLLM's CUDA-graph path), when the case asks for it;
+* ``v_padded``: V (or the V cache) zero-padded to ``head_dim`` and the output stripped back to
+  ``head_dim_v`` (seed ``004``'s path for kernels that need equal head dims;
+  :func:`attnfast._fa_common.prepare_padded_v`).
+
+LSE ``(h, total_q)``: ``-inf`` for rows that saw no key, but ``+inf`` for every row when the batch has no
+key at all (measured), normalised to ``-inf``.
+
+Refusals, each measured on an H100 with vLLM 0.24.0's build (``scripts/probe_vllm_kernels.py``) unless it
+says "by the wrapper": see :attr:`FA3VllmBackend.refused` and :func:`fa3_vllm_support`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
+
+from ._fa_common import (
+    KernelCall,
+    PreparedKernel,
+    compute_capability,
+    cuda_device_support,
+    fa2_window,
+    kernel_case,
+    lse_posinf_to_neginf,
+    prepare_padded_v,
+    stored_tensors,
+)
+from .base import OK, Backend, KernelOutput, Support, package_version
+from .fa3 import fa3_shape_support
+
+__all__ = ["FA3VllmBackend", "fa3_vllm_plan", "fa3_vllm_support", "import_vllm_fa3"]
+
+ENTRY = "vllm.vllm_flash_attn.flash_attn_varlen_func"
+#: "HeaddimV > 256 requires fp16 and bf16 data type" (measured with qv 64 + 512 in fp8).
+MAX_FP8_HEAD_DIM_V = 256
+
+
+def import_vllm_fa3() -> ModuleType:
+    """``vllm.vllm_flash_attn`` with its FA3 library; ``ImportError`` saying what is missing."""
+    mod = importlib.import_module("vllm.vllm_flash_attn")
+    if not getattr(importlib.import_module("vllm.vllm_flash_attn.flash_attn_interface"), "FA3_AVAILABLE", False):
+        raise ImportError("vllm.vllm_flash_attn is importable but its FA3 library (_vllm_fa3_C) is not")
+    return mod
+
+
+def fa3_vllm_support(case: AttentionCase, cc: tuple[int, int] | None) -> Support:
+    """Shape and dtype limits beyond the feature refusals (each measured, see the module docstring)."""
+    shape = fa3_shape_support(case, cc)
+    if not shape:
+        return shape
+    if case.quant_family == "fp8":
+        if case.dtype != "bf16":
+            return Support(False, f"fp8 with {case.dtype} activations: FA3's fp8 path writes bf16 output")
+        if case.dv > MAX_FP8_HEAD_DIM_V:
+            return Support(False, f"fp8 with head_dim_v {case.dv}: 'HeaddimV > 256 requires fp16 and bf16 data type'")
+    if case.qv and not (case.head_dim <= 64 and case.dv >= 256):
+        return Support(False, f"qv with head dims ({case.head_dim}, {case.dv}): FA3 takes qv for d <= 64, dv >= 256")
+    return OK
+
+
+def fa3_vllm_plan(case: AttentionCase, inputs: CaseInputs, scheduler: Any = None) -> KernelCall:
+    """The fork's call for ``case`` with every tensor converted (no kernel run).
+
+    ``scheduler`` is ``get_scheduler_metadata`` (only called when the case asks for scheduler metadata).
+    """
+    t = stored_tensors(case, inputs)
+    h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
+    max_q, max_k = max(case.q_lens), max(case.kv_lens)
+    window = fa2_window(case)
+    notes: list[str] = []
+    if case.paged:
+        k, v = t.k_cache, t.v_cache
+        assert k is not None and v is not None and case.block_size is not None
+        if case.kv_layout == "HND":  # (num_blocks, hk, page, d) memory seen as (num_blocks, page, hk, d)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        lens: dict[str, Any] = dict(
+            seqused_k=torch.tensor(case.kv_lens, dtype=torch.int32, device=inputs.device),
+            block_table=inputs.block_table,
+        )
+    else:
+        k, v = t.k, t.v
+        lens = dict(cu_seqlens_k=inputs.cu_seqlens_k)
+    sinks = None
+    if inputs.sinks is not None:
+        sinks = inputs.sinks.to(torch.bfloat16)
+        notes.append("sinks: passed to s_aux as bf16 (the kernel takes bf16 only; the case's sinks are bf16-exact)")
+    kwargs: dict[str, Any] = dict(
+        q=t.q,
+        k=k,
+        v=v,
+        max_seqlen_q=max_q,
+        cu_seqlens_q=inputs.cu_seqlens_q,
+        max_seqlen_k=max_k,
+        **lens,
+        q_v=t.qv,
+        softmax_scale=case.scale,
+        causal=case.causal,
+        window_size=list(window),
+        softcap=case.softcap or 0.0,
+        return_softmax_lse=True,
+        q_descale=t.q_descale,
+        k_descale=t.k_descale,
+        v_descale=t.v_descale,
+        num_splits=0 if case.num_splits is None else case.num_splits,
+        fa_version=3,
+        s_aux=sinks,
+    )
+    if case.scheduler_metadata:
+        assert scheduler is not None, "a scheduler_metadata case needs get_scheduler_metadata"
+        kwargs["scheduler_metadata"] = scheduler(
+            case.batch,
+            max_q,
+            max_k,
+            h,
+            hk,
+            d,
+            torch.tensor(case.kv_lens, dtype=torch.int32, device=inputs.device),
+            qkv_dtype=t.q.dtype,
+            headdim_v=dv,
+            cu_seqlens_q=inputs.cu_seqlens_q,
+            page_size=case.block_size,
+            causal=case.causal,
+            window_size=window,
+            has_softcap=case.softcap is not None,
+            num_splits=kwargs["num_splits"],
+        )
+        notes.append("scheduler_metadata: from get_scheduler_metadata with this call's shapes")
+
+    def finish(result: Any) -> KernelOutput:
+        out, lse = result
+        return KernelOutput(out, lse_posinf_to_neginf(lse))
+
+    return KernelCall(ENTRY, kwargs, finish, tuple(notes))
+
+
+class FA3VllmBackend(Backend):
+    """vLLM's FA3 fork on Hopper: varlen, paged, fp8, qv, sinks, splits, scheduler metadata."""
+
+    name = "fa3-vllm"
+    family = "vllm-flash-attn-3"
+    description = "vLLM's FA3 fork (vllm.vllm_flash_attn, fa_version=3): varlen + paged, fp8, q_v, s_aux"
+    accepts = frozenset({"fp8_e4m3", "descale_head", "qv", "v_pad", "sched_meta"})
+    refused = {
+        "alibi": "'Alibi is not supported in FA3' (the wrapper's assertion, measured)",
+        "append": "by the wrapper: flash_attn_varlen_func passes no new keys (k_new/v_new = None); vLLM writes "
+        "the cache with reshape_and_cache_flash before the call",
+        "local_chunk": "by the wrapper: the fork's flash_attn_varlen_func has no attention_chunk argument (vLLM "
+        "builds chunked local attention from virtual batches instead)",
+        "fp32": "'FlashAttention only supports fp16, bf16, and fp8_e4m3 data type' (measured)",
+        "fp8_e5m2": "'FlashAttention only supports fp16, bf16, and fp8_e4m3 data type' (measured with e5m2 q/k/v)",
+        "fp8_kv_only": "'query and key must have the same dtype' (measured with bf16 q, fp8 k/v)",
+    }
+
+    def version(self) -> str:
+        return package_version("vllm")
+
+    def is_available(self) -> Support:
+        try:
+            import_vllm_fa3()
+        except Exception as exc:  # ImportError, or an OSError from a library built for another torch
+            return Support(False, f"vllm.vllm_flash_attn (FA3) is not importable: {exc}")
+        return cuda_device_support(min_major=9)
+
+    def supports(self, case: AttentionCase, device: str) -> Support:
+        base = super().supports(case, device)
+        return base if not base else fa3_vllm_support(kernel_case(case), compute_capability(device))
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
+        if case.v_padded:
+            return prepare_padded_v(self.prepare, case, inputs)
+        mod = import_vllm_fa3()
+        call = fa3_vllm_plan(case, inputs, mod.get_scheduler_metadata)
+        return PreparedKernel(mod.flash_attn_varlen_func, call)
