@@ -179,6 +179,10 @@ class FA3VllmBackend(Backend):
         "fp32": "'FlashAttention only supports fp16, bf16, and fp8_e4m3 data type' (measured)",
         "fp8_e5m2": "'FlashAttention only supports fp16, bf16, and fp8_e4m3 data type' (measured with e5m2 q/k/v)",
         "fp8_kv_only": "'query and key must have the same dtype' (measured with bf16 q, fp8 k/v)",
+        "int8_t1": "FA3 takes fp16, bf16 and fp8_e4m3 (seed 001's int8 path is a vendor kernel, "
+        "flash_attn_varlen_int8_func, that vLLM does not ship)",
+        "int8_t2": "FA3 takes fp16, bf16 and fp8_e4m3 (seed 001's int8 path is a vendor kernel, "
+        "flash_attn_varlen_int8_func, that vLLM does not ship)",
     }
 
     def version(self) -> str:

@@ -150,6 +150,16 @@ QUANT_MLA: tuple[Sweep, ...] = (
         {"dims": MLA_DIMS, "qv": True, "mask": "causal"},
     ),
     Sweep(
+        "mla_decode",
+        {
+            "batch": ("mla32", "mlaspec2", "dec", "spec4"),
+            "heads": ((16, 1), (32, 1), (64, 1), (128, 1)),
+            "dtype": ("bf16", "fp16"),
+            "mask": ("causal", "none"),
+        },
+        {"dims": MLA_DIMS, "qv": True, "kv": ("NHD", 64), "scale": MLA_SCALE},
+    ),
+    Sweep(
         "mla_fp8",
         {"batch": ("dec", "spec4"), "kv": (("NHD", 64), CONTIG), "descale": ("tensor", "head")},
         {"dims": MLA_DIMS, "qv": True, "mask": "causal", "heads": (16, 1), "quant": "fp8_e4m3", "scale": MLA_SCALE},

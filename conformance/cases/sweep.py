@@ -42,6 +42,9 @@ BATCHES: dict[str, Req] = {
     "sqgtsk": ((40, 20), (9, 3), (16, 16)),
     "cross": ((77, 300), (1, 77), (200, 50)),
     "emptykv": ((5, 0), (3, 3), (1, 0)),
+    # MLA decode batches: 32 decodes of varied context (FlashMLA's shape: one q_len per batch), spec decode 2
+    "mla32": tuple((1, 64 + 97 * i) for i in range(32)),
+    "mlaspec2": ((2, 300), (2, 2), (2, 1500), (2, 64)),
     # small versions for the CPU smoke suite
     "s_pf": ((33, 33), (1, 1), (70, 70)),
     "s_dec": ((1, 40), (1, 1), (1, 97)),

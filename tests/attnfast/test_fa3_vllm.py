@@ -227,3 +227,22 @@ def test_gpu_e5m2_is_refused_by_the_kernel(gpu):
         kwargs[name] = kwargs[name].view(torch.float8_e5m2)
     with pytest.raises(RuntimeError, match="only supports fp16, bf16, and fp8_e4m3"):
         fn(**kwargs)
+
+
+@pytest.mark.gpu
+def test_gpu_sink_lse_of_rows_without_keys(gpu):
+    """Evidence for ``ledgers/fa3-vllm.toml``: with ``s_aux`` a row that sees no key has only the sink in its
+    softmax denominator, so its LSE is the sink (output 0).  The kernel, called directly, returns output 0
+    but LSE -inf there, while it includes the sink in the LSE of rows that do see keys (fp64 below)."""
+    fn = import_vllm_fa3().flash_attn_varlen_func
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 2, 64, generator=gen).to("cuda", torch.bfloat16) for n in (4, 3, 3))
+    sinks = torch.tensor([0.5, 1.25], device="cuda", dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 3, 4], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 0, 3], dtype=torch.int32, device="cuda")
+    out, lse = fn(q, k, v, 3, cu_q, 3, cu_seqlens_k=cu_k, s_aux=sinks, return_softmax_lse=True, fa_version=3)
+    assert bool((out[:3] == 0).all()), "rows without keys: output 0, as the reference says"
+    assert bool(torch.isneginf(lse[:, :3]).all()), "rows without keys: the kernel's LSE (the reference says the sink)"
+    s = torch.einsum("hd,khd->hk", q[3].double(), k.double()) / 8.0  # row 3 sees all 3 keys
+    want = torch.logsumexp(torch.cat([s, sinks.double()[:, None]], dim=1), dim=1)
+    assert torch.allclose(lse[:, 3].double(), want, atol=1e-4), (lse[:, 3], want)
