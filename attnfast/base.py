@@ -122,8 +122,9 @@ class Backend(abc.ABC):
         return {"name": self.name, "family": self.family, "version": self.version(), "description": self.description}
 
 
-def package_version(*dists: str) -> str:
-    """Version of the first installed distribution among ``dists``, else ``"not installed"``."""
+def package_version(*dists: str, module: str | None = None) -> str:
+    """Version of the first installed distribution among ``dists``; else ``module.__version__`` (a package
+    unpacked without its metadata, such as the GPU kit's vLLM kernels); else ``"not installed"``."""
     from importlib import metadata
 
     for dist in dists:
@@ -131,4 +132,11 @@ def package_version(*dists: str) -> str:
             return metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
+    if module is not None:
+        try:
+            import importlib
+
+            return str(importlib.import_module(module).__version__)
+        except Exception:  # not importable, or no __version__
+            pass
     return "not installed"

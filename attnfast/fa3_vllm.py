@@ -186,7 +186,7 @@ class FA3VllmBackend(Backend):
     }
 
     def version(self) -> str:
-        return package_version("vllm")
+        return package_version("vllm", module="vllm")
 
     def is_available(self) -> Support:
         try:

@@ -125,7 +125,7 @@ class FlashMLABackend(Backend):
     }
 
     def version(self) -> str:
-        return package_version("vllm")
+        return package_version("vllm", module="vllm")
 
     def is_available(self) -> Support:
         try:

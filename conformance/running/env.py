@@ -46,12 +46,15 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 def git_commit(repo: Path = _REPO) -> str:
     """Commit of the harness checkout (``+dirty`` when the tree has changes), or ``"n/a"``.
 
-    A copy of the tree without ``.git`` (a GPU runner that receives files, not a clone) reports
-    ``$ATTNCONF_GIT_COMMIT`` when set.
+    ``$ATTNCONF_GIT_COMMIT``, when set, wins: a GPU runner that receives a copy of the files (with no
+    ``.git``, or with a ``.git`` that is not the one the files came from, as seen on a GPU machine whose
+    copy reported the session's starting commit ``+dirty``) is told the commit by whoever sent them.
     """
+    if os.environ.get("ATTNCONF_GIT_COMMIT"):
+        return os.environ["ATTNCONF_GIT_COMMIT"]
     commit = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     if not commit:
-        return os.environ.get("ATTNCONF_GIT_COMMIT", "n/a")
+        return "n/a"
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
     return commit + ("+dirty" if dirty else "")
 
