@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from attnfast._fa_common import PreparedKernel, prepare_padded_v
-from attnfast.base import NOT_DECLARED
 from attnfast.fa3_vllm import FA3VllmBackend, fa3_vllm_plan, import_vllm_fa3
 from conformance.cases.inputs import make_inputs
 from conformance.cases.sweep import MLA_SCALE
@@ -71,7 +70,8 @@ def run_fake(case, seed=0):
         (C([(3, 3)], quant="fp8_e5m2"), "only supports fp16, bf16, and fp8_e4m3"),
         (C([(3, 3)], quant="fp8_e4m3", quant_q=False), "query and key must have the same dtype"),
         (C([(3, 3)], quant="fp8_e4m3", dtype="fp16"), "writes bf16 output"),
-        (C([(3, 3)], quant="int8_t1"), NOT_DECLARED),
+        (C([(3, 3)], quant="int8_t1"), "vendor kernel"),
+        (C([(3, 3)], scale=0.1, quant="int8_t2"), "vendor kernel"),
         (C([(3, 3)], quant="fp8_e4m3", scale=0.1, **MLA), "HeaddimV > 256"),
         (C([(3, 3)], head_dim=128, head_dim_v=128, qv=True), "qv for d <= 64"),
         (C([(3, 3)], head_dim=320), "at most 256"),

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from attnfast._fa_common import PreparedKernel
+from attnfast.base import NOT_DECLARED
 from attnfast.flashmla import FlashMLABackend, flashmla_plan, import_flashmla
 from conformance.cases.inputs import make_inputs
 from conformance.cases.sweep import MLA_SCALE
@@ -52,6 +53,7 @@ def run_fake(case):
         (C([(1, 30)], num_heads=16, softcap=30.0, **MLA), "soft-cap"),
         (C([(1, 30)], num_heads=16, sinks=True, **MLA), "sparse path only"),
         (C([(1, 30)], num_heads=16, quant="fp8_e4m3", **MLA), "takes no descale"),
+        (C([(1, 30)], num_heads=16, head_dim=192, head_dim_v=128, v_padded=True), NOT_DECLARED),
     ],
 )
 def test_refusal_reasons(case, reason):
