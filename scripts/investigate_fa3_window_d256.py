@@ -59,6 +59,8 @@ def study(d: int, seqs: int, seqlen: int, heads: int, left: int, num_splits: int
     }
     bad_rows, matches, positions = 0, {h: 0 for h in hyps}, []
     worst = 0.0
+    residual = {name: 0.0 for name in hyps}  # max |kernel - hypothesis| over the bad rows
+    exact_left_plus_1 = 0  # bad rows within 1e-4 of the one-extra-key hypothesis
     for b in range(seqs):
         for h in range(heads):
             rows = slice(b * seqlen, (b + 1) * seqlen)
@@ -69,6 +71,10 @@ def study(d: int, seqs: int, seqlen: int, heads: int, left: int, num_splits: int
             worst = max(worst, float(err.max()))
             bad = torch.nonzero(err > 5e-3).flatten()
             bad_rows += int(bad.numel())
+            for name in hyps:
+                if bad.numel():
+                    residual[name] = max(residual[name], float((got[bad] - ref[name][bad]).abs().max()))
+            exact_left_plus_1 += int(((got[bad] - ref["left+1"][bad]).abs() < 1e-4).sum())
             for r in bad.tolist():
                 best = min(hyps, key=lambda name: abs(float(got[r] - ref[name][r])))
                 matches[best] += 1
@@ -86,6 +92,8 @@ def study(d: int, seqs: int, seqlen: int, heads: int, left: int, num_splits: int
         "bad_rows": bad_rows,
         "worst_lse_err": worst,
         "best_hypothesis_of_bad_rows": matches,
+        "max_residual_over_bad_rows": residual,
+        "bad_rows_within_1e-4_of_left+1": exact_left_plus_1,
         "first_bad": positions[:12],
         "bad_row_min_max": [min(rows_all), max(rows_all)] if rows_all else None,
     }
@@ -99,10 +107,15 @@ def main() -> None:
     for cfg in (
         dict(d=256, seqs=4, seqlen=8192, heads=16, left=4096, num_splits=0),
         dict(d=256, seqs=4, seqlen=8192, heads=16, left=4096, num_splits=1),
-        dict(d=256, seqs=1, seqlen=8192, heads=2, left=4096, num_splits=0),
         dict(d=256, seqs=1, seqlen=8192, heads=2, left=1000, num_splits=0),
-        dict(d=128, seqs=4, seqlen=8192, heads=16, left=4096, num_splits=0),
         dict(d=256, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
+        dict(d=256, seqs=1, seqlen=2048, heads=4, left=128, num_splits=0),
+        dict(d=256, seqs=1, seqlen=300, heads=4, left=127, num_splits=0),
+        dict(d=192, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
+        dict(d=128, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
+        dict(d=96, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
+        dict(d=64, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
+        dict(d=128, seqs=4, seqlen=8192, heads=16, left=4096, num_splits=0),
     ):
         try:
             res = study(**cfg)
