@@ -140,19 +140,24 @@ def extent_study(d: int, seqlen: int, heads: int, left: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="investigate_fa3_window_d256.json")
+    ap.add_argument("--extent-only", action="store_true", help="only the per-row key-extent study")
     args = ap.parse_args()
     results = []
     for cfg in (
-        dict(d=256, seqs=4, seqlen=8192, heads=16, left=4096, num_splits=0),
-        dict(d=256, seqs=1, seqlen=8192, heads=2, left=1000, num_splits=0),
-        dict(d=256, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
-        dict(d=256, seqs=1, seqlen=2048, heads=4, left=128, num_splits=0),
-        dict(d=256, seqs=1, seqlen=300, heads=4, left=127, num_splits=0),
-        dict(d=192, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
-        dict(d=128, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
-        dict(d=96, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
-        dict(d=64, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
-        dict(d=128, seqs=4, seqlen=8192, heads=16, left=4096, num_splits=0),
+        ()
+        if args.extent_only
+        else (
+            dict(d=256, seqs=4, seqlen=8192, heads=16, left=4096, num_splits=0),
+            dict(d=256, seqs=1, seqlen=8192, heads=2, left=1000, num_splits=0),
+            dict(d=256, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
+            dict(d=256, seqs=1, seqlen=2048, heads=4, left=128, num_splits=0),
+            dict(d=256, seqs=1, seqlen=300, heads=4, left=127, num_splits=0),
+            dict(d=192, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
+            dict(d=128, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
+            dict(d=96, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
+            dict(d=64, seqs=1, seqlen=2048, heads=4, left=512, num_splits=0),
+            dict(d=128, seqs=4, seqlen=8192, heads=16, left=4096, num_splits=0),
+        )
     ):
         try:
             res = study(**cfg)
@@ -160,7 +165,7 @@ def main() -> None:
             res = {**cfg, "error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(res), flush=True)
         results.append(res)
-    for cfg in (dict(d=256, seqlen=2048, heads=2, left=512), dict(d=96, seqlen=2048, heads=2, left=512)):
+    for cfg in (dict(d=256, seqlen=2048, heads=4, left=512), dict(d=96, seqlen=2048, heads=4, left=512)):
         res = extent_study(**cfg)
         print(json.dumps(res), flush=True)
         results.append(res)
