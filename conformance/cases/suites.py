@@ -309,6 +309,13 @@ DEFAULT: tuple[Sweep, ...] = (
     Sweep(
         "chunk", {"batch": ("pfvar", "chunk", "mixdf"), "mask": ("chunk64", "cchunk64", "cchunk128")}, {"heads": (8, 2)}
     ),
+    # a sliding window inside a 2k prefill, every FA3 head-dim template: where fa3-vllm's d 96/192/256 kernels
+    # let keys left of the window into the LSE (found by the perf suite's 8k case, ledgers/fa3-vllm.toml)
+    Sweep(
+        "window_long",
+        {"dims": ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256))},
+        {"batch": "pf2k", "mask": "cw512", "heads": (4, 4)},
+    ),
     Sweep("scale", {"batch": ("pfvar", "dec"), "scale": (0.05, 0.3), "mask": ("none", "causal")}, {"heads": (8, 2)}),
     Sweep(
         "heads",

@@ -70,6 +70,7 @@ MASKS: dict[str, tuple[bool, tuple[int | None, int | None], int | None]] = {
     "w16-0": (False, (16, 0), None),
     "cw127": (True, (127, None), None),
     "cw128": (True, (128, None), None),
+    "cw512": (True, (512, None), None),
     "w32-32": (False, (32, 32), None),
     "w64-inf": (False, (64, None), None),
     "winf-16": (False, (None, 16), None),
