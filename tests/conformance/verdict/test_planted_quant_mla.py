@@ -1,0 +1,53 @@
+"""The verdict's margins on quantization and MLA: every planted bug in the quantized / MLA plumbing fails on
+every smoke case that exercises it, and the bug-free fake that reads the same stored tensors passes.
+
+Planted bugs (``tests/conformance/fakes.py``): descale dropped (vLLM 51363), per-tensor descale where
+per-head ones were given, fp8 bytes read in the other format, ``qv`` ignored, MLA's query assembled rope
+first, V padding not stripped (seed 004).  The error ratios printed by
+``python -m pytest tests/conformance/verdict/test_planted_quant_mla.py -s`` are the README's margins.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.cases.suites import get_suite
+from conformance.records import Status
+from conformance.verdict.check import check_backend, prepare_context
+from tests.conformance import fakes
+
+#: bug fake -> the features of which a case needs one to expose it.
+EXPOSED_BY = {
+    fakes.DescaleDroppedBackend: {"fp8_e4m3", "fp8_e5m2", "int8_t1", "int8_t2"},
+    fakes.PerTensorDescaleBackend: {"descale_head", "int8_t1", "int8_t2"},
+    fakes.WrongFp8FormatBackend: {"fp8_e4m3", "fp8_e5m2"},
+    fakes.QvIgnoredBackend: {"qv"},
+    fakes.RopeNopeSwappedBackend: {"qv"},
+    fakes.VPadNotStrippedBackend: {"v_pad"},
+}
+CASES = {c.id: c for c in get_suite("smoke") if c.features() & set().union(*EXPOSED_BY.values())}
+PAIRS = [(bug, cid) for bug, feats in EXPOSED_BY.items() for cid, c in CASES.items() if c.features() & feats]
+
+
+@pytest.fixture(scope="module")
+def contexts():
+    return {cid: prepare_context(case, 0, "cpu") for cid, case in CASES.items()}
+
+
+def test_every_planted_bug_meets_a_case():
+    assert {bug for bug, _ in PAIRS} == set(EXPOSED_BY) and len(PAIRS) >= 20
+
+
+@pytest.mark.parametrize("cid", sorted(CASES))
+def test_stored_exact_passes(contexts, cid):
+    res = check_backend(contexts[cid], fakes.StoredExactBackend())
+    assert res.status is Status.PASS, res.reason
+    print(f"\n{'fake-stored-exact':28s} {cid:70s} error ratio {res.stats.error_ratio:.3f}")
+
+
+@pytest.mark.parametrize("bug, cid", PAIRS, ids=[f"{b.name}-{c}" for b, c in PAIRS])
+def test_planted_bug_fails(contexts, bug, cid):
+    res = check_backend(contexts[cid], bug())
+    assert res.status is Status.FAIL, (res.status, res.reason)
+    ratio = "shape" if res.stats is None else f"{res.stats.error_ratio:.1f}"
+    print(f"\n{bug.name:28s} {cid:70s} error ratio {ratio}")
