@@ -148,7 +148,7 @@ def test_alibi_slopes_match_the_paper() -> None:
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(quant="fp8_e4m3"),
+        dict(quant="fp8_e4m3", kv_layout="NHD", block_size=32),
         dict(quant="fp8_e5m2", descale="head", kv_layout="HND", block_size=16),
         dict(quant="fp8_e4m3", quant_q=False, kv_layout="NHD", block_size=4),
         dict(quant="int8_t1", kv_layout="NHD", block_size=16),
