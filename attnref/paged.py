@@ -73,6 +73,36 @@ def _token_view(cache: torch.Tensor, layout: KVLayout) -> torch.Tensor:
     return cache if layout == "NHD" else cache.transpose(1, 2)
 
 
+def check_kv_write(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    layout: KVLayout,
+) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int], list[int]]:
+    """The checks of a slot-mapping cache write (this module's and :mod:`attnref.quant`'s), before anything is
+    written: returns the K and V cache geometries and the slots as a list."""
+    nb, bs, hk, d = cache_geometry(k_cache, layout)
+    nbv, bsv, hkv, dv = cache_geometry(v_cache, layout)
+    slots = as_int_list("slot_mapping", slot_mapping)
+    if not isinstance(key, torch.Tensor) or key.dim() != 3 or tuple(key.shape[1:]) != (hk, d):
+        raise ValueError(f"key must have shape (n, {hk}, {d}) to match k_cache, got {tuple(getattr(key, 'shape', ()))}")
+    if not isinstance(value, torch.Tensor) or value.dim() != 3 or tuple(value.shape[1:]) != (hkv, dv):
+        raise ValueError(
+            f"value must have shape (n, {hkv}, {dv}) to match v_cache, got {tuple(getattr(value, 'shape', ()))}"
+        )
+    if len(slots) != key.shape[0] or value.shape[0] != key.shape[0]:
+        raise ValueError(
+            f"slot_mapping ({len(slots)}), key ({key.shape[0]}) and value ({value.shape[0]}) "
+            "must have one entry per token"
+        )
+    for t, s in enumerate(slots):
+        if s < -1 or s >= nb * bs:
+            raise ValueError(f"slot_mapping[{t}] = {s} is outside the cache (-1 or 0 <= slot < {nb * bs})")
+    return (nb, bs, hk, d), (nbv, bsv, hkv, dv), slots
+
+
 @torch.no_grad()
 def write_kv_cache(
     key: torch.Tensor,
@@ -88,21 +118,7 @@ def write_kv_cache(
     (block ``slot // block_size``, offset ``slot % block_size``); slot ``-1`` is skipped (padding).
     """
     k_cache, v_cache = unstack_kv(k_cache, v_cache)
-    nb, bs, hk, d = cache_geometry(k_cache, layout)
-    _, _, hkv, dv = cache_geometry(v_cache, layout)
-    slots = as_int_list("slot_mapping", slot_mapping)
-    if key.dim() != 3 or tuple(key.shape[1:]) != (hk, d):
-        raise ValueError(f"key must have shape (n, {hk}, {d}) to match k_cache, got {tuple(key.shape)}")
-    if value.dim() != 3 or tuple(value.shape[1:]) != (hkv, dv):
-        raise ValueError(f"value must have shape (n, {hkv}, {dv}) to match v_cache, got {tuple(value.shape)}")
-    if len(slots) != key.shape[0] or value.shape[0] != key.shape[0]:
-        raise ValueError(
-            f"slot_mapping ({len(slots)}), key ({key.shape[0]}) and value ({value.shape[0]}) "
-            "must have one entry per token"
-        )
-    for t, s in enumerate(slots):
-        if s < -1 or s >= nb * bs:
-            raise ValueError(f"slot_mapping[{t}] = {s} is outside the cache (-1 or 0 <= slot < {nb * bs})")
+    (_, bs, _, _), _, slots = check_kv_write(key, value, k_cache, v_cache, slot_mapping, layout)
     keep = torch.tensor([t for t, s in enumerate(slots) if s >= 0], dtype=torch.long, device=key.device)
     if keep.numel() == 0:
         return

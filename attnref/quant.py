@@ -45,8 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .paged import KVLayout, cache_geometry, unstack_kv, write_kv_cache
-from .validate import as_int_list
+from .paged import KVLayout, cache_geometry, check_kv_write, unstack_kv, write_kv_cache
 
 __all__ = [
     "QuantFormat",
@@ -249,35 +248,6 @@ def expand_descale(scale: torch.Tensor, batch: int, num_kv_heads: int, name: str
     )
 
 
-def _check_kv_write(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    layout: KVLayout,
-) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int], list[int]]:
-    """The checks of :func:`attnref.paged.write_kv_cache`, same messages, run before anything is quantized."""
-    nb, bs, hk, d = cache_geometry(k_cache, layout)
-    nbv, bsv, hkv, dv = cache_geometry(v_cache, layout)
-    slots = as_int_list("slot_mapping", slot_mapping)
-    if not isinstance(key, torch.Tensor) or key.dim() != 3 or tuple(key.shape[1:]) != (hk, d):
-        raise ValueError(f"key must have shape (n, {hk}, {d}) to match k_cache, got {tuple(getattr(key, 'shape', ()))}")
-    if not isinstance(value, torch.Tensor) or value.dim() != 3 or tuple(value.shape[1:]) != (hkv, dv):
-        raise ValueError(
-            f"value must have shape (n, {hkv}, {dv}) to match v_cache, got {tuple(getattr(value, 'shape', ()))}"
-        )
-    if len(slots) != key.shape[0] or value.shape[0] != key.shape[0]:
-        raise ValueError(
-            f"slot_mapping ({len(slots)}), key ({key.shape[0]}) and value ({value.shape[0]}) "
-            "must have one entry per token"
-        )
-    for t, s in enumerate(slots):
-        if s < -1 or s >= nb * bs:
-            raise ValueError(f"slot_mapping[{t}] = {s} is outside the cache (-1 or 0 <= slot < {nb * bs})")
-    return (nb, bs, hk, d), (nbv, bsv, hkv, dv), slots
-
-
 def _kept(slots: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token indices with a slot (not -1) and their slots."""
     keep = torch.tensor([t for t, s in enumerate(slots) if s >= 0], dtype=torch.long, device=device)
@@ -321,7 +291,7 @@ def write_kv_cache_fp8(
             raise ValueError(f"{name} must have an fp8 dtype (torch.float8_e4m3fn or torch.float8_e5m2), got {got}")
     _check_per_tensor("k_scale", k_scale)
     _check_per_tensor("v_scale", v_scale)
-    _, _, slots = _check_kv_write(key, value, k_cache, v_cache, slot_mapping, layout)
+    _, _, slots = check_kv_write(key, value, k_cache, v_cache, slot_mapping, layout)
     keep, sel = _kept(slots, key.device)
     kq = _quantize(key[keep], k_scale, quant_format(k_cache.dtype), "key", "k_scale")
     vq = _quantize(value[keep], v_scale, quant_format(v_cache.dtype), "value", "v_scale")
@@ -364,7 +334,7 @@ def write_kv_cache_int8(
             "v_cache must be an fp16/bf16/fp32 cache when v_scale is None (type 2; an int8 v_cache needs v_scale), "
             f"got dtype {v_cache.dtype}"
         )
-    (nb, bs, hk, _), (_, _, hkv, dv), slots = _check_kv_write(key, value, k_cache, v_cache, slot_mapping, layout)
+    (nb, bs, hk, _), (_, _, hkv, dv), slots = check_kv_write(key, value, k_cache, v_cache, slot_mapping, layout)
     if (
         not isinstance(k_scale_cache, torch.Tensor)
         or tuple(k_scale_cache.shape) != (nb, hk, bs)
