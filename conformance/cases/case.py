@@ -23,6 +23,10 @@ against V, ``s = scale * (q.k + qv.v)`` (FA3 ``qv``; FlashMLA's 576-wide cache i
 takes precomputed scheduler metadata (vLLM's CUDA-graph path).  Features that arrived after the
 adapter API (:data:`OPT_IN_FEATURES`) are refused by an adapter unless it declares them.
 
+Engine replays (``engine`` and ``scenario``, :mod:`conformance.engines`): the case is one step of an engine
+backend's attention layer, replayed as that engine composes its kernel calls; ``requests`` are the step's
+sequences and the other fields the layer's configuration.
+
 JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from their defaults, so
 adding a field with a default keeps every existing id, hash and record valid; :meth:`from_json`
 ignores keys it does not know (records written by a newer version stay readable).
@@ -130,6 +134,8 @@ class AttentionCase:
     qv: bool = False
     v_padded: bool = False
     scheduler_metadata: bool = False
+    engine: str = ""
+    scenario: str = ""
     batch_name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -174,6 +180,8 @@ class AttentionCase:
         if self.num_splits is not None and self.num_splits < 1:
             yield f"num_splits must be >= 1 or None, got {self.num_splits}"
         yield from self._quant_problems()
+        if bool(self.engine) != bool(self.scenario):
+            yield f"engine and scenario must be set together, got engine={self.engine!r}, scenario={self.scenario!r}"
         if self.qv and self.head_dim_v is None:
             yield "qv needs head_dim_v (the width of qv and V, e.g. 512 for MLA's latent)"
         if self.v_padded and not self.dv < self.head_dim:
@@ -318,7 +326,8 @@ class AttentionCase:
         """Deterministic readable id, unique per case: readable axes plus a short content hash."""
         h, hk = self.num_heads, self.num_kv_heads
         kind = "mha" if h == hk else ("mqa" if hk == 1 else "gqa")
-        parts = [f"{kind}_h{h}_kv{hk}_d{self.head_dim}"]
+        parts = [f"{self.engine}-{self.scenario}"] if self.engine else []
+        parts.append(f"{kind}_h{h}_kv{hk}_d{self.head_dim}")
         if self.dv != self.head_dim:
             parts.append(f"dv{self.dv}")
         parts.append(self.dtype)

@@ -526,11 +526,18 @@ def _perf_quant_mla_cases() -> list[AttentionCase]:
     return cases
 
 
+def _engine_cases() -> list[AttentionCase]:
+    from conformance.engines import engine_cases  # the engines import the case model: import late
+
+    return engine_cases()
+
+
 SUITES: dict[str, Callable[[], list[AttentionCase]]] = {
     "smoke": lambda: _union(SMOKE),
     "default": lambda: _union(DEFAULT),
     "full": lambda: _union(FULL),
     "perf": _perf_cases,
+    "engines": _engine_cases,
 }
 
 

@@ -64,11 +64,19 @@ def _sync(device: str) -> None:
 
 
 def prepare_context(case: AttentionCase, seed: int = 0, device: str = "cpu") -> CaseContext:
-    """Inputs, reference and baseline of ``case`` on ``device``, computed once for every backend."""
+    """Inputs, reference and baseline of ``case`` on ``device``, computed once for every backend.
+
+    For an engine replay (``case.engine``) the reference and baseline are the engine's whole layer
+    (:meth:`conformance.engines.base.Engine.reference`)."""
     t0 = time.perf_counter()
     inputs = make_inputs(case, seed, device)
-    ref = reference(case, inputs)
-    base = baseline(case, inputs)
+    if case.engine:
+        from conformance.engines import get_engine
+
+        engine = get_engine(case.engine)
+        ref, base = engine.reference(case, inputs), engine.baseline(case, inputs)
+    else:
+        ref, base = reference(case, inputs), baseline(case, inputs)
     _sync(device)
     return CaseContext(case, seed, device, inputs, ref, base, time.perf_counter() - t0)
 
@@ -143,8 +151,14 @@ def check_backend(
             extra=extra,
         )
 
+    engine = None
+    if case.engine:
+        from conformance.engines import get_engine
+
+        engine = get_engine(case.engine)
+        extra["engine"] = {"engine": case.engine, "scenario": case.scenario, "seed": engine.seed}
     try:
-        support = backend.supports(case, ctx.device)
+        support = backend.supports(case, ctx.device) if engine is None else engine.supports(case, backend, ctx.device)
     except Exception as exc:
         return finish(Status.ERROR, f"supports() raised {_exc_line(exc)}")
     if not support:
@@ -152,14 +166,15 @@ def check_backend(
     tol = resolve(case, backend.name, overrides)
     extra["tolerance"] = tol.fields()
     try:
-        fn = backend.prepare(case, _fresh_inputs(ctx.inputs))
-        notes = getattr(fn, "notes", ())
-        if notes:
-            extra["notes"] = list(notes)
+        inputs = _fresh_inputs(ctx.inputs)
+        fn = backend.prepare(case, inputs) if engine is None else engine.prepare(case, inputs, backend, ctx.device)
         t0 = time.perf_counter()
         result = fn()
         _sync(ctx.device)
         clock["kernel"] = time.perf_counter() - t0
+        notes = getattr(fn, "notes", ())  # read after the call: an engine lists the calls it made
+        if notes:
+            extra["notes"] = list(notes)
     except Exception as exc:
         return finish(Status.ERROR, _exc_line(exc))
     if not isinstance(result, KernelOutput):
