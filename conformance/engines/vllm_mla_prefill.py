@@ -28,6 +28,7 @@ import torch
 from attnfast.base import Backend, KernelOutput, Support
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.cases.sweep import MLA_SCALE
 
 from .base import Engine, EngineRun, Kernel, Request
 from .calls import call_case, contiguous_call
@@ -36,8 +37,8 @@ from .merge import merge_attn_states
 __all__ = ["VllmMLAPrefill"]
 
 QK_DIM, V_DIM = 192, 128
-#: DeepSeek's softmax scale 1/sqrt(qk_nope + qk_rope), passed explicitly as vLLM does.
-SCALE = QK_DIM**-0.5
+#: DeepSeek's softmax scale 1/sqrt(qk_nope + qk_rope) (rounded), passed explicitly as vLLM does.
+SCALE = MLA_SCALE
 
 #: scenario -> (requests, context chunk size).
 SCENARIOS: dict[str, tuple[tuple[Request, ...], int]] = {
