@@ -226,3 +226,16 @@ def test_a_refused_call_makes_the_replay_unsupported_with_its_label():
     merge_case = case.replace(window=(8, None))
     with pytest.raises(ValueError, match="without window"):
         MergeStates().plan(merge_case)
+
+
+def test_report_section_lists_each_engines_scenarios_per_kernel():
+    from conformance.reporting.engine_table import engine_sections
+
+    cases = [c for c in OUR if c.scenario in ("split_mid", "context_one_chunk")][:3]
+    results = [check_backend(prepare_context(c, 0, "cpu"), get_backend("sdpa-cpu")) for c in cases]
+    results.append(check_backend(prepare_context(cases[0], 0, "cpu"), get_backend("fa2")))  # unsupported on cpu
+    sections = engine_sections(results, ["fa2", "sdpa-cpu"])
+    assert [s["engine"] for s in sections] == sorted({c.engine for c in cases})
+    row = next(r for s in sections for r in s["rows"] if r["case_id"] == cases[0].id)
+    assert row["cells"][0]["status"] == "unsupported" and row["cells"][1]["text"].startswith("pass ")
+    assert row["notes"] and row["notes"][0].startswith("fa2: unsupported: ")
