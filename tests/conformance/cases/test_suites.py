@@ -7,7 +7,7 @@ import pytest
 from conformance.cases.case import FEATURES, AttentionCase
 from conformance.cases.suites import get_suite, suite_names
 
-SIZES = {"smoke": (80, 150), "default": (1500, 4000), "full": (10000, 40000), "perf": (20, 200)}
+SIZES = {"smoke": (80, 150), "default": (1500, 4000), "full": (10000, 40000), "perf": (20, 200), "engines": (10, 2000)}
 
 
 @pytest.mark.parametrize("name", suite_names())
@@ -18,6 +18,7 @@ def test_suite_size_and_unique_ids(name: str) -> None:
     ids = [c.id for c in cases]
     assert len(set(ids)) == len(ids)
     assert ids == [c.id for c in get_suite(name)]  # stable order
+    assert all(bool(c.engine) == (name == "engines") for c in cases), "engine cases live in the engines suite"
 
 
 @pytest.mark.parametrize("name", ["smoke", "default"])
