@@ -1,0 +1,428 @@
+"""Seed ``000``: vLLM V0's differential attention backend (``DifferentialFlashAttentionImpl``, arXiv 2410.05258).
+
+The layer, as the seed's impl sees it (``num_heads`` H, ``num_kv_heads`` Hk, ``head_size`` D: the case's
+``num_heads``, ``num_kv_heads`` and ``head_dim``; both head counts even, ``head_dim_v`` unset):
+
+1. ``split_heads``: ``(H two) D -> H two D``: even heads are group 1 (``q1``, ``k1``, ``v1``), odd heads group 2,
+   so each kernel call sees H/2 query heads and Hk/2 kv heads (GQA ratio H/Hk kept);
+2. the KV cache ``(2, 2, num_blocks, block_size, Hk/2, D)`` (group, K/V, NHD block): ``(k1, v1)`` written into
+   ``kv_cache[0]`` and ``(k2, v2)`` into ``kv_cache[1]`` through the step's slot mapping
+   (``reshape_and_cache_flash``: :func:`attnref.write_kv_cache`), before any call;
+3. four calls of ``forward_generate_kv_cache``: ``attn11 = (q1, k1, v1)``, ``attn12 = (q1, k1, v2)``,
+   ``attn21 = (q2, k2, v1)``, ``attn22 = (q2, k2, v2)``; each runs the prompts (packed, first) with
+   ``flash_attn_varlen_func`` over their new keys (``cu_seqlens_q = cu_seqlens_k = seq_start_loc``, causal)
+   and the decodes (after them) with ``flash_attn_with_kvcache`` through ``block_tables`` and ``seq_lens``,
+   reading key cache ``g`` and value cache ``g'`` of the pair;
+4. ``attn1 = [attn11 | attn12]``, ``attn2 = [attn21 | attn22]`` (``(T, H/2, 2D)``), ``lambda_full =
+   exp(sum(lambda_q1 * lambda_k1)) - exp(sum(lambda_q2 * lambda_k2)) + lambda_init`` (cast to the activation
+   dtype: ``type_as(q)``), ``attn = attn1 - lambda_full * attn2``, ``subln`` (the model's
+   ``nn.RMSNorm(2D, eps=1e-5)``), ``* (1 - lambda_init)``, ``H (two D) -> (H two) D``.
+
+Output: ``(total_q, H, D)`` in the case dtype: head ``2i`` is ``attn[:, i, :D]``, head ``2i + 1`` is
+``attn[:, i, D:]`` (the seed's ``view(-1, H * D)`` split back into heads); no LSE (the forward returns None, so
+only the output is judged).  The layer's parameters (:func:`layer_params`: lambda vectors ``N(0, 0.1)`` of
+size D in fp32, ``lambda_init = 0.8 - 0.6 exp(-0.3 depth)``, subln weight in the activation dtype) come from a
+generator seeded from the case (run seed 0 in the formula: the protocol does not pass the run seed).
+
+Oracle (:meth:`VllmDifferentialAttention.reference`): the two softmaxes ``softmax(q1 k1^T)`` and
+``softmax(q2 k2^T)`` over every key of each request (:func:`attnref.attention_varlen`, fp32 / fp64 for fp32
+inputs, the case's mask) times ``[v1 | v2]``, and the formula above in the same precision, without the four
+calls or the cache.  Baseline: the same with :func:`conformance.verdict.baseline.baseline` for the two
+softmaxes and the combination in the activation dtype, as the seed computes it.
+
+Departures from the seed: the seed raises "prefix caching not supported" for a prompt with cached context
+(and its builder asserts chunked prefill off); the ``prefix_cached`` scenario replays what vLLM V0's
+FlashAttention backend (seed 002) does there, the same four calls with the prompts read through their block
+tables (``cu_seqlens_q`` + ``seqused_k``).  Not modelled: the cross-layer shared-KV path
+(``forward_with_kv_cache_only``: ``q.unsqueeze(1)`` with per-sequence block tables, consistent only for
+decodes), ALiBi (the seed passes H slopes to calls of H/2 heads), fp8 caches, CUDA-graph padding, and V0's
+sliding-window slot padding / cyclic blocks (never read within one step).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+import attnref
+from attnfast.base import KernelOutput
+from attnref import AttnResult
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
+
+from .base import Engine, Kernel, Request
+from .calls import STALE, PagedKV, call_case, contiguous_call, cu_seqlens, paged_call
+
+__all__ = ["DiffMetadata", "DiffParams", "VllmDifferentialAttention", "layer_params", "validate_metadata"]
+
+SUPPORTED_HEAD_SIZES = (32, 64, 96, 128, 160, 192, 224, 256)  # FlashAttentionBackend.get_supported_head_sizes
+RMS_EPS = 1e-5  # the model's subln = nn.RMSNorm(2 * head_dim, eps=1e-5)
+PARAM_SEED = 0  # the run seed in the parameter generator's formula (see the module docstring)
+#: the four calls: name -> (query group, key group, value group)
+PAIRS = {"attn11": (0, 0, 0), "attn12": (0, 0, 1), "attn21": (1, 1, 0), "attn22": (1, 1, 1)}
+
+#: scenario -> (requests, prompts first as V0 packs them; heads (H, Hk); block size; window)
+SCENARIOS: dict[str, tuple[tuple[Request, ...], tuple[int, int], int, tuple[int | None, int | None]]] = {
+    "prefill": ((Request(37), Request(64), Request(5)), (8, 8), 16, (None, None)),
+    # a prefix-cache hit (and a chunk of a longer prompt): every prompt read through its block table
+    "prefix_cached": ((Request(24, cached=40), Request(16, cached=33), Request(9)), (8, 4), 16, (None, None)),
+    # per call 4 query heads on 1 kv head; seq lens across block boundaries
+    "decode": ((Request(1, cached=49), Request(1, cached=16), Request(1, cached=128)), (8, 2), 32, (None, None)),
+    "mixed": ((Request(30), Request(12), Request(1, cached=39), Request(1, cached=76)), (8, 8), 16, (None, None)),
+    # per call 8 query heads on 2 kv heads; sliding window 48 (FA window (47, 0))
+    "gqa": ((Request(70), Request(1, cached=90), Request(1, cached=20)), (16, 4), 16, (47, 0)),
+}
+
+
+@dataclass(frozen=True)
+class DiffParams:
+    """The layer's parameters: ``lambda_*`` (D,) fp32, ``subln_weight`` (2D,) in the activation dtype."""
+
+    lambda_q1: torch.Tensor
+    lambda_k1: torch.Tensor
+    lambda_q2: torch.Tensor
+    lambda_k2: torch.Tensor
+    lambda_init: float
+    subln_weight: torch.Tensor
+
+
+def layer_params(case: AttentionCase, device: torch.device | str = "cpu") -> DiffParams:
+    """Deterministic parameters of the case's layer (SambaYAttention's shapes and initialisation ranges)."""
+    gen = torch.Generator().manual_seed(PARAM_SEED * 1_000_003 + int(case.digest(), 16) + 1)
+    d = case.head_dim
+    lq1, lk1, lq2, lk2 = (torch.randn(d, generator=gen) * 0.1 for _ in range(4))
+    depth = int(torch.randint(1, 25, (1,), generator=gen))
+    weight = (1.0 + 0.1 * torch.randn(2 * d, generator=gen)).to(case.torch_dtype)
+    lambdas = [x.to(device) for x in (lq1, lk1, lq2, lk2)]
+    return DiffParams(*lambdas, lambda_init=0.8 - 0.6 * math.exp(-0.3 * depth), subln_weight=weight.to(device))
+
+
+def _lambda_full(p: DiffParams, dtype: torch.dtype) -> torch.Tensor:
+    """The seed's ``lambda_full``: exp of fp32 sums, ``type_as(q)``, plus ``lambda_init``."""
+    lambda_1 = torch.exp(torch.sum(p.lambda_q1 * p.lambda_k1, dim=-1).float()).to(dtype)
+    lambda_2 = torch.exp(torch.sum(p.lambda_q2 * p.lambda_k2, dim=-1).float()).to(dtype)
+    return lambda_1 - lambda_2 + p.lambda_init
+
+
+def _subln(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight.to(x.dtype), eps=RMS_EPS)
+
+
+def _merge_heads(attn: torch.Tensor) -> torch.Tensor:
+    """``... H (two D) -> ... (H two) D``."""
+    t, h2, d2 = attn.shape
+    return attn.reshape(t, h2, 2, d2 // 2).reshape(t, 2 * h2, d2 // 2)
+
+
+def _combine_lowp(case: AttentionCase, p: DiffParams, attn1: torch.Tensor, attn2: torch.Tensor) -> torch.Tensor:
+    """The seed's combination in the activation dtype (the baseline's; the engine runs it as overridable steps)."""
+    attn = attn1 - _lambda_full(p, attn1.dtype) * attn2
+    return _merge_heads(_subln(attn, p.subln_weight) * (1 - p.lambda_init))
+
+
+@dataclass
+class DiffMetadata:
+    """What ``DifferentialFlashAttentionMetadataBuilder.build`` hands the impl (device tensors), plus the block
+    manager's per-sequence ``blocks`` and the cache's ``num_blocks``.  ``block_tables`` rows are padded with 0
+    (``make_tensor_with_pad``); a prompt without a prefix-cache hit has an empty row."""
+
+    num_prefills: int
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    query_start_loc: torch.Tensor  # int32 (b + 1,)
+    seq_start_loc: torch.Tensor  # int32 (b + 1,)
+    seq_lens: torch.Tensor  # int32 (b,)
+    block_tables: torch.Tensor  # int32 (b, max_blocks)
+    slot_mapping: torch.Tensor  # int64 (num_tokens,): the step's new tokens
+    prefix_cache_hit: bool
+    blocks: list[list[int]]
+    num_blocks: int
+
+
+def _diffs(cu: Sequence[int]) -> list[int]:
+    return [int(b) - int(a) for a, b in zip(cu, cu[1:])]
+
+
+def validate_metadata(meta: DiffMetadata, *, num_tokens: int, block_size: int) -> None:
+    """Raise ``ValueError`` naming the field when the metadata cannot describe a step of ``num_tokens`` tokens."""
+    qsl = [int(x) for x in meta.query_start_loc.tolist()]
+    seq = [int(x) for x in meta.seq_lens.tolist()]
+    b, np_ = len(seq), meta.num_prefills
+    if len(qsl) != b + 1 or qsl[0] != 0 or any(x > y for x, y in zip(qsl, qsl[1:])) or qsl[-1] != num_tokens:
+        raise ValueError(
+            f"query_start_loc must be non-decreasing from 0 to the {num_tokens} query tokens with one entry per "
+            f"sequence plus one ({b + 1}), got {qsl}"
+        )
+    qls = _diffs(qsl)
+    for i, (ql, sl) in enumerate(zip(qls, seq)):
+        if sl < ql:
+            raise ValueError(f"seq_lens[{i}] = {sl} is shorter than the {ql} query tokens query_start_loc gives it")
+        if i >= np_ and ql != 1:
+            raise ValueError(f"query_start_loc gives decode {i} {ql} query tokens; V0 decodes have 1")
+    if not 0 <= np_ <= b or qsl[np_] != meta.num_prefill_tokens or meta.num_decode_tokens != num_tokens - qsl[np_]:
+        raise ValueError(
+            f"num_prefills ({np_}), num_prefill_tokens ({meta.num_prefill_tokens}) and num_decode_tokens "
+            f"({meta.num_decode_tokens}) must match query_start_loc {qsl}"
+        )
+    ssl = [int(x) for x in meta.seq_start_loc.tolist()]
+    if not meta.prefix_cache_hit and ssl[: np_ + 1] != qsl[: np_ + 1]:
+        raise ValueError(f"seq_start_loc {ssl} must equal query_start_loc {qsl} over the prompts (no cached context)")
+    table = meta.block_tables
+    if table.dim() != 2 or table.shape[0] != b:
+        raise ValueError(f"block_tables must have one row per sequence ({b}), got shape {tuple(table.shape)}")
+    for i in range(0 if meta.prefix_cache_hit else np_, b):  # the sequences read through the cache
+        need = -(-seq[i] // block_size)
+        if need > table.shape[1]:
+            raise ValueError(
+                f"block_tables has {table.shape[1]} columns; sequence {i} needs {need} blocks of {block_size} "
+                f"for seq_lens[{i}] = {seq[i]}"
+            )
+        row = [int(x) for x in table[i, :need].tolist()]
+        if any(not 0 <= x < meta.num_blocks for x in row):
+            raise ValueError(f"block_tables[{i}] = {row} holds a block outside the cache's {meta.num_blocks}")
+    slots = meta.slot_mapping
+    if slots.numel() != num_tokens or bool(((slots < -1) | (slots >= meta.num_blocks * block_size)).any()):
+        raise ValueError(
+            f"slot_mapping must hold one slot per query token ({num_tokens}) in [-1, {meta.num_blocks * block_size})"
+        )
+
+
+def _is_decode(ql: int, kl: int) -> bool:
+    return ql == 1 and kl > 1
+
+
+class VllmDifferentialAttention(Engine):
+    """Seed 000 replayed: stripes, four attention calls per branch, lambda, subln (see the module docstring)."""
+
+    name = "vllm_diff"
+    seed = "000"
+    description = "vLLM V0 differential attention: stripe head split, 4 calls, attn1 - lambda * attn2, subln"
+
+    def cases(self) -> list[AttentionCase]:
+        out = []
+        for scenario, (reqs, (h, hk), block, window) in SCENARIOS.items():
+            for dtype in ("bf16", "fp16"):
+                out.append(
+                    AttentionCase(
+                        requests=tuple((r.new, r.kv) for r in reqs),
+                        num_heads=h,
+                        num_kv_heads=hk,
+                        head_dim=64,
+                        dtype=dtype,
+                        kv_layout="NHD",
+                        block_size=block,
+                        causal=True,
+                        window=window,
+                        engine=self.name,
+                        scenario=scenario,
+                    )
+                )
+        return out
+
+    def check(self, case: AttentionCase) -> None:
+        if case.scenario not in SCENARIOS:
+            raise ValueError(
+                f"scenario must be one of {sorted(SCENARIOS)} for engine {self.name}, got {case.scenario!r}"
+            )
+        if case.num_heads % 2 or case.num_kv_heads % 2:
+            raise ValueError(f"num_heads ({case.num_heads}) and num_kv_heads ({case.num_kv_heads}) must be even")
+        if case.head_dim not in SUPPORTED_HEAD_SIZES or case.dv != case.head_dim:
+            raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_SIZES} with head_dim_v unset")
+        if case.kv_layout != "NHD" or case.block_size is None or case.block_size % 16:
+            raise ValueError("the cache must be NHD with a block size multiple of 16 (get_kv_cache_shape)")
+        if not case.causal or case.alibi or case.sinks or case.quant != "none" or case.qv or case.chunk is not None:
+            raise ValueError(f"engine {self.name} replays causal decoder attention (no alibi, sinks, quant, qv, chunk)")
+        if case.append or case.num_splits is not None or case.v_padded or case.scheduler_metadata:
+            raise ValueError(f"engine {self.name} makes its own cache writes and calls (no append, splits, ...)")
+        kinds = [_is_decode(ql, kl) for ql, kl in case.requests]
+        if any(ql < 1 for ql in case.q_lens) or kinds != sorted(kinds):
+            raise ValueError("requests must each have new tokens, prompts listed before decodes (V0's batch)")
+        if case.has_window and any(kl > ql > 1 for ql, kl in case.requests):
+            raise ValueError("V0 disables prefix caching with a sliding window: no prompt with cached context")
+
+    # ------------------------------------------------------------------ metadata (the V0 builder)
+    def metadata(self, case: AttentionCase, device: torch.device | str = "cpu") -> DiffMetadata:
+        """Block manager (shuffled blocks, one spare) and ``DifferentialFlashAttentionMetadataBuilder.build``."""
+        bs = case.block_size
+        assert bs is not None
+        need = [max(1, -(-kl // bs)) for kl in case.kv_lens]
+        num_blocks = sum(need) + 1
+        gen = torch.Generator().manual_seed(int(case.digest(), 16) + 2)
+        perm = torch.randperm(num_blocks, generator=gen).tolist()
+        blocks = [perm[sum(need[:b]) : sum(need[: b + 1])] for b in range(case.batch)]
+        num_prefills = sum(not _is_decode(ql, kl) for ql, kl in case.requests)
+        hit = any(kl > ql for ql, kl in case.requests[:num_prefills])
+        rows = [blocks[b] if hit or b >= num_prefills else [] for b in range(case.batch)]
+        table = torch.zeros(case.batch, max(len(r) for r in rows), dtype=torch.int32)
+        for b, r in enumerate(rows):
+            table[b, : len(r)] = torch.tensor(r, dtype=torch.int32)
+        slots = [
+            blocks[b][t // bs] * bs + t % bs for b, (ql, kl) in enumerate(case.requests) for t in range(kl - ql, kl)
+        ]
+        qsl = cu_seqlens(case.q_lens, device)
+        return DiffMetadata(
+            num_prefills=num_prefills,
+            num_prefill_tokens=int(qsl[num_prefills]),
+            num_decode_tokens=case.total_q - int(qsl[num_prefills]),
+            query_start_loc=qsl,
+            seq_start_loc=cu_seqlens(case.kv_lens, device),
+            seq_lens=torch.tensor(case.kv_lens, dtype=torch.int32, device=device),
+            block_tables=table.to(device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            prefix_cache_hit=hit,
+            blocks=blocks,
+            num_blocks=num_blocks,
+        )
+
+    def _calls(self, case: AttentionCase, meta: DiffMetadata) -> list[tuple[str, AttentionCase]]:
+        """The calls of the four pairs, in the seed's order, each call's requests read from the metadata."""
+        np_ = meta.num_prefills
+        qls, seq = _diffs(meta.query_start_loc.tolist()), [int(x) for x in meta.seq_lens.tolist()]
+        half = dict(num_heads=case.num_heads // 2, num_kv_heads=case.num_kv_heads // 2)
+        parts = []
+        if np_:
+            if meta.prefix_cache_hit:  # V0 FlashAttention's prefix path: paged, seqused_k
+                parts.append(("prefill", call_case(case, list(zip(qls[:np_], seq[:np_])), **half)))
+            else:  # flash_attn_varlen_func over the new keys: cu_seqlens_k = seq_start_loc
+                kls = _diffs(meta.seq_start_loc.tolist()[: np_ + 1])
+                contiguous = dict(kv_layout="contiguous", block_size=None, **half)
+                parts.append(("prefill", call_case(case, list(zip(qls[:np_], kls)), **contiguous)))
+        if meta.num_decode_tokens:  # flash_attn_with_kvcache: block_tables, cache_seqlens = seq_lens
+            parts.append(("decode", call_case(case, list(zip(qls[np_:], seq[np_:])), **half)))
+        return [(f"{pair} {kind}", c) for pair in PAIRS for kind, c in parts]
+
+    def plan(self, case: AttentionCase) -> list[tuple[str, AttentionCase]]:
+        self.check(case)
+        meta = self.metadata(case)
+        assert case.block_size is not None
+        validate_metadata(meta, num_tokens=case.total_q, block_size=case.block_size)
+        return self._calls(case, meta)
+
+    # ------------------------------------------------------------------ the impl's steps (overridable)
+    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``... (H two) D -> ... H two D``; stripes 0 and 1."""
+        x = x.reshape(*x.shape[:-2], x.shape[-2] // 2, 2, x.shape[-1])
+        return x[..., 0, :].contiguous(), x[..., 1, :].contiguous()
+
+    def read_caches(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``split_kv_cache`` twice: ``(key_cache1, value_cache1, key_cache2, value_cache2)``."""
+        kv_cache1, kv_cache2 = kv_cache[0], kv_cache[1]
+        return kv_cache1[0], kv_cache1[1], kv_cache2[0], kv_cache2[1]
+
+    def combine(self, attn1: torch.Tensor, attn2: torch.Tensor, lambda_full: torch.Tensor) -> torch.Tensor:
+        return attn1 - lambda_full * attn2
+
+    def subln(self, attn: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return _subln(attn, weight)
+
+    def scale_output(self, attn: torch.Tensor, lambda_init: float) -> torch.Tensor:
+        return attn * (1 - lambda_init)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, case: AttentionCase, inputs: CaseInputs, kernel: Kernel) -> KernelOutput:
+        self.check(case)
+        dev, dt, bs = inputs.q.device, case.torch_dtype, case.block_size
+        assert bs is not None
+        meta = self.metadata(case, dev)
+        validate_metadata(meta, num_tokens=inputs.q.shape[0], block_size=bs)
+        calls = dict(self._calls(case, meta))
+        params = layer_params(case, dev)
+        cu_k = [int(x) for x in inputs.cu_seqlens_k.tolist()]
+        ctx = [kl - ql for ql, kl in case.requests]
+        shape = (2, 2, meta.num_blocks, bs, case.num_kv_heads // 2, case.head_dim)
+        kv_cache = torch.full(shape, STALE, dtype=torch.float32, device=dev).to(dt)
+        # the cache as earlier steps left it: every request's cached context, written the same way
+        old = [(b, t) for b, c in enumerate(ctx) for t in range(c)]
+        if old:
+            rows = torch.tensor([cu_k[b] + t for b, t in old], device=dev)
+            slots = torch.tensor([meta.blocks[b][t // bs] * bs + t % bs for b, t in old], device=dev)
+            for g, (k, v) in enumerate(zip(self.split_heads(inputs.k[rows]), self.split_heads(inputs.v[rows]))):
+                attnref.write_kv_cache(k, v, kv_cache[g], None, slots)
+        new = torch.cat([torch.arange(cu_k[b] + ctx[b], cu_k[b + 1]) for b in range(case.batch)]).to(dev)
+        qs, ks, vs = self.split_heads(inputs.q), self.split_heads(inputs.k[new]), self.split_heads(inputs.v[new])
+        for g in (0, 1):  # populate_kv_cache: (k1, v1) -> kv_cache[0], (k2, v2) -> kv_cache[1]
+            attnref.write_kv_cache(ks[g], vs[g], kv_cache[g], None, meta.slot_mapping)
+        key_cache1, value_cache1, key_cache2, value_cache2 = self.read_caches(kv_cache)
+        key_caches, value_caches = (key_cache1, key_cache2), (value_cache1, value_cache2)
+        outs = {}
+        for pair, (gq, gk, gv) in PAIRS.items():
+            outs[pair] = self._generate(
+                pair, calls, meta, kernel, qs[gq], ks[gk], vs[gv], key_caches[gk], value_caches[gv], bs
+            )
+        attn1 = torch.cat([outs["attn11"], outs["attn12"]], dim=-1)
+        attn2 = torch.cat([outs["attn21"], outs["attn22"]], dim=-1)
+        attn = self.combine(attn1, attn2, _lambda_full(params, dt))
+        attn = self.scale_output(self.subln(attn, params.subln_weight), params.lambda_init)
+        return KernelOutput(_merge_heads(attn), None)
+
+    def _generate(self, pair, calls, meta, kernel, q, k, v, k_cache, v_cache, bs) -> torch.Tensor:
+        """``forward_generate_kv_cache``: prompts first (new keys, or the cache on a prefix hit), then decodes."""
+        npt, np_ = meta.num_prefill_tokens, meta.num_prefills
+        out = torch.empty_like(q)
+        if np_:
+            label = f"{pair} prefill"
+            if meta.prefix_cache_hit:
+                table = meta.block_tables[:np_]
+                call = paged_call(label, calls[label], q[:npt], PagedKV(k_cache, v_cache, table, [], bs, "NHD"), table)
+            else:
+                call = contiguous_call(label, calls[label], q[:npt], k[:npt], v[:npt])
+            out[:npt] = kernel(call).out
+        if meta.num_decode_tokens:
+            label, table = f"{pair} decode", meta.block_tables[np_:]
+            call = paged_call(label, calls[label], q[npt:], PagedKV(k_cache, v_cache, table, [], bs, "NHD"), table)
+            out[npt:] = kernel(call).out
+        return out
+
+    # ------------------------------------------------------------------ oracle and baseline
+    def _half_case(self, case: AttentionCase) -> AttentionCase:
+        """One softmax group over all keys: H/2 query heads, Hk/2 kv heads, V = [v1 | v2] (2D wide)."""
+        return call_case(
+            case,
+            case.requests,
+            num_heads=case.num_heads // 2,
+            num_kv_heads=case.num_kv_heads // 2,
+            head_dim_v=2 * case.head_dim,
+            kv_layout="contiguous",
+            block_size=None,
+        )
+
+    def _groups(self, inputs: CaseInputs, dtype: torch.dtype):
+        q, k, v = inputs.q.to(dtype), inputs.k.to(dtype), inputs.v.to(dtype)
+        v12 = torch.cat([v[:, 0::2], v[:, 1::2]], dim=-1)
+        return [(q[:, g::2].contiguous(), k[:, g::2].contiguous(), v12) for g in (0, 1)]
+
+    def reference(self, case: AttentionCase, inputs: CaseInputs) -> AttnResult:
+        """The layer over every key in fp32 (fp64 for fp32 inputs); LSE NaN: the layer has none."""
+        from conformance.verdict.reference import case_options, default_numerics, strict_fp32
+
+        numerics = default_numerics(case)
+        ct = numerics.dtype
+        p = layer_params(case, inputs.q.device)
+        with strict_fp32():
+            attn1, attn2 = (
+                attnref.attention_varlen(
+                    q, k, v, inputs.cu_seqlens_q, inputs.cu_seqlens_k, options=case_options(case), numerics=numerics
+                ).out.to(ct)
+                for q, k, v in self._groups(inputs, ct)
+            )
+        l1 = math.exp(float(torch.sum(p.lambda_q1.double() * p.lambda_k1.double())))
+        l2 = math.exp(float(torch.sum(p.lambda_q2.double() * p.lambda_k2.double())))
+        attn = attn1 - (l1 - l2 + p.lambda_init) * attn2
+        attn = attn * torch.rsqrt(attn.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS) * p.subln_weight.to(ct)
+        out = _merge_heads(attn * (1 - p.lambda_init))
+        return AttnResult(out, torch.full((case.num_heads, case.total_q), math.nan, dtype=ct, device=out.device))
+
+    def baseline(self, case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Same-dtype softmaxes (:func:`conformance.verdict.baseline.baseline`), combined in the activation dtype."""
+        from conformance.verdict.baseline import baseline
+
+        half = self._half_case(case)
+        parts = []
+        for q, k, v in self._groups(inputs, case.torch_dtype):
+            sub = CaseInputs(half, q, k, v, inputs.cu_seqlens_q, inputs.cu_seqlens_k, inputs.seqlens_k)
+            parts.append(baseline(half, sub)[0])
+        out = _combine_lowp(case, layer_params(case, inputs.q.device), parts[0], parts[1])
+        return out, torch.full((case.num_heads, case.total_q), math.nan, device=out.device)
