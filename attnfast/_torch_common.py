@@ -172,11 +172,20 @@ def _write_paged(
         cache[blocks, offs] = values.to(cache.dtype)
 
 
-def _seq_scale(scale: torch.Tensor, b: int, groups: int = 1) -> torch.Tensor:
-    """A ``(1,)`` or ``(batch, hk)`` fp8 descale as a ``(1, heads, 1)`` factor for sequence ``b``."""
-    if scale.numel() == 1:
-        return scale.reshape(1, 1, 1)
-    return scale[b].repeat_interleave(groups)[None, :, None]
+def _seq_scale(case: AttentionCase, scale: torch.Tensor, b: int, groups: int = 1) -> torch.Tensor:
+    """A ``(1,)`` (``descale="tensor"``) or ``(batch, hk)`` (``"head"``) fp8 descale as a ``(1, heads, 1)`` factor for
+    sequence ``b``; a per-head case whose descale has another shape raises, as FA3 does ("q_descale must have
+    shape (batch_size, num_heads_k)"), so a caller that forgets vLLM's ``expand`` is caught here too."""
+    if case.descale_mode == "head":
+        want = (case.batch, case.num_kv_heads)
+        if tuple(scale.shape) != want:
+            raise ValueError(
+                f"descale must have shape {want} (batch, kv heads) for descale='head', got {tuple(scale.shape)}"
+            )
+        return scale[b].repeat_interleave(groups)[None, :, None]
+    if scale.numel() != 1:
+        raise ValueError(f"descale must have one element for descale='tensor', got shape {tuple(scale.shape)}")
+    return scale.reshape(1, 1, 1)
 
 
 def _dequant_q(
@@ -191,7 +200,7 @@ def _dequant_q(
     assert quant.q_descale is not None
     if quant.fmt == "int8":
         return quant.q[rows].float() * quant.q_descale[rows][..., None], None
-    factor = _seq_scale(quant.q_descale, b, case.num_heads // case.num_kv_heads)
+    factor = _seq_scale(case, quant.q_descale, b, case.num_heads // case.num_kv_heads)
     if quant.qv is not None:
         qv = quant.qv[rows].float() * factor
     return quant.q[rows].float() * factor, qv
@@ -214,7 +223,7 @@ def _dequant_kv(
         vd = v.float() if quant.v_descale is None else v.float() * quant.v_descale[None]
         return kd, vd
     assert quant.v_descale is not None
-    return k.float() * _seq_scale(quant.k_descale, b), v.float() * _seq_scale(quant.v_descale, b)
+    return k.float() * _seq_scale(case, quant.k_descale, b), v.float() * _seq_scale(case, quant.v_descale, b)
 
 
 def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:

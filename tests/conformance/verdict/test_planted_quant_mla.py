@@ -51,3 +51,18 @@ def test_planted_bug_fails(contexts, bug, cid):
     assert res.status is Status.FAIL, (res.status, res.reason)
     ratio = "shape" if res.stats is None else f"{res.stats.error_ratio:.1f}"
     print(f"\n{bug.name:28s} {cid:70s} error ratio {ratio}")
+
+
+def test_cpu_backends_refuse_a_per_tensor_descale_on_a_per_head_call():
+    """A caller that forgets vLLM's ``expand`` to (batch, hk) is caught, as FA3 catches it (measured message:
+    "q_descale must have shape (batch_size, num_heads_k)")."""
+    import dataclasses
+
+    from attnfast.registry import get_backend
+    from conformance.cases.inputs import make_inputs
+
+    case = next(c for c in CASES.values() if "descale_head" in c.features())
+    inputs = make_inputs(case)
+    inputs.quant = dataclasses.replace(inputs.quant, k_descale=inputs.quant.k_descale[:1, :1].reshape(1))
+    with pytest.raises(ValueError, match=r"descale must have shape \(\d+, \d+\) \(batch, kv heads\)"):
+        get_backend("sdpa-cpu").prepare(case, inputs)
