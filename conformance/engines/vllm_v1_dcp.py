@@ -50,9 +50,11 @@ from conformance.cases.inputs import CaseInputs
 from .base import Kernel
 from .calls import PagedKV, call_case, contiguous_call, paged_call
 from .merge import merge_attn_states
+from .vllm_v1_metadata import get_dcp_local_seq_lens
 
 if TYPE_CHECKING:
-    from .vllm_v1_fa import Step, VllmV1FlashAttention
+    from .vllm_v1_fa import VllmV1FlashAttention
+    from .vllm_v1_runner import Step
 
 __all__ = [
     "DistGroup",
@@ -81,8 +83,6 @@ def dcp_slot(engine: VllmV1FlashAttention, step: Step, b: int, pos: int, rank: i
 
 
 def _local_context(step: Step, rank: int) -> list[int]:
-    from .vllm_v1_fa import get_dcp_local_seq_lens
-
     ctx = torch.tensor([k - q for q, k in zip(step.q_lens, step.kv_lens)], dtype=torch.int32)
     return get_dcp_local_seq_lens(ctx, step.dcp, rank, step.interleave).tolist()
 
@@ -355,7 +355,8 @@ def run_dcp(case: AttentionCase, world_size: int, backend_name: str, device: str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from conformance.engines.vllm_v1_fa import SCENARIOS, VllmV1FlashAttention
+    from conformance.engines.vllm_v1_fa import VllmV1FlashAttention
+    from conformance.engines.vllm_v1_scenarios import SCENARIOS
 
     parser = argparse.ArgumentParser(
         prog="python -m conformance.engines.vllm_v1_dcp", description=__doc__.split("\n")[0]
