@@ -8,7 +8,7 @@ Entry points (each validates its metadata and raises ``ValueError`` naming the a
 * :func:`write_kv_cache`, :func:`gather_kv`: the engines' slot-mapping write and its inverse
 * :func:`merge_states`, :func:`merge_many`: LSE merging of partial results
 
-Conventions: :mod:`attnref.options` (window spelling), :mod:`attnref.core` (order of
+Conventions: :mod:`attnref.options` (window spelling, context-parallel shards), :mod:`attnref.core` (order of
 operations, LSE of fully masked rows).
 """
 
@@ -16,7 +16,7 @@ from .core import attend_sequence
 from .mask import row_bounds, visible_mask, window_from_fa2, window_to_fa2, window_to_fa4
 from .merge import merge_many, merge_states
 from .mla import attention_mla_paged, attention_mla_varlen, join_latent, split_latent
-from .options import AttnOptions, Numerics, Window
+from .options import AttnOptions, ContextParallel, Numerics, Window
 from .padded import attention_padded
 from .paged import attention_paged, cache_geometry, gather_kv, to_layout, unstack_kv, write_kv_cache
 from .quant import (
@@ -38,6 +38,7 @@ from .varlen import attention_varlen
 __all__ = [
     "AttnOptions",
     "AttnResult",
+    "ContextParallel",
     "Numerics",
     "QUANT_FORMATS",
     "QuantFormat",

@@ -6,6 +6,14 @@ One rule for every kernel generation (``../shared/SEMANTICS.md`` section 2): wit
     p - left <= j <= p + right            (None = unbounded on that side; causal: right = 0)
     c0 <= j < c0 + chunk                  (only with chunk; c0 = p - p mod chunk, floor modulo)
 
+With context parallelism (``options.cp``, vLLM's FA3 fork's ``cp_world_size`` / ``cp_rank`` /
+``cp_tot_seqused_k``) the ``sk`` keys are one rank's shard of a sequence of ``T = cp.total`` keys, local key
+``j`` being absolute key ``a = j * world + rank``, and the causal rule holds in absolute positions::
+
+    a <= i + T - sq   and   a < T
+
+Since ``a`` grows with ``j`` the visible keys are still a prefix: ``j < floor((i + T - sq - rank) / world) + 1``.
+
 The helpers here return half-open per-row bounds ``[lo, hi)`` clamped to ``[0, sk]``; a row with
 ``lo >= hi`` is fully masked.
 """
@@ -21,6 +29,14 @@ __all__ = ["row_bounds", "visible_mask", "window_from_fa2", "window_to_fa2", "wi
 
 def row_bounds(rows: torch.Tensor, sq: int, sk: int, options: AttnOptions) -> tuple[torch.Tensor, torch.Tensor]:
     """Half-open key bounds ``[lo, hi)`` (int64, clamped to ``[0, sk]``) for the given query rows."""
+    if options.cp is not None:
+        cp = options.cp
+        if cp.total is None:
+            raise ValueError("options.cp.total must be set for one sequence (its keys over all ranks)")
+        diagonal = rows.to(torch.int64) + (cp.total - sq)  # the row's last visible absolute key
+        hi = torch.div(diagonal - cp.rank, cp.world, rounding_mode="floor") + 1
+        hi = torch.minimum(hi, torch.full_like(hi, cp.local_len()))
+        return torch.zeros_like(hi), hi.clamp(0, sk)
     pos = rows.to(torch.int64) + (sk - sq)
     lo = torch.zeros_like(pos) if options.left is None else pos - options.left
     hi = torch.full_like(pos, sk) if options.right is None else pos + options.right + 1

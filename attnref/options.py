@@ -16,6 +16,13 @@ a literal extent.  For one sequence with ``sq`` queries and ``sk`` keys, query r
 Chunked local attention (FA3 ``attention_chunk``, Llama-4 style) is ``chunk=C``: with
 ``p = i + sk - sq`` the row sees keys in ``[p - p % C, p - p % C + C)``, intersected with the
 causal/window range.
+
+Context parallelism (vLLM's FA3 fork: ``cp_world_size``, ``cp_rank``, ``cp_tot_seqused_k``) is
+``cp=ContextParallel(world, rank, total)``: the call holds only one rank's interleave-1 shard of a
+sequence of ``total`` keys, local key ``j`` being absolute key ``a = j * world + rank``, and row ``i``
+(of ``sq``) sees local key ``j`` iff ``a <= i + total - sq`` and ``a < total``: the causal rule in
+absolute positions.  The kernel applies it in its causal mask only, so ``cp`` needs ``causal=True``
+and neither a window nor a chunk.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-__all__ = ["Window", "AttnOptions", "Numerics"]
+__all__ = ["AttnOptions", "ContextParallel", "Numerics", "Window"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,47 @@ class Window:
         return self.left is None and self.right is None
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    """One rank's key shard under context parallelism (see the module docstring).
+
+    Attributes:
+        world: ranks the sequence's keys are spread over (``cp_world_size``), >= 2.
+        rank: this call's rank (``cp_rank``), ``0 <= rank < world``.
+        total: the sequence's keys over all ranks (``cp_tot_seqused_k[b]``); None in a batch-level option,
+            whose entry points take the totals per sequence (``attention_varlen(cp_tot_seqused_k=...)``).
+    """
+
+    world: int
+    rank: int
+    total: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.world) or self.world < 2:
+            raise ValueError(
+                f"cp.world must be an int >= 2, got {self.world!r} (a world of 1 is no context parallelism: cp=None)"
+            )
+        if not _is_int(self.rank) or not 0 <= self.rank < self.world:
+            raise ValueError(f"cp.rank must be an int in [0, {self.world}), got {self.rank!r}")
+        if self.total is not None and (not _is_int(self.total) or self.total < 0):
+            raise ValueError(f"cp.total must be an int >= 0 or None, got {self.total!r}")
+
+    def local_len(self, total: int | None = None) -> int:
+        """Keys of a ``total``-key sequence (default ``self.total``) this rank holds: ``#{a < total: a % world ==
+        rank}``."""
+        t = self.total if total is None else total
+        if t is None:
+            raise ValueError("cp.total must be set (the sequence's keys over all ranks)")
+        return max(0, -(-(t - self.rank) // self.world))
+
+    def with_total(self, total: int) -> "ContextParallel":
+        return replace(self, total=total)
+
+
 @dataclass(frozen=True)
 class AttnOptions:
     """What the score function does besides ``q.k``; tensors (ALiBi slopes, sinks) travel separately.
@@ -64,6 +112,9 @@ class AttnOptions:
         softcap: ``cap * tanh(s / cap)`` applied to scaled scores before masking; ``None`` = off.
         scale: softmax scale; ``None`` = ``1/sqrt(d)``.
         chunk: chunked local attention size (keys of the same chunk only); ``None`` = off.
+        cp: context parallelism, the call's keys being one rank's shard (:class:`ContextParallel`, or a
+            ``(world, rank)`` / ``(world, rank, total)`` tuple); ``None`` = off.  Needs ``causal`` and no
+            window or chunk.
     """
 
     causal: bool = False
@@ -71,8 +122,13 @@ class AttnOptions:
     softcap: float | None = None
     scale: float | None = None
     chunk: int | None = None
+    cp: ContextParallel | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.cp, tuple):  # convenience: AttnOptions(causal=True, cp=(2, 1, 17))
+            object.__setattr__(self, "cp", ContextParallel(*self.cp))
+        if self.cp is not None and not isinstance(self.cp, ContextParallel):
+            raise ValueError(f"cp must be a ContextParallel, a (world, rank[, total]) tuple or None, got {self.cp!r}")
         if isinstance(self.window, tuple):  # convenience: AttnOptions(window=(128, 0))
             object.__setattr__(self, "window", Window(*self.window))
         if not isinstance(self.window, Window):
@@ -93,6 +149,11 @@ class AttnOptions:
             isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk <= 0
         ):
             raise ValueError(f"chunk must be a positive int or None (off), got {self.chunk!r}")
+        if self.cp is not None and (not self.causal or not self.window.unbounded or self.chunk is not None):
+            raise ValueError(
+                "cp needs causal=True and no window or chunk (the kernel applies cp_* in its causal mask only), "
+                f"got causal={self.causal}, window={self.window}, chunk={self.chunk}"
+            )
 
     @property
     def left(self) -> int | None:

@@ -13,9 +13,17 @@ import torch
 from .core import attend_sequence
 from .options import AttnOptions, Numerics
 from .result import AttnResult
-from .validate import check_alibi, check_cu_seqlens, check_head_vector, check_qkv, check_qv, check_seqlens
+from .validate import (
+    as_int_list,
+    check_alibi,
+    check_cu_seqlens,
+    check_head_vector,
+    check_qkv,
+    check_qv,
+    check_seqlens,
+)
 
-__all__ = ["attention_varlen", "sequence_spans"]
+__all__ = ["attention_varlen", "cp_sequence_options", "sequence_spans"]
 
 
 def sequence_spans(
@@ -48,6 +56,42 @@ def sequence_spans(
     return list(zip(starts, lens))
 
 
+def cp_sequence_options(
+    options: AttnOptions, key_lens: list[int], cp_tot_seqused_k: torch.Tensor | list[int] | None
+) -> list[AttnOptions]:
+    """Per-sequence options: ``options`` itself without context parallelism; with ``options.cp``, its shard with
+    sequence ``b``'s total ``cp_tot_seqused_k[b]``, checked against the ``key_lens[b]`` keys the call holds (the
+    rank's interleave-1 share of the total, ``ContextParallel.local_len``)."""
+    batch = len(key_lens)
+    cp = options.cp
+    if cp is None:
+        if cp_tot_seqused_k is not None:
+            raise ValueError("cp_tot_seqused_k is given but options.cp is None (no context parallelism)")
+        return [options] * batch
+    if cp_tot_seqused_k is None:
+        if cp.total is None:
+            raise ValueError("cp_tot_seqused_k must be given with options.cp (each sequence's keys over all ranks)")
+        totals = [cp.total] * batch
+    elif cp.total is not None:
+        raise ValueError("give the totals either as options.cp.total or as cp_tot_seqused_k, not both")
+    else:
+        totals = as_int_list("cp_tot_seqused_k", cp_tot_seqused_k)
+    if len(totals) != batch:
+        raise ValueError(f"cp_tot_seqused_k must have {batch} entries (one per sequence), got {len(totals)}")
+    out = []
+    for b, (total, n) in enumerate(zip(totals, key_lens)):
+        if total < 0:
+            raise ValueError(f"cp_tot_seqused_k[{b}] must be >= 0, got {total}")
+        want = cp.local_len(total)
+        if n != want:
+            raise ValueError(
+                f"cp_tot_seqused_k[{b}] = {total}: rank {cp.rank} of {cp.world} holds {want} of its keys (key a on "
+                f"rank a % {cp.world}, the kernel's interleave-1 shard), but sequence {b} has {n}"
+            )
+        out.append(options.with_(cp=cp.with_total(total)))
+    return out
+
+
 @torch.no_grad()
 def attention_varlen(
     q: torch.Tensor,
@@ -62,6 +106,7 @@ def attention_varlen(
     sinks: torch.Tensor | None = None,
     qv: torch.Tensor | None = None,
     numerics: Numerics = Numerics(),
+    cp_tot_seqused_k: torch.Tensor | list[int] | None = None,
 ) -> AttnResult:
     """Reference attention over a varlen batch.
 
@@ -74,6 +119,8 @@ def attention_varlen(
         alibi_slopes: (h,) or (b, h).  sinks: (h,) per-head sink logits.
         qv: (total_q, h, dv) MLA-absorbed query part scored against V (:mod:`attnref.mla`).
         numerics: accumulation dtype and tile budget.
+        cp_tot_seqused_k: (b,) with ``options.cp``: each sequence's keys over all ranks, the call's keys being
+            the rank's interleave-1 shard of them (:func:`cp_sequence_options`).
 
     Returns:
         ``AttnResult(out (total_q, h, dv), lse (h, total_q))``.
@@ -85,6 +132,7 @@ def attention_varlen(
     check_alibi(alibi_slopes, batch, h, q.device)
     check_head_vector("sinks", sinks, h, q.device)
     check_qv(qv, q, dv)
+    per_seq = cp_sequence_options(options, [n for _, n in spans], cp_tot_seqused_k)
 
     out = torch.zeros(q.shape[0], h, dv, dtype=numerics.dtype, device=q.device)
     lse = torch.full((h, q.shape[0]), float("-inf"), dtype=numerics.dtype, device=q.device)
@@ -95,7 +143,7 @@ def attention_varlen(
             q[q0:q1],
             k[k0 : k0 + n],
             v[k0 : k0 + n],
-            options,
+            per_seq[b],
             alibi_slopes=slopes,
             sinks=sinks,
             qv=None if qv is None else qv[q0:q1],

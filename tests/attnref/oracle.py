@@ -91,11 +91,13 @@ def oracle_attention(
     chunk: int | None = None,
     alibi: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    mask: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of one sequence in float64.
 
     Args:
         q: (sq, h, d); k: (sk, hk, d); v: (sk, hk, dv).  alibi, sinks: (h,) or None.
+        mask: an explicit boolean (sq, sk) visibility that replaces the one of the mask arguments.
 
     Returns:
         out (sq, h, dv) and lse (h, sq), float64 CPU tensors.
@@ -105,7 +107,10 @@ def oracle_attention(
     sk, hk, dv = vn.shape
     group = h // hk
     sc = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    mask = oracle_mask(sq, sk, left=left, right=right, causal=causal, chunk=chunk)
+    if mask is None:
+        mask = oracle_mask(sq, sk, left=left, right=right, causal=causal, chunk=chunk)
+    elif mask.shape != (sq, sk):
+        raise ValueError(f"mask must have shape {(sq, sk)}, got {mask.shape}")
     i = np.arange(sq)[:, None]
     j = np.arange(sk)[None, :]
     distance = np.abs(i + sk - sq - j).astype(np.float64)
