@@ -3,6 +3,9 @@
 * :func:`call_case` turns the layer's case into the case of one call (its requests and options);
 * :func:`contiguous_call` / :func:`paged_call` build a :class:`~conformance.engines.base.Call` from the
   engine's tensors (what an adapter's ``prepare`` reads: packed ``q``, packed or paged keys, block table);
+* :func:`hand_out_blocks` is an engine's block manager (shuffled block ids handed out request by request, a spare
+  block owned by nobody), :func:`token_slots` its slot mapping (``block * block_size + offset``),
+  :func:`prefix_sums` / :func:`cu_seqlens` the query and key start locations;
 * :func:`allocate_cache` is the block manager and ``reshape_and_cache`` of an engine: blocks handed out per
   request in a shuffled order, every key written through a slot mapping with
   :func:`attnref.write_kv_cache` (vLLM's ``reshape_and_cache_flash``), unused slots stale.
@@ -10,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,18 +24,61 @@ from conformance.cases.inputs import CaseInputs
 
 from .base import Call, call_inputs
 
-__all__ = ["PagedKV", "allocate_cache", "call_case", "contiguous_call", "cu_seqlens", "paged_call", "slot_mapping"]
+__all__ = [
+    "STALE",
+    "PagedKV",
+    "allocate_cache",
+    "blocks_needed",
+    "call_case",
+    "contiguous_call",
+    "cu_seqlens",
+    "hand_out_blocks",
+    "paged_call",
+    "prefix_sums",
+    "slot_mapping",
+    "token_slots",
+]
 
 #: Value of cache slots no request owns (large and finite, as stale data in a real engine).
 STALE = 100.0
 
 
-def cu_seqlens(lens: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
-    """int32 ``[0, l0, l0 + l1, ...]``: the engines' ``query_start_loc`` / ``cu_seqlens``."""
+def prefix_sums(lens: Iterable[int]) -> list[int]:
+    """``[0, l0, l0 + l1, ...]`` (SGLang's ``pad(cumsum(lens), (1, 0))``)."""
     out = [0]
     for n in lens:
         out.append(out[-1] + int(n))
-    return torch.tensor(out, dtype=torch.int32, device=device)
+    return out
+
+
+def cu_seqlens(lens: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """int32 ``[0, l0, l0 + l1, ...]``: the engines' ``query_start_loc`` / ``cu_seqlens``."""
+    return torch.tensor(prefix_sums(lens), dtype=torch.int32, device=device)
+
+
+def blocks_needed(tokens: int, block_size: int) -> int:
+    """Blocks a block manager gives a sequence of ``tokens`` tokens: ``ceil(tokens / block_size)``, at least one."""
+    return max(1, -(-int(tokens) // block_size))
+
+
+def hand_out_blocks(
+    lens: Sequence[int], block_size: int, generator: torch.Generator | None = None, spare_blocks: int = 1
+) -> tuple[list[int], list[list[int]]]:
+    """An engine's block manager: ``sum(blocks_needed) + spare_blocks`` block ids in an order shuffled by
+    ``generator``, handed out in that order, request by request.  Returns the shuffled ids (the spare ones last;
+    ``len`` is the number of blocks) and each request's blocks."""
+    need = [blocks_needed(n, block_size) for n in lens]
+    perm = torch.randperm(sum(need) + spare_blocks, generator=generator).tolist()
+    blocks, cursor = [], 0
+    for n in need:
+        blocks.append(perm[cursor : cursor + n])
+        cursor += n
+    return perm, blocks
+
+
+def token_slots(blocks: Sequence[int], positions: Iterable[int], block_size: int) -> list[int]:
+    """The slot mapping of a request: token position ``p`` lives in slot ``blocks[p // bs] * bs + p % bs``."""
+    return [int(blocks[p // block_size]) * block_size + p % block_size for p in positions]
 
 
 def call_case(layer: AttentionCase, requests: Sequence[tuple[int, int]], **changes) -> AttentionCase:
@@ -110,9 +156,8 @@ def allocate_cache(
     """
     if len(keys) != len(kv_lens) or len(values) != len(kv_lens):
         raise ValueError(f"keys and values must hold one tensor per request ({len(kv_lens)})")
-    need = [max(1, -(-int(n) // block_size)) for n in kv_lens]
-    num_blocks = sum(need) + spare_blocks
-    perm = torch.randperm(num_blocks, generator=generator).tolist()
+    perm, blocks = hand_out_blocks(kv_lens, block_size, generator, spare_blocks)
+    num_blocks = len(perm)
     k0, v0 = keys[0], values[0]
     hk, d, dv = k0.shape[1], k0.shape[2], v0.shape[2]
     dev, dt = k0.device, k0.dtype
@@ -120,14 +165,11 @@ def allocate_cache(
     v_cache = torch.full((num_blocks, block_size, hk, dv), STALE, dtype=torch.float32).to(dev, dt)
     if layout == "HND":
         k_cache, v_cache = k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
-    table = torch.full((len(kv_lens), max(need)), perm[-1], dtype=torch.int32)
+    table = torch.full((len(kv_lens), max(len(row) for row in blocks)), perm[-1], dtype=torch.int32)
     slots: list[list[int]] = []
-    cursor = 0
     for b, n in enumerate(kv_lens):
-        blocks = perm[cursor : cursor + need[b]]
-        cursor += need[b]
-        table[b, : need[b]] = torch.tensor(blocks, dtype=torch.int32)
-        slots.append([blocks[t // block_size] * block_size + t % block_size for t in range(int(n))])
+        table[b, : len(blocks[b])] = torch.tensor(blocks[b], dtype=torch.int32)
+        slots.append(token_slots(blocks[b], range(int(n)), block_size))
     flat = torch.tensor([s for row in slots for s in row], dtype=torch.int64, device=dev)
     if flat.numel():
         write_kv_cache(torch.cat(list(keys)), torch.cat(list(values)), k_cache, v_cache, flat, layout=layout)

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .calls import prefix_sums
+
 __all__ = ["VirtualBatches", "check_call_metadata", "effective_chunk_size", "make_local_attention_virtual_batches"]
 
 
@@ -45,14 +47,6 @@ def _ints(name: str, values: Sequence[int] | torch.Tensor) -> list[int]:
             raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}")
         return [int(x) for x in values.tolist()]
     return [int(x) for x in values]
-
-
-def prefix_sums(lens: Sequence[int]) -> list[int]:
-    """``[0, l0, l0 + l1, ...]`` (SGLang's ``pad(cumsum(lens), (1, 0))``)."""
-    out = [0]
-    for n in lens:
-        out.append(out[-1] + int(n))
-    return out
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.suites import get_suite
 from conformance.engines import get_engine
 from conformance.engines.base import Call
-from conformance.engines.sglang_fa import FINDINGS, SCENARIOS, SGLangFlashAttention, _Step
+from conformance.engines.sglang_fa import FINDINGS, SCENARIOS, SGLangFlashAttention, Step
 from conformance.engines.sglang_local import (
     check_call_metadata,
     effective_chunk_size,
@@ -181,7 +181,7 @@ def test_topk_expand_table_of_the_seeds_comment():
     r2t = torch.zeros(1, 16, dtype=torch.int32)
     r2t[0, 5:8] = torch.tensor([8, 9, 10])
     mask = torch.tensor([[True] * 5 + row for row in ([1, 0, 0], [1, 1, 0], [1, 0, 1])], dtype=torch.bool).flatten()
-    st = _Step(SCENARIOS["spec_verify_topk"], 1, 11, r2t, [5], mask)
+    st = Step(SCENARIOS["spec_verify_topk"], 1, 11, r2t, [5], mask)
     exp = ENGINE._expand_metadata(st, 3)
     assert exp.page_table.tolist() == [[8, 9, 10], [8, 9, 10], [8, 10, 9]]
     assert (
