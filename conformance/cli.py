@@ -7,6 +7,9 @@ an empty selection):
   selected (case, backend) has status fail/error/crash/timeout, else 1.
 * ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`); 0.
 * ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed.
+* ``merge``: the shard files of one sweep into one results file (:mod:`conformance.reporting.shards`); 1 when
+  shards or (case, backend) pairs are missing (the file is written all the same), 2 when the files do not
+  belong to one sweep or disagree.
 * ``backends``: capability matrix of the installed backends; 0.
 * ``cases``: the cases of a suite; 0.
 """
@@ -119,6 +122,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="margin over the old p80 a new p20 must exceed, e.g. 0.1; auto = the median p20-p80 spread",
     )
 
+    m = sub.add_parser(
+        "merge",
+        help="merge the shard files of one sweep into one results file",
+        description="Exit status: 0 when every shard and every selected (case, backend) pair is there; 1 when "
+        "some are missing (the merged file is written all the same and its header lists them); 2 when the files "
+        "are not shards of one sweep (suite, commit, backends, options, shard count), hold one shard twice, or "
+        "give one (case, backend) pair two verdicts.",
+    )
+    m.add_argument("shards", nargs="+", type=Path, help="results files of `attnconf run --shard i/n` (or merged ones)")
+    m.add_argument("--out", type=Path, default=Path("merged.jsonl"), help="merged file (default merged.jsonl; .gz ok)")
+    m.add_argument("--summary", type=Path, help="also write the Markdown summary here")
+    m.add_argument("--allow-incomplete", action="store_true", help="exit 0 even when shards or pairs are missing")
+
     b = sub.add_parser("backends", help="capability matrix of the installed backends")
     b.add_argument("--json", action="store_true", help="machine-readable, with every refusal's reason")
     b.add_argument(
@@ -204,6 +220,28 @@ def _compare(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(text, encoding="utf-8")
     return 1 if cmp.regressed else 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from conformance.reporting.shards import MergeError, merge_shards, render_markdown, write_merged
+
+    missing = [str(p) for p in args.shards if not p.is_file()]
+    if missing:
+        print(f"attnconf merge: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        merged = merge_shards(args.shards)
+    except MergeError as exc:
+        print(f"attnconf merge: {exc}", file=sys.stderr)
+        return 2
+    write_merged(merged, args.out)
+    text = render_markdown(merged, args.out)
+    sys.stdout.write(text)
+    if args.summary:
+        args.summary.write_text(text, encoding="utf-8")
+    for line in merged.problems():
+        print(f"attnconf merge: {line}", file=sys.stderr)
+    return 0 if merged.complete or args.allow_incomplete else 1
 
 
 def _backends(args: argparse.Namespace) -> int:
@@ -310,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args)
         if args.command == "compare":
             return _compare(args)
+        if args.command == "merge":
+            return _merge(args)
         if args.command == "backends":
             return _backends(args)
         return _cases(args)

@@ -1,0 +1,420 @@
+"""Merge the shard files of one sweep (``attnconf run --shard i/n`` on several machines) into one results file.
+
+A CI matrix runs ``attnconf run --shard i/n`` on ``n`` runners; ``attnconf merge`` joins their files and
+checks that they belong together before anything is compared with a baseline:
+
+* every file comes from the same sweep: same suite, git commit, backends (names and package versions),
+  device type, seed, timing and tolerance options, and shard count ``n`` (:class:`MergeError` naming the
+  file and the field otherwise);
+* no shard twice, and no (case, backend) pair with two different verdicts (status and error figures) in
+  two files; the same verdict twice is kept once and counted;
+* what is missing: shards ``i/n`` no file holds, and, per shard, the selected (case, backend) pairs it did
+  not record (a runner killed mid-sweep).  The pairs are named when the shard's selection can be rebuilt
+  from its header (``argv`` re-parsed, the suite built by this checkout, and the same number of cases as
+  the header recorded); otherwise they are counted from the header's case count.
+
+A file is read as segments, one per header line: a resumed run has several headers of one shard, the
+``cat`` of several shards (``scripts/gpu-sweep.sh``) one segment per shard, and a merged file one header
+whose ``env.merge`` lists the shards it holds (so merged files merge again).  The merged file has one
+header: the first shard's, with ``env.run.shard`` cleared, ``env.run.cases`` summed and ``env.merge``
+recording the sources, the shards held, and what is missing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conformance.records import CheckResult, Header, Status
+
+__all__ = ["MergeError", "MergedRun", "ShardPart", "merge_shards", "read_parts", "render_markdown", "write_merged"]
+
+Pair = tuple[str, str]  # (case id, backend)
+#: run options that every shard of one sweep shares (``env.run`` keys; the device compared by type)
+RUN_KEYS = ("device", "seed", "time", "tol", "tol_file")
+#: most missing pairs listed in a merged header or summary (the count is always exact)
+MAX_LISTED = 1000
+
+
+class MergeError(ValueError):
+    """The files do not belong to one sweep, or two of them disagree; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class ShardPart:
+    """The records of one shard (or of the shards a merged file holds) as found in one file."""
+
+    source: str
+    shard_count: int
+    covers: tuple[int, ...]
+    header: Header
+    results: tuple[CheckResult, ...]
+    #: selected (case, backend) pairs without a record: named when the selection could be rebuilt
+    missing: tuple[Pair, ...] = ()
+    #: how many selected pairs lack a record (>= len(missing)); None when the header does not say
+    missing_count: int | None = 0
+    #: selected cases, from the header(s); None when the header does not say
+    cases: int | None = None
+    #: header lines of this shard in the file (more than one: the run was resumed)
+    segments: int = 1
+
+    @property
+    def label(self) -> str:
+        shards = ",".join(str(i) for i in self.covers)
+        return f"{self.source} (shard {shards}/{self.shard_count})"
+
+
+@dataclass(frozen=True)
+class MergedRun:
+    """The merged sweep: one header, every result once, and what is missing."""
+
+    header: Header
+    results: tuple[CheckResult, ...]
+    parts: tuple[ShardPart, ...]
+    shard_count: int
+    missing_shards: tuple[int, ...] = ()
+    duplicates: int = 0
+
+    @property
+    def missing_pairs(self) -> tuple[Pair, ...]:
+        return tuple(p for part in self.parts for p in part.missing)
+
+    @property
+    def missing_count(self) -> int:
+        return sum(part.missing_count or 0 for part in self.parts)
+
+    @property
+    def unchecked(self) -> tuple[str, ...]:
+        """Sources whose header does not say how many cases were selected (their gaps cannot be seen)."""
+        return tuple(part.source for part in self.parts if part.missing_count is None)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing_shards and self.missing_count == 0
+
+    def problems(self) -> list[str]:
+        """One line per gap (empty when complete)."""
+        out = []
+        if self.missing_shards:
+            shards = ", ".join(f"{i}/{self.shard_count}" for i in self.missing_shards)
+            out.append(f"missing shards: {shards} (no file holds them)")
+        for part in self.parts:
+            if part.missing_count:
+                named = ", ".join(f"{c} x {b}" for c, b in part.missing[:5])
+                more = f" (+{part.missing_count - min(5, len(part.missing))} more)" if part.missing_count > 5 else ""
+                what = f": {named}{more}" if part.missing else " (not named: the selection could not be rebuilt)"
+                out.append(f"{part.label}: {part.missing_count} selected (case, backend) pairs not recorded{what}")
+        return out
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+def _lines(path: Path) -> Iterator[dict[str, Any]]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for raw in fh:
+            raw = raw.strip()
+            if not raw:
+                continue
+            try:
+                yield json.loads(raw)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a kill (records.read_records skips it too)
+
+
+def _segments(path: Path) -> list[tuple[Header, list[CheckResult]]]:
+    segments: list[tuple[Header, list[CheckResult]]] = []
+    for line in _lines(path):
+        kind = line.get("type")
+        if kind == "header":
+            segments.append((Header.from_json(line), []))
+        elif kind == "result":
+            if not segments:
+                raise MergeError(f"{path}: a result record comes before any header line")
+            segments[-1][1].append(CheckResult.from_json(line))
+    if not segments:
+        raise MergeError(f"{path}: no header line (not a results file of `attnconf run`)")
+    return segments
+
+
+def _run(h: Header) -> dict[str, Any]:
+    run = h.env.get("run")
+    return run if isinstance(run, dict) else {}
+
+
+def _coverage(h: Header, source: Path) -> tuple[int, tuple[int, ...]]:
+    """(n, shard indices) a header's records belong to: its shard, a merged file's shards, or 0/1."""
+    merge = h.env.get("merge")
+    if isinstance(merge, dict) and "shards" in merge:
+        try:
+            return int(merge["shard_count"]), tuple(sorted(int(i) for i in merge["shards"]))
+        except (KeyError, TypeError, ValueError):
+            raise MergeError(f"{source}: field env.merge is not readable: {merge!r}") from None
+    shard = _run(h).get("shard")
+    if shard is None:
+        return 1, (0,)
+    try:
+        i, n = (int(x) for x in shard)
+    except (TypeError, ValueError):
+        raise MergeError(f"{source}: field env.run.shard must be [i, n], got {shard!r}") from None
+    if not 0 <= i < n:
+        raise MergeError(f"{source}: field env.run.shard needs 0 <= i < n, got {shard!r}")
+    return n, (i,)
+
+
+def _selection(h: Header, shard: tuple[int, int]) -> list[str] | None:
+    """Case ids a shard's run selected, rebuilt from its argv; None when that is not possible here."""
+    argv = list(h.argv)
+    if len(argv) < 2 or argv[1] != "run":
+        return None
+    from conformance.cli import build_parser
+    from conformance.running.runner import UsageError, select_cases
+
+    try:
+        args = build_parser().parse_args(argv[1:])
+        cases = select_cases(args.suite, tuple(args.case), args.case_json, shard if shard[1] > 1 else None, args.limit)
+    except (SystemExit, UsageError, OSError, ValueError, KeyError, TypeError):
+        return None  # a flag this version lacks, a suite it does not know, a --case-json file not here
+    return [c.id for c in cases]
+
+
+def _missing(
+    h: Header, shard: tuple[int, int], results: Sequence[CheckResult]
+) -> tuple[tuple[Pair, ...], int | None, int | None]:
+    """(named missing pairs, missing count or None, selected cases or None) of one shard's run."""
+    merge = h.env.get("merge")
+    if isinstance(merge, dict):  # a merged file: what it was missing stays missing
+        pairs = tuple((str(c), str(b)) for c, b in merge.get("missing_pairs", []))
+        count = merge.get("missing_count")
+        return pairs, (None if count is None else int(count)), _run(h).get("cases")
+    backends = list(h.backends)
+    recorded = {(r.case_id, r.backend) for r in results}
+    n_cases = _run(h).get("cases")
+    ids = _selection(h, shard)
+    if ids is not None and (n_cases is None or len(ids) == n_cases):
+        expected = [(c, b) for c in ids for b in backends]
+        if not {p for p in recorded if p[1] in backends} - set(expected):  # else the rebuilt selection is not it
+            missing = tuple(p for p in expected if p not in recorded)
+            return missing, len(missing), len(ids)
+    if n_cases is None:
+        return (), None, None
+    have = len({p for p in recorded if p[1] in backends})
+    return (), max(0, int(n_cases) * len(backends) - have), int(n_cases)
+
+
+def read_parts(path: Path | str) -> list[ShardPart]:
+    """The shards one file holds, in file order (a resumed shard's segments are one part)."""
+    path = Path(path)
+    grouped: dict[tuple[int, tuple[int, ...]], list[tuple[Header, list[CheckResult]]]] = {}
+    for header, results in _segments(path):
+        grouped.setdefault(_coverage(header, path), []).append((header, results))
+    parts = []
+    for (n, covers), segments in grouped.items():
+        first = segments[0][0]
+        for other, _ in segments[1:]:
+            _agree(first, str(path), other, f"{path} (a later header of shard {covers[0]}/{n})")
+        latest: dict[Pair, CheckResult] = {}
+        for _, results in segments:
+            for r in results:  # within one file the last record of a pair wins, as in reports
+                latest.pop((r.case_id, r.backend), None)
+                latest[r.case_id, r.backend] = r
+        results = tuple(latest.values())
+        missing, count, cases = _missing(first, (covers[0], n), results)
+        parts.append(ShardPart(str(path), n, covers, first, results, missing, count, cases, len(segments)))
+    return parts
+
+
+# --------------------------------------------------------------------------------------------- checks
+
+
+def _identity(h: Header) -> dict[str, Any]:
+    run = _run(h)
+    ident: dict[str, Any] = {
+        "suite": h.suite,
+        "env.git_commit": h.env.get("git_commit"),
+        "backends": {name: info.get("version", "") for name, info in sorted(h.backends.items())},
+    }
+    for key in RUN_KEYS:
+        value = run.get(key)
+        if key == "device" and isinstance(value, str):
+            value = value.split(":")[0]  # cuda:0 and cuda:1 are one device type
+        ident[f"env.run.{key}"] = value
+    return ident
+
+
+def _agree(ref: Header, ref_source: str, other: Header, source: str) -> None:
+    mine, theirs = _identity(ref), _identity(other)
+    for key, value in theirs.items():
+        if value != mine[key]:
+            raise MergeError(
+                f"{source}: field {key} is {value!r}, but {ref_source} has {mine[key]!r}; "
+                "the shards of one sweep must agree (merge each sweep on its own)"
+            )
+
+
+def _verdict(r: CheckResult) -> tuple[Any, ...]:
+    s = r.stats
+    figures = None if s is None else (s.max_abs, s.lse_max_abs, s.error_ratio, s.nonfinite)
+    return (r.status, figures)
+
+
+# --------------------------------------------------------------------------------------------- merging
+
+
+def merge_shards(paths: Iterable[Path | str]) -> MergedRun:
+    """Check and merge the shard files of one sweep (see the module docstring); :class:`MergeError` when
+    they do not belong together."""
+    parts = [part for p in paths for part in read_parts(p)]
+    if not parts:
+        raise MergeError("no shard file given")
+    ref = parts[0]
+    owner: dict[int, ShardPart] = {}
+    for part in parts:
+        _agree(ref.header, ref.source, part.header, part.source)
+        if part.shard_count != ref.shard_count:
+            raise MergeError(
+                f"{part.source}: field env.run.shard is {part.covers[0]}/{part.shard_count}, but {ref.source} "
+                f"is a shard of {ref.shard_count}; the shards of one sweep share n"
+            )
+        for i in part.covers:
+            if i in owner:
+                raise MergeError(
+                    f"{part.source}: shard {i}/{part.shard_count} is also in {owner[i].source}; give each shard once"
+                )
+            owner[i] = part
+    parts.sort(key=lambda p: p.covers[0])
+    merged: dict[Pair, tuple[CheckResult, ShardPart]] = {}
+    duplicates = 0
+    for part in parts:
+        for r in part.results:
+            key = (r.case_id, r.backend)
+            if key in merged:
+                first, where = merged[key]
+                if _verdict(first) != _verdict(r):
+                    raise MergeError(
+                        f"{part.source}: case {r.case_id} on {r.backend} is {r.status.value} here but "
+                        f"{first.status.value} in {where.source} (or their error figures differ); "
+                        "one (case, backend) pair must have one verdict"
+                    )
+                duplicates += 1
+                continue
+            merged[key] = (r, part)
+    n = ref.shard_count
+    missing_shards = tuple(i for i in range(n) if i not in owner)
+    results = tuple(r for r, _ in merged.values())
+    header = _header(parts, n, missing_shards, duplicates)
+    return MergedRun(header, results, tuple(parts), n, missing_shards, duplicates)
+
+
+def _header(parts: list[ShardPart], n: int, missing_shards: tuple[int, ...], duplicates: int) -> Header:
+    first = parts[0].header
+    cases = [p.cases for p in parts]
+    missing = [p for part in parts for p in part.missing]
+    counts = [p.missing_count for p in parts]
+    sources = []
+    for part in parts:
+        h = part.header
+        sources.append(
+            {
+                "source": part.source,
+                "shards": list(part.covers),
+                "host": h.env.get("host", "?"),
+                "gpu": h.env.get("gpu", h.env.get("cpu", "?")),
+                "started": h.started,
+                "records": len(part.results),
+                "missing_count": part.missing_count,
+            }
+        )
+    argv = list(first.argv)
+    for flag in ("--shard", "--out"):  # the sweep's command, without one shard's options
+        while flag in argv[:-1]:
+            k = argv.index(flag)
+            del argv[k : k + 2]
+    run = {
+        **_run(first),
+        "shard": None,
+        "cases": None if None in cases else sum(c for c in cases if c is not None),
+        "already_recorded": sum(int(_run(p.header).get("already_recorded", 0) or 0) for p in parts),
+        "resume": any(p.segments > 1 or bool(_run(p.header).get("resume")) for p in parts),
+    }
+    merge = {
+        "shard_count": n,
+        "shards": sorted(i for p in parts for i in p.covers),
+        "missing_shards": list(missing_shards),
+        "missing_pairs": [list(p) for p in missing[:MAX_LISTED]],
+        "missing_count": None if None in counts else sum(c for c in counts if c is not None),
+        "duplicates": duplicates,
+        "sources": sources,
+    }
+    started = min((p.header.started for p in parts if p.header.started), default=first.started)
+    return Header(
+        suite=first.suite,
+        backends=first.backends,
+        env={**first.env, "run": run, "merge": merge},
+        argv=argv,
+        started=started,
+    )
+
+
+def write_merged(run: MergedRun, out: Path | str) -> Path:
+    """Write the merged JSONL (gzipped when ``out`` ends in ``.gz``); atomic, so ``out`` may be an input."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    opener = gzip.open if out.name.endswith(".gz") else open
+    with opener(tmp, "wt", encoding="utf-8") as fh:
+        for record in (run.header, *run.results):
+            fh.write(json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
+def render_markdown(run: MergedRun, out: Path | str | None = None) -> str:
+    """The summary ``attnconf merge`` prints: sources, totals, and every gap."""
+    h = run.header
+    verdict = "complete" if run.complete else "INCOMPLETE"
+    held = len(run.header.env["merge"]["shards"])
+    lines = [
+        f"# Merge: {held} of {run.shard_count} shards of suite `{h.suite}`: {verdict}",
+        "",
+        f"Commit `{h.env.get('git_commit', '?')}`; backends "
+        + ", ".join(f"{name} {info.get('version', '?')}" for name, info in sorted(h.backends.items()))
+        + f"; {len(run.results)} records"
+        + (f" -> `{out}`" if out else "")
+        + ".",
+        "",
+        "| shard | file | host | records | missing pairs |",
+        "|---|---|---|---|---|",
+    ]
+    for part in run.parts:
+        count = "not checked" if part.missing_count is None else str(part.missing_count)
+        shards = ",".join(str(i) for i in part.covers)
+        lines.append(
+            f"| {shards}/{part.shard_count} | {part.source} | {part.header.env.get('host', '?')} | "
+            f"{len(part.results)} | {count} |"
+        )
+    for i in run.missing_shards:
+        lines.append(f"| {i}/{run.shard_count} | **missing** | | 0 | all |")
+    counts = Counter(r.status.value for r in run.results)
+    lines += ["", "| status | records |", "|---|---|"]
+    lines += [f"| {s.value} | {counts.get(s.value, 0)} |" for s in Status]
+    if run.duplicates:
+        lines += ["", f"{run.duplicates} (case, backend) pairs were in two files with the same verdict; kept once."]
+    if run.unchecked:
+        lines += ["", "Not checked for missing pairs (the header has no case count): " + ", ".join(run.unchecked)]
+    problems = run.problems()
+    if problems:
+        lines += ["", "## Missing", ""] + [f"- {p}" for p in problems]
+        listed = run.missing_pairs[:MAX_LISTED]
+        if listed:
+            lines += ["", "| case | backend |", "|---|---|"] + [f"| {c} | {b} |" for c, b in listed]
+            if run.missing_count > len(listed):
+                lines.append(f"| ... {run.missing_count - len(listed)} more | |")
+    return "\n".join(lines) + "\n"
