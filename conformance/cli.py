@@ -145,10 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="only these (registry name or module:Class)",
     )
 
-    cs = sub.add_parser("cases", help="list the cases of a suite")
+    cs = sub.add_parser("cases", help="list the cases of a suite, or measure its coverage of the case space")
     cs.add_argument("--suite", required=True)
     cs.add_argument("--case", action="append", default=[], metavar="GLOB", help="keep ids matching (repeatable)")
     cs.add_argument("--json", action="store_true")
+    cs.add_argument(
+        "--coverage",
+        action="store_true",
+        help="print covered / possible t-tuples of axis levels (conformance.cases.space): pairwise over all axes, "
+        "3-wise over the kernel axes, 3-wise over all axes",
+    )
+    cs.add_argument(
+        "--strength", type=int, metavar="T", help="with --coverage: T-wise over all axes and over the kernel axes"
+    )
+    cs.add_argument("--uncovered", action="store_true", help="with --coverage: also list every missing tuple")
     return p
 
 
@@ -300,9 +310,13 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def _cases(args: argparse.Namespace) -> int:
-    from conformance.running.runner import select_cases
+    from conformance.running.runner import UsageError, select_cases
 
+    if (args.strength is not None or args.uncovered) and not args.coverage:
+        raise UsageError("--strength and --uncovered need --coverage")
     cases = select_cases(args.suite, tuple(args.case))
+    if args.coverage:
+        return _coverage(args, cases)
     if args.json:
         print(
             json.dumps(
@@ -327,6 +341,27 @@ def _cases(args: argparse.Namespace) -> int:
         f"\n{len(cases)} cases; per feature: "
         + ", ".join(f"{f} {counts[f]}" for f in sorted(counts, key=lambda f: (-counts[f], f)))
     )
+    return 0
+
+
+def _coverage(args: argparse.Namespace, cases: list) -> int:
+    from conformance.cases.covering import measures
+    from conformance.running.runner import UsageError
+
+    try:
+        figures = measures(cases, args.strength, with_missing=args.uncovered)
+    except ValueError as exc:
+        raise UsageError(f"--strength: {exc}") from None
+    if args.json:
+        print(json.dumps({"suite": args.suite, "cases": len(cases), "measures": [m.to_json() for m in figures]}))
+        return 0
+    from conformance.cases.space import describe
+
+    print(f"{args.suite}: {len(cases):,} cases")
+    for m in figures:
+        print(m.line())
+        for missing in m.missing or ():
+            print(f"  uncovered: {describe(missing)}")
     return 0
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "classify_mask",
     "describe",
     "extensible",
+    "possible_tuples",
     "valid",
     "valid_points",
     "violations",
@@ -304,7 +305,7 @@ def _component_points(component: tuple[str, ...]) -> tuple[tuple[Hashable, ...],
 @lru_cache(maxsize=None)
 def _component_projection(component: tuple[str, ...], axes: tuple[str, ...]) -> frozenset[tuple[Hashable, ...]]:
     idx = [component.index(a) for a in axes]
-    return frozenset(tuple(p[i] for i in idx) for p in _component_points(component))
+    return frozenset(zip(*([p[i] for p in _component_points(component)] for i in idx)))
 
 
 def extensible(point: Point) -> bool:
@@ -323,11 +324,31 @@ def extensible(point: Point) -> bool:
     return True
 
 
+@lru_cache(maxsize=None)
+def possible_tuples(axes: tuple[str, ...]) -> frozenset[tuple[Hashable, ...]]:
+    """Every tuple of values of ``axes`` that occurs in some valid full point: exact, as the product over
+    constraint components of each component's projection (components constrain independently)."""
+    parts: list[tuple[tuple[int, ...], frozenset[tuple[Hashable, ...]]]] = []
+    for comp in dict.fromkeys(_COMPONENT_OF[a] for a in axes):
+        ordered = tuple(a for a in comp if a in axes)
+        proj = (
+            frozenset((v,) for v in AXES[ordered[0]].values) if len(comp) == 1 else _component_projection(comp, ordered)
+        )
+        parts.append((tuple(axes.index(a) for a in ordered), proj))
+    out = set()
+    for combo in itertools.product(*(sorted(proj, key=repr) for _, proj in parts)):
+        values: list[Hashable] = [None] * len(axes)
+        for (positions, _), part in zip(parts, combo):
+            for i, v in zip(positions, part):
+                values[i] = v
+        out.add(tuple(values))
+    return frozenset(out)
+
+
 def valid_points(axes: tuple[str, ...]) -> Iterator[tuple[Hashable, ...]]:
-    """Every tuple of values of ``axes`` that occurs in some valid full point (exact), in level order."""
-    for values in itertools.product(*(AXES[a].values for a in axes)):
-        if extensible(dict(zip(axes, values))):
-            yield values
+    """:func:`possible_tuples` of ``axes`` in level order."""
+    rank = {a: {v: i for i, v in enumerate(AXES[a].values)} for a in axes}
+    yield from sorted(possible_tuples(tuple(axes)), key=lambda t: tuple(rank[a][v] for a, v in zip(axes, t)))
 
 
 # ---------------------------------------------------------------------------------------------- build

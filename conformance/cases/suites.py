@@ -2,19 +2,29 @@
 returned in a stable order.  Adding a sweep or an axis value is a one-line change here; the runner,
 reports and tests pick it up without edits.
 
-Suites: ``smoke`` (~100 small cases, a minute on 2 CPU cores), ``default`` (1,500+, the CI suite
-on a GPU), ``full`` (10,000+, long contexts up to 32k), ``perf`` (long prefill and paged decode
-for timing against the roofline).
+Suites: ``smoke`` (~130 small cases, a minute on 2 CPU cores), ``default`` (~3,300, the CI suite on a GPU: 2,094
+hand-picked sweep cases and 1,207 covering-array cases), ``full`` (~15,300: 13,529 sweep cases with long
+contexts up to 32k, default's 1,207 covering cases and 589 of its own), ``perf`` (long prefill and paged decode
+for timing against the roofline), ``engines`` (engine replays).
+
+Covering arrays (:mod:`conformance.cases.covering` over :mod:`conformance.cases.space`): ``default`` adds the
+cases that make it cover every pair of levels of all axes and every triple of the kernel axes
+(:data:`~conformance.cases.covering.DEFAULT_STRENGTHS`), ``full`` every triple of all axes
+(:data:`~conformance.cases.covering.FULL_STRENGTHS`).  The generator is seeded with the sweep cases, so only
+tuples they leave uncovered add cases, and the sweep cases keep their ids and come first; the added cases use
+the space's small canonical batches.  ``attnconf cases --suite S --coverage`` prints the figures.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import lru_cache
 
+from conformance.cases import covering, space
 from conformance.cases.case import AttentionCase
 from conformance.cases.sweep import BATCHES, CONTIG, MASKS, MLA_DIMS, MLA_PREFILL_DIMS, MLA_SCALE, PAGED, Sweep
 
-__all__ = ["BATCHES", "MASKS", "Sweep", "SUITES", "all_case_ids", "suite_names", "get_suite"]
+__all__ = ["BATCHES", "MASKS", "Sweep", "SUITES", "all_case_ids", "covering_cases", "suite_names", "get_suite"]
 
 _SMALL = ("s_pf", "s_dec", "s_spec", "s_mix")
 _MAIN = ("pfvar", "dec", "spec4", "chunk", "mixdf", "mixdl")
@@ -532,20 +542,40 @@ def _engine_cases() -> list[AttentionCase]:
     return engine_cases()
 
 
+#: The covering arrays' tie-breaking seed: changing it changes the added cases (and their ids).
+COVERING_SEED = 0
+
+
+@lru_cache(maxsize=None)
+def covering_cases(name: str) -> tuple[AttentionCase, ...]:
+    """The cases the covering array adds to suite ``default`` or ``full`` (after its sweep cases), seeded with
+    them (``full``: its sweeps and default's covering cases); built once per process (about 1 s and 4 s)."""
+    if name == "default":
+        base, strengths = _union(DEFAULT), covering.DEFAULT_STRENGTHS
+    elif name == "full":
+        base, strengths = _union(FULL, covering_cases("default")), covering.FULL_STRENGTHS
+    else:
+        raise ValueError(f"covering_cases: name must be 'default' or 'full', got {name!r}")
+    rows = covering.covering_array(strengths, seeds=[space.classify(c) for c in base], seed=COVERING_SEED)
+    return tuple(space.build(row) for row in rows)
+
+
 SUITES: dict[str, Callable[[], list[AttentionCase]]] = {
     "smoke": lambda: _union(SMOKE),
-    "default": lambda: _union(DEFAULT),
-    "full": lambda: _union(FULL),
+    "default": lambda: _union(DEFAULT, covering_cases("default")),
+    "full": lambda: _union(FULL, covering_cases("default") + covering_cases("full")),
     "perf": _perf_cases,
     "engines": _engine_cases,
 }
 
 
-def _union(sweeps: Sequence[Sweep]) -> list[AttentionCase]:
+def _union(sweeps: Sequence[Sweep], extra: Iterable[AttentionCase] = ()) -> list[AttentionCase]:
     seen: dict[str, AttentionCase] = {}
     for sweep in sweeps:
         for case in sweep.cases():
             seen.setdefault(case.id, case)
+    for case in extra:
+        seen.setdefault(case.id, case)
     return list(seen.values())
 
 
@@ -554,7 +584,8 @@ def suite_names() -> list[str]:
 
 
 def all_case_ids() -> list[str]:
-    """The case id of every case of every built-in suite (about 10,700; 1-2 s to build)."""
+    """The case id of every case of every built-in suite (about 16,100; 5-10 s to build, the covering arrays
+    included)."""
     return sorted({case.id for build in SUITES.values() for case in build()})
 
 
