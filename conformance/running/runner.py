@@ -1,10 +1,15 @@
 """The sweep: every selected case against every backend, one JSON line per (case, backend).
 
-Order is cases outer, backends inner, so the worker computes a case's reference once and reuses
-it for every backend.  Kernels run in a :class:`~conformance.running.worker.WorkerClient` subprocess; a
-dead worker becomes a ``crash`` record, a silent one a ``timeout`` record, and the sweep goes on
-with a fresh worker.  Records are appended (and fsync'ed) as soon as they are known, so a killed
-run loses at most the pair in flight; ``resume`` skips the pairs already in the file.  Without
+Order is cases outer, backends inner, and a case goes to one worker with all of its backends, so the
+worker computes the case's reference once and reuses it for every backend.  Kernels run in
+:class:`~conformance.running.worker.WorkerClient` subprocesses, ``config.jobs`` of them at once
+(:mod:`conformance.running.pool`: how many, on which GPU); a dead worker becomes a ``crash`` record,
+a silent one a ``timeout`` record, and that worker alone is replaced by a fresh one.  Each worker has
+its next request queued before it finishes the current one, so it never waits for the parent.
+
+The parent is the only writer: records are appended as soon as they arrive, and the file is fsync'ed
+once per batch of records that arrived together (before the parent waits again), so a killed run
+loses at most the pairs in flight; ``resume`` skips the pairs already in the file.  Without
 ``resume`` an existing file is moved aside to ``<name>.prev.jsonl`` (one backup) before the new
 run starts.
 
@@ -18,16 +23,29 @@ from __future__ import annotations
 import datetime as _dt
 import fnmatch
 import json
+import os
+import queue
 import shlex
 import statistics
 import sys
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, Header, Status, append_record, read_records
+from conformance.running.pool import (
+    Outcome,
+    Placement,
+    PlacementError,
+    WorkFeed,
+    parse_gpus,
+    plan_workers,
+    serve,
+)
 from conformance.running.worker import Reply, WorkerClient
 
 __all__ = ["RunConfig", "RunSummary", "UsageError", "parse_shard", "repair_tail", "run", "select_cases"]
@@ -57,6 +75,10 @@ class RunConfig:
     limit: int | None = None
     progress: bool = True
     argv: tuple[str, ...] = ()
+    #: workers at once (None: what the machine sustains, :func:`conformance.running.pool.default_jobs`)
+    jobs: int | None = 1
+    #: ``--gpus`` text (``all`` or ``0,1,...``); None: every visible GPU for ``--device cuda``, else none
+    gpus: str | None = None
 
 
 @dataclass
@@ -72,6 +94,14 @@ class RunSummary:
     harness_s: list[float] = field(default_factory=list)
     kernel_s: list[float] = field(default_factory=list)
     roundtrip_s: list[float] = field(default_factory=list)
+    #: per worker reply: the parent's round trip minus the worker's own time (IPC, JSON, thread hand-offs)
+    overhead_s: list[float] = field(default_factory=list)
+    #: per worker reply: how long the worker waited for that request after its previous reply
+    idle_s: list[float] = field(default_factory=list)
+    #: the parent's time writing, fsync'ing and counting records (per batch of records that arrived together)
+    parent_s: float = 0.0
+    workers: int = 0
+    wall_s: float = 0.0
 
     @property
     def exit_code(self) -> int:
@@ -82,10 +112,14 @@ class RunSummary:
             return f"{statistics.median(xs) * 1e3:.2f} ms" if xs else "n/a"
 
         counts = ", ".join(f"{s.value} {self.counts.get(s.value, 0)}" for s in Status)
+        parent = f"{self.parent_s / self.written * 1e3:.2f} ms" if self.written else "n/a"
         return (
-            f"{self.written} records written to {self.out} ({self.skipped} already there): {counts}\n"
+            f"{self.written} records written to {self.out} ({self.skipped} already there) in {self.wall_s:.1f} s "
+            f"by {self.workers} worker(s): {counts}\n"
             f"median per record: harness {med(self.harness_s)}, kernel {med(self.kernel_s)}, "
-            f"parent round trip {med(self.roundtrip_s)}; worker starts: {self.worker_starts}"
+            f"parent round trip {med(self.roundtrip_s)}, overhead (round trip - worker time) "
+            f"{med(self.overhead_s)}, worker idle before a request {med(self.idle_s)}; "
+            f"parent bookkeeping {parent} per record; worker starts: {self.worker_starts}"
         )
 
 
@@ -223,7 +257,10 @@ def _record(reply: Reply, case: AttentionCase, spec: str, info: dict[str, str], 
     repro += f" --tol-file {shlex.quote(config.tol_file)}" if config.tol_file else ""
     if reply.kind == "ok" and reply.data.get("ok"):
         result = CheckResult.from_json(reply.data["result"])
-        return replace(result, extra={**result.extra, "roundtrip_s": reply.wall_s}, repro=repro)
+        timing = {"roundtrip_s": reply.wall_s}
+        if "worker_s" in reply.data:
+            timing["worker_s"] = reply.data["worker_s"]
+        return replace(result, extra={**result.extra, **timing}, repro=repro)
     if reply.kind == "ok":
         status, reason = (
             Status.ERROR,
@@ -282,8 +319,92 @@ def _counts_text(counts: Counter) -> str:
     return " ".join(f"[{_COLORS[s.value]}]{s.value} {counts.get(s.value, 0)}[/]" for s in Status)
 
 
+@dataclass(frozen=True)
+class _Pair:
+    """One (case, backend) to run, with the worker request that runs it."""
+
+    case: AttentionCase
+    spec: str
+    request: dict[str, Any]
+
+
+def _units(config: RunConfig, cases: list[AttentionCase], todo: set[tuple[str, str]]) -> list[list[_Pair]]:
+    """The pairs still to run, grouped by case (cases outer, backends inner)."""
+    units = []
+    for case in cases:
+        case_json = case.to_json()
+        units.append(
+            [
+                _Pair(
+                    case,
+                    spec,
+                    {
+                        "op": "check",
+                        "case": case_json,
+                        "backend": spec,
+                        "seed": config.seed,
+                        "device": config.device,
+                        "tol": list(config.tol),
+                        "tol_file": config.tol_file,
+                        "time": config.time,
+                    },
+                )
+                for spec in config.backends
+                if (case.id, spec) in todo
+            ]
+        )
+    return [u for u in units if u]
+
+
+def _placements(config: RunConfig) -> list[Placement]:
+    try:
+        gpus = parse_gpus(config.gpus) if config.gpus is not None else None
+        return plan_workers(config.device, config.jobs, gpus, gpus_given=config.gpus is not None, timed=config.time)
+    except PlacementError as exc:
+        raise UsageError(str(exc)) from None
+
+
+class _Writer:
+    """The results file, open for the whole run: lines appended as records arrive, fsync'ed per batch."""
+
+    def __init__(self, fh: IO[str]) -> None:
+        self.fh = fh
+
+    def write(self, record: CheckResult) -> None:
+        # The line format of conformance.records.append_record, without its open and fsync per record.
+        self.fh.write(json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n")
+
+    def sync(self) -> None:
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+
+def _account(summary: RunSummary, record: CheckResult, reply: Reply) -> None:
+    summary.written += 1
+    summary.counts[record.status.value] += 1
+    summary.problems += record.status.is_problem
+    if reply.kind != "ok":
+        return
+    if "worker_s" in reply.data:
+        summary.overhead_s.append(reply.wall_s - reply.data["worker_s"])
+    if "idle_s" in reply.data:
+        summary.idle_s.append(reply.data["idle_s"])
+    if reply.data.get("ok") and record.status in _RAN:
+        summary.harness_s.append(record.harness_s)
+        summary.kernel_s.append(record.kernel_s)
+        summary.roundtrip_s.append(reply.wall_s)
+
+
+def _close_all(clients: list[WorkerClient]) -> None:
+    for client in clients:
+        client.close_input()  # all of them first, so they exit together
+    for client in clients:
+        client.close()
+
+
 def run(config: RunConfig) -> RunSummary:
     """Run the sweep described by ``config``; raises :class:`UsageError` for a bad selection."""
+    t_start = time.perf_counter()
     cases = select_cases(config.suite, config.case_patterns, config.case_json, config.shard, config.limit)
     if not config.backends:
         raise UsageError("give at least one --backend")
@@ -294,12 +415,16 @@ def run(config: RunConfig) -> RunSummary:
         load_overrides(list(config.tol), config.tol_file)  # the worker parses them again; fail fast here
     except (OSError, ValueError, RuntimeError) as exc:
         raise UsageError(f"tolerance overrides: {exc}") from None
+    placements = _placements(config)
     done = _previous(config)
-    client = WorkerClient()
+    clients = [WorkerClient(env=p.env()) for p in placements]
     summary = RunSummary(out=config.out)
     try:
-        env, infos = _describe(client, config)
-        client.preload = list(config.backends)
+        for client in clients[1 : len(cases)]:
+            client.spawn()  # their imports overlap the first worker's describe
+        env, infos = _describe(clients[0], config)
+        for client in clients:
+            client.preload = list(config.backends)
         config.out.parent.mkdir(parents=True, exist_ok=True)
         if not config.resume and config.out.exists():
             # A fresh run starts a new file, but the last one is kept: a repro command pasted from a
@@ -307,6 +432,11 @@ def run(config: RunConfig) -> RunSummary:
             backup = config.out.with_name(config.out.stem + ".prev" + config.out.suffix)
             config.out.replace(backup)
             print(f"attnconf run: moved the existing {config.out} to {backup}", file=sys.stderr)
+        pairs = [(c, s) for c in cases for s in config.backends]
+        todo = {(c.id, s) for c, s in pairs if (c.id, infos[s]["name"]) not in done}
+        units = _units(config, cases, todo)
+        workers = min(len(placements), len(units))
+        gpus = [p.gpu for p in placements[: max(1, workers)] if p.gpu is not None]
         run_info = {
             "device": config.device,
             "seed": config.seed,
@@ -318,6 +448,9 @@ def run(config: RunConfig) -> RunSummary:
             "cases": len(cases),
             "resume": config.resume,
             "already_recorded": len(done),
+            "jobs": workers,
+            "gpus": sorted(set(gpus), key=gpus.index) if gpus else None,
+            "workers": [p.to_json() for p in placements[:workers]],
         }
         started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         append_record(
@@ -330,41 +463,80 @@ def run(config: RunConfig) -> RunSummary:
                 started=started,
             ),
         )
-        pairs = [(c, s) for c in cases for s in config.backends]
-        todo = [(c, s) for c, s in pairs if (c.id, infos[s]["name"]) not in done]
         summary.skipped = len(pairs) - len(todo)
         summary.problems = sum(
             1 for c, s in pairs if (c.id, infos[s]["name"]) in done and done[c.id, infos[s]["name"]].status.is_problem
         )
-        with _progress(config, len(todo)) as bar:
-            task = bar.add_task(config.suite or "cases", total=len(todo), counts="")
-            for case, spec in todo:
-                request = {
-                    "op": "check",
-                    "case": case.to_json(),
-                    "backend": spec,
-                    "seed": config.seed,
-                    "device": config.device,
-                    "tol": list(config.tol),
-                    "tol_file": config.tol_file,
-                    "time": config.time,
-                }
-                reply = client.request(request, timeout=config.timeout)
-                record = _record(reply, case, spec, infos[spec], config)
-                append_record(config.out, record)
-                summary.written += 1
-                summary.counts[record.status.value] += 1
-                summary.problems += record.status.is_problem
-                if reply.kind == "ok" and reply.data.get("ok") and record.status in _RAN:
-                    summary.harness_s.append(record.harness_s)
-                    summary.kernel_s.append(record.kernel_s)
-                    summary.roundtrip_s.append(reply.wall_s)
-                if record.status is Status.ERROR and config.device.startswith("cuda"):
-                    client.kill()  # the CUDA context may be poisoned: the next request starts a fresh worker
-                bar.update(task, advance=1, counts=_counts_text(summary.counts))
+        summary.workers = workers
+
+        def judge(pair: _Pair, reply: Reply, worker: int) -> tuple[CheckResult, bool]:
+            record = _record(reply, pair.case, pair.spec, infos[pair.spec], config)
+            extra = {**record.extra, "worker": worker}
+            if placements[worker].gpu is not None:
+                extra["gpu"] = placements[worker].gpu
+            # An ERROR on CUDA may have poisoned the worker's context: it is replaced before its next request.
+            return replace(record, extra=extra), record.status is Status.ERROR and config.device.startswith("cuda")
+
+        feed = WorkFeed(units)
+        outcomes: queue.Queue[Outcome] = queue.Queue()
+        stop = threading.Event()
+        threads = [
+            threading.Thread(
+                target=serve,
+                args=(i, clients[i], feed, outcomes, judge, config.timeout, stop),
+                name=f"attnconf-worker-{i}",
+                daemon=True,
+            )
+            for i in range(workers)
+        ]
+        label = (config.suite or "cases") + (f" ({workers} workers)" if workers > 1 else "")
+        with _progress(config, len(todo)) as bar, open(config.out, "a", encoding="utf-8") as fh:
+            task = bar.add_task(label, total=len(todo), counts="")
+            writer = _Writer(fh)
+            for thread in threads:
+                thread.start()
+            ended = 0
+            try:
+                while ended < workers:
+                    batch = [outcomes.get()]
+                    t0 = time.perf_counter()
+                    while True:
+                        try:
+                            batch.append(outcomes.get_nowait())
+                        except queue.Empty:
+                            break
+                    wrote = 0
+                    for outcome in batch:
+                        ended += outcome.end
+                        if outcome.error is not None:
+                            raise outcome.error
+                        if outcome.record is not None:
+                            writer.write(outcome.record)
+                            _account(summary, outcome.record, outcome.reply)
+                            wrote += 1
+                    if wrote:
+                        writer.sync()
+                        bar.update(task, advance=wrote, counts=_counts_text(summary.counts))
+                    summary.parent_s += time.perf_counter() - t0
+            finally:
+                if ended < workers:  # interrupted or a worker could not start: stop the others now
+                    stop.set()
+                    for client in clients:
+                        client.kill()
+                    for thread in threads:
+                        thread.join(timeout=10)
+                    while True:  # records that arrived complete are kept; only the pairs in flight are lost
+                        try:
+                            outcome = outcomes.get_nowait()
+                        except queue.Empty:
+                            break
+                        if outcome.record is not None:
+                            writer.write(outcome.record)
+                    writer.sync()
     finally:
-        summary.worker_starts = client.starts
-        client.close()
+        summary.worker_starts = sum(c.starts for c in clients)
+        _close_all(clients)
+        summary.wall_s = time.perf_counter() - t_start
     return summary
 
 

@@ -1,0 +1,262 @@
+"""Parallel workers for one sweep: how many (``--jobs``), where (``--gpus``), and the loop each one runs.
+
+A sweep on one GPU is bound by the CPU (inputs, the reference, baselines, comparisons, JIT compiles run
+in Python), so ``attnconf run`` keeps several crash-isolated workers busy at once.  The parent stays the
+only writer of the results file; each worker is driven by one :func:`serve` thread of the parent.
+
+Placement (:func:`plan_workers`): ``--jobs`` is the *total* number of workers; with GPUs they go
+round-robin over the listed GPUs (worker ``i`` on GPU ``gpus[i % len(gpus)]``), each with
+``CUDA_VISIBLE_DEVICES`` set to that one GPU, so it runs on ``cuda`` (= ``cuda:0``) and a CUDA error
+that poisons its context touches no other worker.  With more than one worker each one gets
+``OMP_NUM_THREADS`` (and ``MKL_NUM_THREADS``, ``TORCHINDUCTOR_COMPILE_THREADS``) = its share of the
+cores, unless the caller's environment already sets them.
+
+Default ``--jobs`` (:func:`default_jobs`): on ``cpu``, half the cores (the kernels themselves use
+threads); on ``cuda``, one worker per core but one (the parent's), at most 12 per GPU, at least one per
+GPU; with ``--time``, one per GPU (or one on ``cpu``) so timed kernels do not share a device.
+
+GPU discovery (:func:`visible_gpus`) is injectable: ``$ATTNCONF_FAKE_GPUS=N`` pretends N GPUs are
+visible (placement only: the kernels still run on ``--device``), which is how placement is tested on a
+machine without a GPU; otherwise ``$CUDA_VISIBLE_DEVICES`` when set, else ``torch.cuda.device_count()``
+(which creates no CUDA context in the parent).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "FAKE_GPUS_ENV",
+    "PIPELINE_DEPTH",
+    "Outcome",
+    "Placement",
+    "PlacementError",
+    "WorkFeed",
+    "default_jobs",
+    "parse_gpus",
+    "parse_jobs",
+    "plan_workers",
+    "serve",
+    "visible_gpus",
+]
+
+#: Environment variable naming a number of pretend GPUs (placement tests on a CPU machine).
+FAKE_GPUS_ENV = "ATTNCONF_FAKE_GPUS"
+#: Requests sent to one worker ahead of its replies: one running, one queued, so the worker never
+#: waits while the parent writes the previous record.
+PIPELINE_DEPTH = 2
+#: At most this many workers share one GPU by default (each holds a CUDA context and its case's tensors).
+MAX_JOBS_PER_GPU = 12
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
+
+
+class PlacementError(ValueError):
+    """A ``--jobs``/``--gpus`` combination that cannot be placed (the runner reports it as a usage error)."""
+
+
+def parse_jobs(text: str) -> int | None:
+    """``--jobs``: ``auto`` (None: :func:`default_jobs`) or an integer >= 1."""
+    if text == "auto":
+        return None
+    try:
+        jobs = int(text)
+    except ValueError:
+        raise PlacementError(f"--jobs must be auto or a whole number >= 1, got {text!r}") from None
+    if jobs < 1:
+        raise PlacementError(f"--jobs must be >= 1, got {jobs}")
+    return jobs
+
+
+def parse_gpus(text: str) -> tuple[int, ...] | None:
+    """``--gpus``: ``all`` (None: every visible GPU) or distinct indices ``0,1,...`` as ``cuda:N`` counts them."""
+    if text.strip() == "all":
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise PlacementError(f"--gpus must be all or comma-separated GPU indices such as 0,1, got {text!r}")
+    gpus = tuple(int(p) for p in parts)
+    if len(set(gpus)) != len(gpus):
+        raise PlacementError(f"--gpus names a GPU twice: {text!r} (use --jobs for several workers per GPU)")
+    return gpus
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` tokens (index ``i`` is ``cuda:i`` here)."""
+    environ = os.environ if environ is None else environ
+    fake = environ.get(FAKE_GPUS_ENV)
+    if fake is not None:
+        if not fake.strip().isdigit():
+            raise PlacementError(f"${FAKE_GPUS_ENV} must be a whole number, got {fake!r}")
+        return [str(i) for i in range(int(fake))]
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        return [t.strip() for t in environ["CUDA_VISIBLE_DEVICES"].split(",") if t.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - no usable CUDA runtime means no GPU to place on
+        return []
+
+
+def default_jobs(device: str, gpus: int, cpus: int, timed: bool = False) -> int:
+    """Workers a machine sustains (see the module docstring for the rule)."""
+    if not device.startswith("cuda"):
+        return 1 if timed else max(1, cpus // 2)
+    per_device = max(1, gpus)
+    if timed:
+        return per_device
+    return max(per_device, min(max(1, cpus - 1), MAX_JOBS_PER_GPU * per_device))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One worker of a pool: its index, its GPU (a ``CUDA_VISIBLE_DEVICES`` token, or None: the caller's
+    devices) and its CPU thread budget (None: the library defaults)."""
+
+    worker: int
+    gpu: str | None = None
+    threads: int | None = None
+
+    def env(self, environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+        """Environment changes of this worker's process (variables the caller already set are kept)."""
+        environ = os.environ if environ is None else environ
+        env: dict[str, str | None] = {}
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu
+        if self.threads is not None:
+            env.update({k: str(self.threads) for k in _THREAD_VARS if k not in environ})
+        return env
+
+    def to_json(self) -> dict[str, Any]:
+        return {"worker": self.worker, "gpu": self.gpu, "threads": self.threads}
+
+
+def plan_workers(
+    device: str,
+    jobs: int | None,
+    gpus: tuple[int, ...] | None,
+    *,
+    gpus_given: bool,
+    timed: bool = False,
+    cpus: int | None = None,
+    discover: Callable[[], list[str]] = visible_gpus,
+    environ: Mapping[str, str] | None = None,
+) -> list[Placement]:
+    """The workers of a run.  ``gpus``/``gpus_given``: the parsed ``--gpus`` and whether it was given
+    (not given: every visible GPU when ``device`` is ``cuda``, the first ``jobs`` of them when there are
+    fewer workers than GPUs; none for ``cuda:N`` and ``cpu``)."""
+    environ = os.environ if environ is None else environ
+    cpus = cpus or os.cpu_count() or 1
+    fake = FAKE_GPUS_ENV in environ
+    tokens: list[str] | None = None
+    if gpus_given:
+        if not device.startswith("cuda") and not fake:
+            raise PlacementError(f"--gpus places workers on CUDA devices, but --device is {device}")
+        if device.startswith("cuda:"):
+            raise PlacementError(
+                f"--gpus picks the GPUs itself: give --device cuda, not {device} (each worker sees its GPU as cuda:0)"
+            )
+        seen = discover()
+        if not seen:
+            raise PlacementError("--gpus: no CUDA device is visible (torch.cuda.device_count() is 0)")
+        if gpus is None:
+            tokens = seen
+        else:
+            bad = [g for g in gpus if g >= len(seen)]
+            if bad:
+                raise PlacementError(f"--gpus {bad} not visible: {len(seen)} GPU(s) here, indices 0-{len(seen) - 1}")
+            tokens = [seen[g] for g in gpus]
+    elif device == "cuda":
+        tokens = discover() or None
+    n_gpus = len(tokens) if tokens else (1 if device.startswith("cuda") else 0)
+    if jobs is None:
+        jobs = default_jobs(device, n_gpus, cpus, timed)
+    if tokens and jobs < len(tokens) and not gpus_given:
+        tokens = tokens[:jobs]  # --jobs 2 on a 4-GPU machine: the first two GPUs
+    if tokens and jobs < len(tokens):
+        raise PlacementError(
+            f"--jobs {jobs} is fewer than the {len(tokens)} GPUs to use: give --jobs >= {len(tokens)} or fewer --gpus"
+        )
+    threads = max(1, cpus // jobs) if jobs > 1 else None
+    return [Placement(i, tokens[i % len(tokens)] if tokens else None, threads) for i in range(jobs)]
+
+
+class WorkFeed:
+    """The cases still to run, each as the list of its (case, backend) pairs still to run; a worker takes a
+    whole case, so the case's reference is computed once."""
+
+    def __init__(self, units: Iterable[list[Any]]) -> None:
+        self._units = collections.deque(u for u in units if u)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._units)
+
+    def take(self) -> list[Any] | None:
+        with self._lock:
+            return self._units.popleft() if self._units else None
+
+
+@dataclass
+class Outcome:
+    """What a worker thread hands the writer: a finished record, an exception, or its end."""
+
+    worker: int
+    record: Any = None
+    reply: Any = None
+    error: BaseException | None = None
+    end: bool = False
+
+
+def serve(
+    worker: int,
+    client: Any,
+    feed: WorkFeed,
+    outcomes: queue.Queue[Outcome],
+    judge: Callable[[Any, Any, int], tuple[Any, bool]],
+    timeout: float,
+    stop: threading.Event,
+    depth: int = PIPELINE_DEPTH,
+) -> None:
+    """Drive one worker until the feed is empty: keep ``depth`` requests in flight, turn each reply into a
+    record with ``judge(pair, reply, worker) -> (record, restart)``, put it on ``outcomes``.
+
+    ``pair`` objects carry ``.request``.  ``restart`` (a crash, a timeout, or a CUDA error that may have
+    poisoned the context) kills this worker; the requests it had queued are sent again to a fresh one.
+    Always ends with an ``Outcome(end=True)``; an exception (a worker that cannot start) is handed over.
+    """
+    mine: collections.deque[Any] = collections.deque()  # taken from the feed, not sent yet
+    sent: collections.deque[Any] = collections.deque()  # sent, reply not collected yet
+    try:
+        while not stop.is_set():
+            while len(sent) < depth:
+                if not mine:
+                    unit = feed.take()
+                    if unit is None:
+                        break
+                    mine.extend(unit)
+                pair = mine.popleft()
+                client.submit(pair.request)
+                sent.append(pair)
+            if not sent:
+                break
+            pair = sent.popleft()
+            reply = client.collect(timeout)
+            if stop.is_set():
+                break
+            record, restart = judge(pair, reply, worker)
+            if restart or reply.kind != "ok":
+                client.kill()
+                mine.extendleft(reversed(sent))
+                sent.clear()
+            outcomes.put(Outcome(worker, record=record, reply=reply))
+    except BaseException as exc:  # noqa: BLE001 - handed to the writer thread, which re-raises it
+        outcomes.put(Outcome(worker, error=exc))
+    finally:
+        outcomes.put(Outcome(worker, end=True))
