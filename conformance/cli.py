@@ -38,6 +38,27 @@ def _margin(text: str) -> float | None:
     return value
 
 
+def _jobs(text: str) -> int | None:
+    """``--jobs``: ``auto`` (None) or an integer >= 1 (:func:`conformance.running.pool.parse_jobs`)."""
+    from conformance.running.pool import PlacementError, parse_jobs
+
+    try:
+        return parse_jobs(text)
+    except PlacementError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--jobs ")) from None
+
+
+def _gpus(text: str) -> str:
+    """``--gpus``: checked here (``all`` or ``0,1,...``), resolved against the visible GPUs by the runner."""
+    from conformance.running.pool import PlacementError, parse_gpus
+
+    try:
+        parse_gpus(text)
+    except PlacementError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--gpus ")) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attnconf", description="Attention-kernel conformance harness.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -95,6 +116,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tol-file", metavar="TOML", help="tolerance overrides from a TOML file (below --tol)")
     r.add_argument("--limit", type=int, help="at most N cases (after --case and --shard)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    r.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=None,
+        metavar="N|auto",
+        help="crash-isolated workers at once, in total (default auto: on cpu half the cores; on cuda one per "
+        "core but one, at most 12 per GPU, at least one per GPU; with --time one per GPU, or 1 on cpu)",
+    )
+    r.add_argument(
+        "--gpus",
+        type=_gpus,
+        default=None,
+        metavar="all|0,1,..",
+        help="GPUs the workers go to, round-robin, each worker seeing its GPU as cuda:0 through "
+        "CUDA_VISIBLE_DEVICES (needs --device cuda; default with --device cuda: all visible GPUs)",
+    )
 
     rep = sub.add_parser("report", help="write DIR/report.md and DIR/report.html")
     rep.add_argument("results", nargs="+", type=Path)
@@ -195,6 +232,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         limit=args.limit,
         progress=not args.no_progress,
         argv=("attnconf", *argv),
+        jobs=args.jobs,
+        gpus=args.gpus,
     )
     return main_run(config)
 
