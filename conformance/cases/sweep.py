@@ -12,7 +12,10 @@ Axis names used by the grids of :mod:`conformance.cases.suites`:
 * ``quant``, ``quant_q``, ``descale``: quantization (``conformance.cases.case.QUANTS``)
 * ``qv``, ``v_padded``, ``scheduler_metadata``: MLA absorbed, padded V, FA3 scheduler metadata
 
-A new axis value is one entry in a table here; a new axis is one key read in :func:`build_case`.
+The case space itself (every axis, its canonical levels and the constraints between axes, which the covering
+arrays of the suites and the fuzzer read) is data in :mod:`conformance.cases.space`: a new axis or level goes
+there first.  A new request list or mask is one entry in a table here; a new grid key is one key read in
+:func:`build_case`.
 """
 
 from __future__ import annotations
