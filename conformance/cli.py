@@ -11,6 +11,7 @@ an empty selection):
   shards or (case, backend) pairs are missing (the file is written all the same), 2 when the files do not
   belong to one sweep or disagree.
 * ``backends``: capability matrix of the installed backends; 0.
+* ``fuzz``: random cases, failures shrunk and grouped (:mod:`conformance.fuzz`); 1 when any case failed.
 * ``cases``: the cases of a suite; 0.
 """
 
@@ -181,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="only these (registry name or module:Class)",
     )
+
+    from conformance.fuzz.cli import add_parser as add_fuzz_parser
+
+    add_fuzz_parser(sub)
 
     cs = sub.add_parser("cases", help="list the cases of a suite, or measure its coverage of the case space")
     cs.add_argument("--suite", required=True)
@@ -426,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
             return _merge(args)
         if args.command == "backends":
             return _backends(args)
+        if args.command == "fuzz":
+            from conformance.fuzz.cli import main as fuzz_main
+
+            return fuzz_main(args, argv)
         return _cases(args)
     except UsageError as exc:
         print(f"attnconf {args.command}: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ from typing import Any
 from conformance.cases.case import FEATURES, AttentionCase
 from conformance.running.env import refused_features
 from conformance.reporting.engine_table import engine_sections
+from conformance.reporting.fuzz_table import fuzz_findings
 from conformance.reporting.ledger import Ledger, LedgerEntry, load_ledger
 from conformance.records import CheckResult, Header, Status, read_records
 from conformance.cases.suites import all_case_ids
@@ -294,6 +295,7 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
             {"backend": e.backend, "pattern": e.pattern, "reason": e.reason, "source": e.source} for e in verdict.stale
         ],
         "engines": engine_sections(results, backends),
+        "fuzz": fuzz_findings(runs.sources),
         "cap_backends": cap_backends,
         "capability": capability,
         "ratio_png": _b64(ratio_png),

@@ -407,3 +407,206 @@ ALL_FAKES: tuple[type[ExactBackend], ...] = (
     RopeNopeSwappedBackend,
     VPadNotStrippedBackend,
 )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Planted bugs for the modes the fakes above leave without one (issue 10: the fuzzer's detection power,
+# scripts/detection_power.py).  Each differs from ExactBackend by one mistake, visible only where MODE_BUGS says.
+
+
+def _replace(inputs: CaseInputs, **changes) -> CaseInputs:
+    import dataclasses
+
+    return dataclasses.replace(inputs, **changes)
+
+
+class _InputsBugBackend(ExactBackend):
+    """Exact, computed on inputs the bug has changed (:meth:`transform`)."""
+
+    def transform(self, case: AttentionCase, inputs: CaseInputs) -> CaseInputs:
+        return inputs
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        return super().prepare(case, self.transform(case, inputs))
+
+
+class PagedBlockBoundaryBackend(ExactBackend):
+    """Reads the first token of every cache block after the first from the previous token's slot (a page index
+    computed from ``t - 1``): wrong only for paged requests longer than one block."""
+
+    name = "fake-paged-block-boundary"
+    description = "test fake: paged token t (t % block == 0, t > 0) read from slot of t - 1"
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        if not case.paged:
+            return super().prepare(case, inputs)
+        from attnref import gather_kv
+
+        options, sinks = self.options(case), self.sinks(inputs)
+        bs = case.block_size
+        assert bs is not None and inputs.k_cache is not None and inputs.v_cache is not None
+        assert inputs.block_table is not None
+
+        def run() -> KernelOutput:
+            if case.append:
+                assert inputs.k_new is not None and inputs.v_new is not None
+                slots = _append_slots(case, inputs.block_table)
+                write_kv_cache(inputs.k_new, inputs.v_new, inputs.k_cache, inputs.v_cache, slots, case.kv_layout)
+            k, cu_k = gather_kv(inputs.k_cache, inputs.block_table, inputs.seqlens_k, case.kv_layout)
+            v, _ = gather_kv(inputs.v_cache, inputs.block_table, inputs.seqlens_k, case.kv_layout)
+            src = torch.arange(k.shape[0])
+            for b, n in enumerate(case.kv_lens):
+                start = int(cu_k[b])
+                for t in range(bs, n, bs):
+                    src[start + t] = start + t - 1
+            with strict_fp32():
+                res = attention_varlen(
+                    inputs.q, k[src], v[src], inputs.cu_seqlens_q, cu_k, options=options,
+                    alibi_slopes=inputs.alibi_slopes, sinks=sinks, numerics=FP32,
+                )  # fmt: skip
+            return self.finish(case, res.out, res.lse)
+
+        return run
+
+
+class GqaHeadMappingBackend(_InputsBugBackend):
+    """Query head ``i`` reads kv head ``i % hk`` instead of ``i // (h / hk)``: wrong for 1 < hk < h only."""
+
+    name = "fake-gqa-head-mapping"
+    description = "test fake: q head i -> kv head i % hk"
+
+    def transform(self, case: AttentionCase, inputs: CaseInputs) -> CaseInputs:
+        h, hk = case.num_heads, case.num_kv_heads
+        idx = torch.tensor([i % hk for i in range(h)])  # every q head gets its own (wrong) kv head
+
+        def expand(x: torch.Tensor | None, dim: int) -> torch.Tensor | None:
+            return None if x is None else x.index_select(dim, idx.to(x.device))
+
+        head_dim = 1 if case.kv_layout == "HND" else 2  # caches (blocks, block, hk, d) or (blocks, hk, block, d)
+        return _replace(
+            inputs,
+            k=expand(inputs.k, 1),
+            v=expand(inputs.v, 1),
+            k_new=expand(inputs.k_new, 1),
+            v_new=expand(inputs.v_new, 1),
+            k_cache=expand(inputs.k_cache, head_dim),
+            v_cache=expand(inputs.v_cache, head_dim),
+        )
+
+
+class ChunkOffByOneBackend(ExactBackend):
+    """Chunked local attention with chunks of ``chunk + 1`` keys: wrong once a sequence passes one chunk."""
+
+    name = "fake-chunk-off-by-one"
+    description = "test fake: local chunk size + 1"
+
+    def options(self, case: AttentionCase) -> AttnOptions:
+        opts = case_options(case)
+        return opts if opts.chunk is None else opts.with_(chunk=opts.chunk + 1)
+
+
+class AlibiSignBackend(_InputsBugBackend):
+    """ALiBi with the sign of the slopes flipped (distant keys favoured)."""
+
+    name = "fake-alibi-sign"
+    description = "test fake: ALiBi slopes negated"
+
+    def transform(self, case: AttentionCase, inputs: CaseInputs) -> CaseInputs:
+        slopes = inputs.alibi_slopes
+        return inputs if slopes is None else _replace(inputs, alibi_slopes=-slopes)
+
+
+class WrongScaleDvBackend(ExactBackend):
+    """Default softmax scale from the value head dim, ``1/sqrt(dv)``: wrong when d != dv and no scale is given."""
+
+    name = "fake-wrong-scale-dv"
+    description = "test fake: default scale 1/sqrt(head_dim_v)"
+
+    def options(self, case: AttentionCase) -> AttnOptions:
+        opts = case_options(case)
+        return opts if case.scale is not None or case.dv == case.head_dim else opts.with_(scale=case.dv**-0.5)
+
+
+class HeadDim80Backend(_InputsBugBackend):
+    """At head_dim 80 only (a 64-wide tile and a forgotten tail), q.k sums the first 64 channels."""
+
+    name = "fake-head-dim-80"
+    description = "test fake: head_dim 80 scores use channels 0-63 only"
+
+    def transform(self, case: AttentionCase, inputs: CaseInputs) -> CaseInputs:
+        if case.head_dim != 80:
+            return inputs
+        q = inputs.q.clone()
+        q[..., 64:] = 0
+        return _replace(inputs, q=q)
+
+
+class CausalTopLeftBackend(_InputsBugBackend):
+    """Causal mask aligned top-left when kv_len > q_len (row i sees keys 0..i; FA2 before 2.1): the keys after
+    the first q_len of each such request are never seen."""
+
+    name = "fake-causal-top-left"
+    description = "test fake: causal diagonal top-left when kv_len > q_len"
+
+    def transform(self, case: AttentionCase, inputs: CaseInputs) -> CaseInputs:
+        if not case.causal or all(k <= q for q, k in case.requests):
+            return inputs
+        seen = [min(q, k) if k > q else k for q, k in case.requests]
+        if case.paged:
+            return _replace(inputs, seqlens_k=torch.tensor(seen, dtype=inputs.seqlens_k.dtype))
+        keep = torch.cat(
+            [torch.arange(int(inputs.cu_seqlens_k[b]), int(inputs.cu_seqlens_k[b]) + n) for b, n in enumerate(seen)]
+        )
+        cu = torch.tensor([0] + seen, dtype=torch.int64).cumsum(0).to(inputs.cu_seqlens_k.dtype)
+        return _replace(inputs, k=inputs.k[keep], v=inputs.v[keep], cu_seqlens_k=cu)
+
+
+class EmptyRowsNanBackend(ExactBackend):
+    """Rows that see no key come out NaN (0 / 0 in the softmax) instead of 0, their LSE left at -inf."""
+
+    name = "fake-empty-rows-nan"
+    description = "test fake: fully masked rows -> NaN"
+
+    def finish(self, case: AttentionCase, out: torch.Tensor, lse: torch.Tensor) -> KernelOutput:
+        empty = torch.isneginf(lse).transpose(0, 1)[..., None]  # (total_q, h, 1)
+        return KernelOutput(torch.where(empty, torch.nan, out).to(case.torch_dtype), lse.float())
+
+
+class AppendNotWrittenBackend(ExactBackend):
+    """Appends nothing: a paged append case reads the cache's stale slots where the new keys belong."""
+
+    name = "fake-append-not-written"
+    description = "test fake: kvcache append skipped"
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        if not (case.paged and case.append):
+            return super().prepare(case, inputs)
+        options, sinks = self.options(case), self.sinks(inputs)
+        assert inputs.k_cache is not None and inputs.v_cache is not None and inputs.block_table is not None
+
+        def run() -> KernelOutput:
+            with strict_fp32():
+                res = attention_paged(
+                    inputs.q, inputs.k_cache, inputs.v_cache, inputs.block_table, inputs.seqlens_k,
+                    inputs.cu_seqlens_q, layout=case.kv_layout, options=options,
+                    alibi_slopes=inputs.alibi_slopes, sinks=sinks, numerics=FP32,
+                )  # fmt: skip
+            return self.finish(case, res.out, res.lse)
+
+        return run
+
+
+#: The bugs above -> the cases that expose them (words: several need a combination no single feature names).
+MODE_BUGS: dict[type[ExactBackend], str] = {
+    PagedBlockBoundaryBackend: "paged, some kv_len > block size",
+    GqaHeadMappingBackend: "gqa (1 < kv heads < q heads)",
+    ChunkOffByOneBackend: "local_chunk, some kv_len > chunk",
+    AlibiSignBackend: "alibi",
+    WrongScaleDvBackend: "dv != d without an explicit scale",
+    HeadDim80Backend: "head_dim 80",
+    CausalTopLeftBackend: "causal, some kv_len > q_len",
+    EmptyRowsNanBackend: "a row that sees no key (empty kv, sq > sk under causal, narrow windows), no sinks",
+    AppendNotWrittenBackend: "append into a paged cache",
+}
+ALL_FAKES = ALL_FAKES + tuple(MODE_BUGS)
+__all__ += ["MODE_BUGS"] + [cls.__name__ for cls in MODE_BUGS]

@@ -1,0 +1,366 @@
+"""Random cases from the whole case space, seeded and deterministic: draw ``index`` of seed ``seed`` is always
+the same case (or the same rejection), whatever was drawn before it.
+
+A draw has two stages:
+
+1. **Levels.**  Every axis of :data:`conformance.cases.space.AXES` gets one of its levels, drawn in the order
+   of :data:`_ORDER` among the levels that keep the partial point extensible to a valid one
+   (:func:`conformance.cases.space.extensible`), so the space's constraints shape the draw instead of
+   rejecting it afterwards.  Rare modes (qv, V padding, quantization, append, ...) keep their default level
+   with the probability in :data:`_P_DEFAULT`; the others are uniform over their levels.
+2. **Values.**  Each level becomes concrete values that go beyond the named levels: a random request list of
+   the drawn batch shape (lengths biased to edge values: 0, 1, the block size and tile sizes +-1, sq > sk),
+   random head counts with the drawn GQA ratio, random head dims near the drawn level (non-powers of two and,
+   now and then, dims that are not multiples of 8), random block sizes, window extents and chunk sizes around
+   the sequence lengths, random soft-caps, scales and split counts.
+
+The case is then checked by the case model (:class:`~conformance.cases.case.AttentionCase` validation) and by
+the space's constraints on its classified point; a draw either fails is *rejected*: returned with its reason,
+never run, and counted by the campaign.  Sizes stay affordable: ``max_tokens`` bounds the summed q and kv
+lengths of a case and ``max_tokens**2 * WORK_PER_TOKEN2`` its work ``sum(q_len * kv_len) * h * (d + dv)``
+(request lengths are capped before they are drawn, so a draw with many heads or wide dims gets shorter
+sequences rather than a rejection).
+
+Why not Hypothesis strategies here: a campaign must be a *stream* that a resumed run continues exactly
+(draw ``i`` depends on ``(seed, i)`` only), and Hypothesis draws adaptively (what it draws next depends on
+what happened before, its database and its health checks) and offers no supported way to draw outside a
+test function.  ``random.Random`` seeded per index gives that stream; the tests use Hypothesis strategies to
+check its properties (valid, deterministic, within the limits, every axis level reachable).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from conformance.cases import space
+from conformance.cases.case import AttentionCase
+from conformance.cases.sweep import BATCHES, MASKS, MLA_DIMS
+
+__all__ = ["DRAWN_AXES", "Draw", "DrawLimits", "WORK_PER_TOKEN2", "draw", "stream"]
+
+#: ``max_work = max_tokens**2 * WORK_PER_TOKEN2``: a prefill of ``max_tokens`` with h * (d + dv) = 128
+#: (e.g. 1 head of d = 64).  Measured on 2 CPU cores: inputs + reference + baseline of a work of 2**25
+#: (max_tokens 512) take about 0.1-0.3 s.
+WORK_PER_TOKEN2 = 128
+
+#: The order in which axes get their level: rare modes first, so the constraints they impose (qv: the MLA
+#: dims; quantization: a 16-bit dtype, no append) shape the common axes rather than the reverse.
+_ORDER = (
+    "qv",
+    "v_padded",
+    "scheduler_metadata",
+    "quant",
+    "descale",
+    "quant_q",
+    "append",
+    "batch",
+    "heads",
+    "dims",
+    "dtype",
+    "layout",
+    "block_size",
+    "mask",
+    "softcap",
+    "alibi",
+    "sinks",
+    "num_splits",
+    "scale",
+)
+#: Every axis this module turns into values (a test checks that it covers :data:`space.AXES`).
+DRAWN_AXES = frozenset(_ORDER)
+
+#: Probability that an axis keeps its default level (axes not listed: uniform over their levels).
+_P_DEFAULT: dict[str, float] = {
+    "qv": 0.95,
+    "v_padded": 0.95,
+    "scheduler_metadata": 0.95,
+    "quant": 0.8,
+    "quant_q": 0.7,
+    "append": 0.88,
+    "softcap": 0.82,
+    "alibi": 0.88,
+    "sinks": 0.82,
+    "num_splits": 0.8,
+    "scale": 0.85,
+}
+
+#: Tile and block boundaries kernels care about; lengths near them are drawn often.
+_TILE_EDGES = (63, 64, 65, 127, 128, 129, 255, 256, 257)
+
+
+@dataclass(frozen=True)
+class DrawLimits:
+    """Size bounds of a draw: summed q and kv lengths, heads, and (derived) work."""
+
+    max_tokens: int = 512
+    max_heads: int = 32
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 64:
+            raise ValueError(f"max_tokens must be >= 64, got {self.max_tokens}")
+        if self.max_heads < 1:
+            raise ValueError(f"max_heads must be >= 1, got {self.max_heads}")
+
+    @property
+    def max_work(self) -> int:
+        """Bound on ``sum(q_len * kv_len) * num_heads * (head_dim + head_dim_v)``."""
+        return self.max_tokens**2 * WORK_PER_TOKEN2
+
+
+@dataclass(frozen=True)
+class Draw:
+    """Draw ``index`` of a seed: the case, or why the case model rejected it (``case`` is None then).
+    ``levels`` are the drawn axis levels (before values were chosen)."""
+
+    index: int
+    case: AttentionCase | None
+    rejected: str = ""
+    levels: tuple[tuple[str, Hashable], ...] = ()
+
+
+def work(case: AttentionCase) -> int:
+    """``sum(q_len * kv_len) * num_heads * (head_dim + head_dim_v)``: what the reference costs."""
+    return sum(q * k for q, k in case.requests) * case.num_heads * (case.head_dim + case.dv)
+
+
+# ---------------------------------------------------------------------------------------------- levels
+def _levels(rng: random.Random) -> dict[str, Hashable]:
+    point: dict[str, Hashable] = {}
+    for name in _ORDER:
+        if name not in space.AXES:
+            continue
+        axis = space.AXES[name]
+        allowed = [v for v in axis.values if space.extensible({**point, name: v})]
+        if not allowed:  # cannot happen for a consistent space; the case model would reject the draw
+            continue
+        p_default = _P_DEFAULT.get(name)
+        others = [v for v in allowed if v != axis.default]
+        if p_default is not None and axis.default in allowed and (not others or rng.random() < p_default):
+            point[name] = axis.default
+        else:
+            point[name] = rng.choice(others if p_default is not None and others else allowed)
+    return point
+
+
+# ---------------------------------------------------------------------------------------------- values
+def _length(rng: random.Random, lo: int, hi: int, block: int | None) -> int:
+    """A length in [lo, hi], biased to edges: lo, lo + 1, tile sizes +-1, the block size +-1 and 2 blocks + 1."""
+    if hi <= lo:
+        return lo
+    u = rng.random()
+    if u < 0.4:
+        edges = {lo, lo + 1, hi, *_TILE_EDGES}
+        if block:
+            edges |= {block - 1, block, block + 1, 2 * block + 1}
+        edges = sorted(e for e in edges if lo <= e <= hi)
+        return rng.choice(edges)
+    if u < 0.8:
+        return rng.randint(lo, min(hi, lo + 64))
+    return rng.randint(lo, hi)
+
+
+def _requests(
+    rng: random.Random, level: str, max_tokens: int, per_req: int, block: int | None
+) -> list[tuple[int, int]]:
+    """A random request list of batch shape ``level`` (see :func:`space.classify_batch`): 1-8 requests, each
+    length at most ``min(max_tokens / requests, per_req)`` (and at least 3, so every shape can be drawn)."""
+    n = 1 if level == "prefill-single" else rng.choice((1, 2, 2, 3, 3, 4, 5, 6, 8))
+    if level in ("prefill", "mixed-decode-first", "mixed-decode-last", "cross"):
+        n = max(n, 2)
+    cap = max(3, min(max_tokens // n, per_req))
+    L = lambda lo=1, hi=cap: _length(rng, lo, max(lo, hi), block)
+    if level == "prefill":
+        return [(x, x) for x in (L() for _ in range(n))]
+    if level == "prefill-single":
+        x = L(2)
+        return [(x, x)]
+    if level == "single-token":
+        return [(1, 1)] * n
+    if level == "decode":
+        reqs = [(1, L()) for _ in range(n)]
+        return reqs if any(k > 1 for _, k in reqs) else [(1, L(2))] + reqs[1:]
+    if level == "spec-decode":
+        s = rng.randint(2, min(16, cap))
+        return [(s, L(s)) for _ in range(n)]
+    if level == "chunked":
+        reqs = []
+        for _ in range(n):
+            k = L(3)
+            reqs.append((rng.randint(2, k - 1), k))
+        return reqs
+    if level in ("mixed-decode-first", "mixed-decode-last"):
+        m = rng.randint(1, n - 1)
+        decodes = [(1, L(2)) for _ in range(m)]
+        others = []
+        for _ in range(n - m):
+            k = L(2)
+            others.append((rng.choice((k, rng.randint(2, k))), k))
+        return decodes + others if level == "mixed-decode-first" else others + decodes
+    if level == "sq>sk":
+        reqs = []
+        for i in range(n):
+            if i == 0 or rng.random() < 0.5:
+                k = L(1, cap - 1)
+                reqs.append((L(k + 1), k))
+            else:
+                x = L()
+                reqs.append((x, x))
+        rng.shuffle(reqs)
+        return reqs
+    if level == "cross":
+        k_small = L(1, cap - 1)
+        q_small = L(1, cap - 1)
+        reqs = [(L(k_small + 1), k_small), (q_small, L(q_small + 1))]
+        reqs += [(L(0), L(0)) for _ in range(n - 2)]
+        rng.shuffle(reqs)
+        return reqs
+    if level == "empty-kv":
+        reqs = [(L(0), 0)]
+        reqs += [(L(0), rng.choice((0, L()))) for _ in range(n - 1)]
+        rng.shuffle(reqs)
+        return reqs
+    # a batch shape added to the space after this module: its canonical request list, clipped to the cap
+    return [(min(q, cap), min(k, cap)) for q, k in BATCHES[space.BATCH_SHAPES[level]]]
+
+
+def _heads(rng: random.Random, level: str, max_heads: int) -> tuple[int, int]:
+    ratio = {"mha": 1, "gqa2": 2, "gqa4": 4, "gqa3": rng.choice((3, 5, 6, 7, 12)), "gqa8": rng.choice((8, 16))}
+    if level == "mqa":
+        return rng.choice([h for h in (2, 3, 4, 8, 16, 32, 64, 128) if h <= max_heads] or [max_heads]), 1
+    if level not in ratio:
+        h, hk = space.HEADS[level]
+        return (h, hk) if h <= max_heads else (hk, hk)
+    g = ratio[level]
+    lo = 1 if g == 1 else 2  # a single kv head with g > 1 is MQA, another level
+    kvs = [hk for hk in (1, 2, 3, 4, 6, 8, 12, 16) if hk >= lo and hk * g <= max_heads]
+    if not kvs:
+        return 1, 1
+    hk = rng.choice(kvs)
+    return hk * g, hk
+
+
+def _dim_near(rng: random.Random, d: int) -> int:
+    """``d`` itself, or a random dim near it: a multiple of 8 within +-16, now and then any integer."""
+    u = rng.random()
+    if u < 0.5:
+        return d
+    if u < 0.9:
+        return max(8, d + 8 * rng.randint(-2, 2))
+    return max(1, d + rng.randint(-15, 15))
+
+
+def _dims(rng: random.Random, level: tuple[int, int], qv: bool) -> tuple[int, int]:
+    d, dv = level
+    if qv or (d, dv) == MLA_DIMS and rng.random() < 0.5:
+        return MLA_DIMS
+    if d == dv:
+        x = _dim_near(rng, d)
+        return x, x
+    if dv < d:  # value head dim below the qk one (seed 004's 192/128 and its relatives)
+        if rng.random() < 0.5:
+            return d, dv
+        d2 = 8 * rng.randint(3, 32)
+        return d2, 8 * rng.randint(1, d2 // 8 - 1)
+    d2 = 8 * rng.randint(1, 16)  # value head dim above the qk one
+    return d2, 8 * rng.randint(d2 // 8 + 1, 64)
+
+
+def _block_size(rng: random.Random, level: Hashable) -> int | None:
+    if level is None:
+        return None
+    return rng.randint(1, 300) if rng.random() < 0.25 else int(level)  # type: ignore[arg-type]
+
+
+def _extent(rng: random.Random, kv_max: int) -> int:
+    """A window extent: an edge (0, 1, 2, the longest kv length +-1) or a random value up to it."""
+    if rng.random() < 0.4:
+        return rng.choice(sorted({0, 1, 2, max(0, kv_max - 1), kv_max, kv_max + 1}))
+    return rng.randint(0, kv_max + 2)
+
+
+def _mask(rng: random.Random, level: str, kv_max: int) -> tuple[bool, tuple[int | None, int | None], int | None]:
+    causal, (left, right), chunk = MASKS[level]
+    if level != "w0-0" or rng.random() < 0.3:  # w0-0 (only the aligned key) stays zero-width most of the time
+        left = None if left is None else _extent(rng, kv_max)
+        right = None if right is None or causal else (0 if right == 0 else _extent(rng, kv_max))
+    if chunk is not None:
+        chunk = rng.choice((1, 2, 16, 64, 128, max(1, kv_max), rng.randint(1, kv_max + 1)))
+    return causal, (left, right), chunk
+
+
+def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLimits) -> dict[str, Any]:
+    get = lambda name, default=None: levels.get(name, default)
+    qv = bool(get("qv", False))
+    h, hk = _heads(rng, str(get("heads", "mha")), limits.max_heads)
+    d, dv = _dims(rng, get("dims", (64, 64)), qv)  # type: ignore[arg-type]
+    layout = str(get("layout", "contiguous"))
+    block = _block_size(rng, get("block_size")) if layout != "contiguous" else None
+    per_req = math.isqrt(max(1, limits.max_work // (h * (d + dv))))  # a prefill of this length meets the bound
+    requests = _requests(rng, str(get("batch", "prefill")), limits.max_tokens, per_req, block)
+    while work_of(requests, h, d + dv) > limits.max_work and any(k > 1 or q > 1 for q, k in requests):
+        # several long requests: shorten all alike (down to single tokens, which are kept whatever their work)
+        requests = [((q + 1) // 2, (k + 1) // 2) for q, k in requests]
+    kv_max = max(k for _, k in requests)
+    causal, window, chunk = _mask(rng, str(get("mask", "none")), kv_max)
+    softcap = None if get("softcap") is None else round(rng.uniform(1.0, 50.0), 1)
+    scale = None if get("scale") is None else round(10 ** rng.uniform(-2.0, 0.0), 4)
+    splits = get("num_splits")
+    num_splits = None if splits is None else (1 if splits == 1 else rng.randint(2, 8))
+    return {
+        "requests": tuple(requests),
+        "num_heads": h,
+        "num_kv_heads": hk,
+        "head_dim": d,
+        "head_dim_v": None if dv == d else dv,
+        "dtype": str(get("dtype", "bf16")),
+        "kv_layout": layout,
+        "block_size": block,
+        "causal": causal,
+        "window": window,
+        "chunk": chunk,
+        "softcap": softcap,
+        "alibi": bool(get("alibi", False)),
+        "sinks": bool(get("sinks", False)),
+        "scale": scale,
+        "append": bool(get("append", False)),
+        "num_splits": num_splits,
+        "quant": str(get("quant", "none")),
+        "quant_q": bool(get("quant_q", True)),
+        "descale": get("descale"),
+        "qv": qv,
+        "v_padded": bool(get("v_padded", False)),
+        "scheduler_metadata": bool(get("scheduler_metadata", False)),
+    }
+
+
+def work_of(requests: list[tuple[int, int]], h: int, dims: int) -> int:
+    return sum(q * k for q, k in requests) * h * dims
+
+
+# ---------------------------------------------------------------------------------------------- draws
+def draw(seed: int, index: int, limits: DrawLimits = DrawLimits()) -> Draw:
+    """Draw ``index`` of the stream of ``seed`` (depends on nothing else)."""
+    rng = random.Random(f"attnconf-fuzz:{seed}:{index}")
+    levels = _levels(rng)
+    fields = _case_fields(rng, levels, limits)
+    frozen_levels = tuple(levels.items())
+    try:
+        case = AttentionCase(**fields)
+    except ValueError as exc:
+        return Draw(index, None, f"case model: {exc}", frozen_levels)
+    problems = space.violations(space.classify(case))
+    if problems:
+        return Draw(index, None, "case space: " + "; ".join(problems), frozen_levels)
+    return Draw(index, case, "", frozen_levels)
+
+
+def stream(seed: int, limits: DrawLimits = DrawLimits(), start: int = 0) -> Iterator[Draw]:
+    """Draws ``start, start + 1, ...`` of ``seed``, rejected ones included (an endless iterator)."""
+    index = start
+    while True:
+        yield draw(seed, index, limits)
+        index += 1
