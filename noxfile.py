@@ -2,12 +2,25 @@
 ``nox --no-venv -s conformance -- --device cuda --backend fa2 --backend fa4``.
 
 With ``--no-venv`` nothing is installed (the current interpreter must already have the project's
-dependencies); otherwise each session installs the CPU torch pin first, then the project.
+dependencies) and commands run with the interpreter that runs nox; otherwise each session installs the
+CPU torch pin first, then the project.
+
+A sweep split over several machines (``.github/workflows/gpu-conformance.yml``, or any CI system):
+``shard`` runs one shard on each, ``merge`` joins their files and writes the report, ``gate`` compares
+the merged run with a baseline results file and fails on a regression::
+
+    nox --no-venv -s shard -- 0/4 --suite default --backend fa2 --device cuda   # -> shards/shard-0-of-4.jsonl
+    nox --no-venv -s merge -- shards/*.jsonl --out merged.jsonl --report report
+    nox --no-venv -s gate -- reports/h100-2026-11-22/default-h100.jsonl.gz merged.jsonl --out gate.md
 """
 
 from __future__ import annotations
 
+import argparse
+import glob
 import os
+import shutil
+import sys
 
 import nox
 from nox.virtualenv import PassthroughEnv
@@ -24,8 +37,25 @@ def _install(session: nox.Session, *extras: str) -> None:
     session.install("-e", f".[{','.join(extras)}]" if extras else ".")
 
 
-def _python(session: nox.Session, *args: str) -> None:
-    session.run("python", *args)
+def _python(session: nox.Session, *args: str, **kwargs) -> None:
+    """``python ARGS`` in the session's virtualenv; with ``--no-venv`` the interpreter running nox (which a
+    CI job installed the project into), not whichever ``python`` comes first on PATH."""
+    if isinstance(session.virtualenv, PassthroughEnv):
+        session.run(sys.executable, *args, external=True, **kwargs)
+    else:
+        session.run("python", *args, **kwargs)
+
+
+def _attnconf(session: nox.Session, *args: str, **kwargs) -> None:
+    _python(session, "-m", "conformance", *args, **kwargs)
+
+
+def _parse(session: nox.Session, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse the session's posargs; a bad one is a session error with the parser's usage, not a traceback."""
+    try:
+        return parser.parse_args(session.posargs)
+    except SystemExit as exc:
+        session.error(f"{parser.prog}: bad arguments (exit {exc.code}); usage: {parser.format_usage().strip()}")
 
 
 @nox.session
@@ -41,7 +71,7 @@ def conformance(session: nox.Session) -> None:
     _install(session, "test")
     args = list(session.posargs) or ["--suite", "smoke", "--backend", "sdpa-cpu", "--backend", "flex-cpu"]
     out = os.environ.get("ATTNCONF_OUT", "results.jsonl")
-    session.run("python", "-m", "conformance", "run", "--out", out, "--resume", *args, success_codes=[0, 1])
+    _attnconf(session, "run", "--out", out, "--resume", *args, success_codes=[0, 1])
     _python(session, "-m", "conformance", "report", out, "--out", os.environ.get("ATTNCONF_REPORT", "report"))
 
 
@@ -72,11 +102,92 @@ def compare(session: nox.Session) -> None:
     _python(session, "-m", "conformance", "compare", *session.posargs)
 
 
+def shard_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nox -s shard --", description="one shard of a sweep (attnconf run --shard)")
+    p.add_argument("shard", metavar="I/N", help="this job's shard: 0 <= I < N")
+    p.add_argument("--out", help="results file (default shards/shard-I-of-N.jsonl)")
+    return p
+
+
+@nox.session
+def shard(session: nox.Session) -> None:
+    """One shard of a sweep: ``nox -s shard -- I/N --suite default --backend fa2 --device cuda [run options]``.
+
+    Other options go to ``attnconf run``.  Writes ``shards/shard-I-of-N.jsonl`` (or ``--out``).  Failures
+    found by the run do not fail the session (``merge`` reports them, ``gate`` decides); usage errors do.
+    """
+    _install(session)
+    args, run_args = shard_parser().parse_known_args(session.posargs)
+    try:
+        i, n = (int(x) for x in args.shard.split("/"))
+    except ValueError:
+        session.error(f"nox -s shard: the first argument must be I/N, got {args.shard!r}")
+    out = args.out or os.path.join("shards", f"shard-{i}-of-{n}.jsonl")
+    _attnconf(session, "run", "--shard", f"{i}/{n}", "--out", out, "--no-progress", *run_args, success_codes=[0, 1])
+
+
+def merge_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nox -s merge --", description="shard files -> report + merged file")
+    p.add_argument("shards", nargs="+", help="the shard files (results of `nox -s shard`)")
+    p.add_argument("--out", default="merged.jsonl", help="merged results file (default merged.jsonl)")
+    p.add_argument("--report", default="report", help="report directory (default report/)")
+    p.add_argument("--summary", help="also write the merge summary (Markdown) here")
+    p.add_argument("--allow-incomplete", action="store_true", help="do not fail on missing shards or pairs")
+    return p
+
+
+@nox.session
+def merge(session: nox.Session) -> None:
+    """Shards -> report + one results file: ``nox -s merge -- SHARD... [--out merged.jsonl] [--report DIR]``.
+
+    The report is written first (it shows every shard's runner, even when the merge then fails); the merge
+    fails the session when shards or (case, backend) pairs are missing, or when the files disagree.
+    """
+    _install(session, "report")
+    args = _parse(session, merge_parser())
+    _attnconf(session, "report", *args.shards, "--out", args.report)
+    extra = (["--summary", args.summary] if args.summary else []) + (
+        ["--allow-incomplete"] if args.allow_incomplete else []
+    )
+    _attnconf(session, "merge", *args.shards, "--out", args.out, *extra)
+
+
+def gate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nox -s gate --", description="compare a baseline with a new run")
+    p.add_argument("baseline", help="the baseline results file (.jsonl or .jsonl.gz)")
+    p.add_argument("new", nargs="+", help="the new run: a merged file, or its shard files (merged first)")
+    return p
+
+
+@nox.session
+def gate(session: nox.Session) -> None:
+    """``nox -s gate -- BASELINE NEW [NEW...] [compare options, e.g. --out gate.md]``: fails on a regression.
+
+    Several NEW files are merged first (``attnconf merge``: a missing shard or pair fails the gate too).
+    """
+    _install(session)
+    args, compare_args = gate_parser().parse_known_args(session.posargs)
+    new = args.new[0]
+    if len(args.new) > 1:
+        new = os.path.join(session.create_tmp(), "gate-merged.jsonl")
+        _attnconf(session, "merge", *args.new, "--out", new)
+    _attnconf(session, "compare", args.baseline, new, *compare_args)
+
+
+WORKFLOWS = sorted(glob.glob(".github/workflows/*.yml"))
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the packages and tests."""
+    """ruff over the packages and tests; the GitHub workflows through check-jsonschema (the GitHub
+    workflow schema), zizmor (offline audit; syntax and schema errors fail) and actionlint when on PATH."""
     if not isinstance(session.virtualenv, PassthroughEnv):
-        session.install("ruff")
+        session.install("ruff", "check-jsonschema", "zizmor")
     paths = ("attnref", "attnfast", "conformance", "tests", "benchmarks", "examples", "noxfile.py")
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
+    if WORKFLOWS:
+        session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *WORKFLOWS)
+        session.run("zizmor", "--offline", "--strict-collection", "--no-progress", *WORKFLOWS)
+        if shutil.which("actionlint"):
+            session.run("actionlint", *WORKFLOWS, external=True)
