@@ -55,7 +55,7 @@ def _parse(session: nox.Session, parser: argparse.ArgumentParser) -> argparse.Na
     try:
         return parser.parse_args(session.posargs)
     except SystemExit as exc:
-        session.error(f"{parser.prog}: bad arguments (exit {exc.code}); usage: {parser.format_usage().strip()}")
+        session.error(f"{parser.prog}: bad arguments (exit {exc.code}); {parser.format_usage().strip()}")
 
 
 @nox.session
