@@ -27,6 +27,8 @@ from nox.virtualenv import PassthroughEnv
 
 nox.options.sessions = ["tests"]
 TORCH_PIN = os.environ.get("ATTNCONF_TORCH", "torch==2.13.0")
+#: the workflow linters, pinned as in the `test` extra (a newer zizmor may add audits)
+WORKFLOW_LINTERS = ("check-jsonschema>=0.39", "zizmor~=1.32.0")
 
 
 def _install(session: nox.Session, *extras: str) -> None:
@@ -182,7 +184,7 @@ def lint(session: nox.Session) -> None:
     """ruff over the packages and tests; the GitHub workflows through check-jsonschema (the GitHub
     workflow schema), zizmor (offline audit; syntax and schema errors fail) and actionlint when on PATH."""
     if not isinstance(session.virtualenv, PassthroughEnv):
-        session.install("ruff", "check-jsonschema", "zizmor")
+        session.install("ruff", *WORKFLOW_LINTERS)
     paths = ("attnref", "attnfast", "conformance", "tests", "benchmarks", "examples", "noxfile.py")
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)

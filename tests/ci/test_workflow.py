@@ -105,6 +105,21 @@ def test_jobs_matrix_artifacts_and_pins(workflow: dict[str, Any]) -> None:
     assert uses and all(re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", u) for u in uses), uses
 
 
+def test_pins_agree_with_noxfile_and_test_extra() -> None:
+    """The merge job installs the noxfile's torch pin; `nox -s lint` installs the linters the test extra has."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    nox_text = (REPO / "noxfile.py").read_text()
+    torch_pin = re.search(r'"ATTNCONF_TORCH", "(torch==[^"]+)"', nox_text).group(1)
+    assert f"pip install {torch_pin} --index-url https://download.pytorch.org/whl/cpu" in WORKFLOW.read_text()
+    linters = re.search(r"WORKFLOW_LINTERS = \(([^)]*)\)", nox_text).group(1)
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    pins = re.findall(r'"([^"]+)"', linters)
+    assert len(pins) == 2 and set(pins) <= set(extra), (pins, extra)
+
+
 def nox_sessions_called(text: str) -> set[str]:
     """Session names after ``-m nox [--no-venv] -s`` in the workflow's scripts (up to ``--`` or the line end)."""
     names: set[str] = set()
