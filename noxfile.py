@@ -52,10 +52,11 @@ def _attnconf(session: nox.Session, *args: str, **kwargs) -> None:
     _python(session, "-m", "conformance", *args, **kwargs)
 
 
-def _parse(session: nox.Session, parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """Parse the session's posargs; a bad one is a session error with the parser's usage, not a traceback."""
+def _parse(session: nox.Session, parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
+    """The session's posargs: (the session's own, the rest for the attnconf command); a bad one is a
+    session error with the parser's usage."""
     try:
-        return parser.parse_args(session.posargs)
+        return parser.parse_known_args(session.posargs)
     except SystemExit as exc:
         session.error(f"{parser.prog}: bad arguments (exit {exc.code}); {parser.format_usage().strip()}")
 
@@ -119,7 +120,7 @@ def shard(session: nox.Session) -> None:
     found by the run do not fail the session (``merge`` reports them, ``gate`` decides); usage errors do.
     """
     _install(session)
-    args, run_args = shard_parser().parse_known_args(session.posargs)
+    args, run_args = _parse(session, shard_parser())
     try:
         i, n = (int(x) for x in args.shard.split("/"))
     except ValueError:
@@ -146,7 +147,9 @@ def merge(session: nox.Session) -> None:
     fails the session when shards or (case, backend) pairs are missing, or when the files disagree.
     """
     _install(session, "report")
-    args = _parse(session, merge_parser())
+    args, unknown = _parse(session, merge_parser())
+    if unknown:
+        session.error(f"nox -s merge: unknown arguments {unknown}; {merge_parser().format_usage().strip()}")
     _attnconf(session, "report", *args.shards, "--out", args.report)
     extra = (["--summary", args.summary] if args.summary else []) + (
         ["--allow-incomplete"] if args.allow_incomplete else []
@@ -168,7 +171,7 @@ def gate(session: nox.Session) -> None:
     Several NEW files are merged first (``attnconf merge``: a missing shard or pair fails the gate too).
     """
     _install(session)
-    args, compare_args = gate_parser().parse_known_args(session.posargs)
+    args, compare_args = _parse(session, gate_parser())
     new = args.new[0]
     if len(args.new) > 1:
         new = os.path.join(session.create_tmp(), "gate-merged.jsonl")
