@@ -12,6 +12,10 @@ Conventions of this module:
   head, token, slot or channel as the case's granularity says), then rounded to the activation
   dtype: the backend computes on what a quantized kernel is handed, not on the harness's copy;
 * MLA ``qv``: ``[q | qv]`` against ``[k | v]`` (the same dot product), default scale ``1/sqrt(d + dv)``;
+* context parallel (``case.cp_world > 1``, vLLM FA3's ``cp_world_size`` / ``cp_rank`` / ``cp_tot_seqused_k``):
+  the ``sk`` keys are rank ``r``'s share of ``T`` keys, local key ``j`` is absolute key ``j * W + r``, and
+  the causal test compares absolute positions (:func:`visibility` with ``cp_total``; ``T`` per sequence in
+  :attr:`SeqTensors.cp_total`);
 * a *sink column*: a sink is expressed as one extra key appended after the ``sk`` real keys, with
   ``k = 0`` (its raw score is exactly 0) and ``v = 0`` (it adds nothing to the output), whose
   score is set to the sink's logit by a bias or a score modifier.  It then enters only the
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.inputs import CaseInputs
+from conformance.cases.inputs import CaseInputs, cp_totals
 
 __all__ = [
     "SeqTensors",
@@ -49,6 +53,7 @@ class SeqTensors:
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
+    cp_total: int | None = None  # context parallel: the sequence's keys over all ranks
 
     @property
     def sq(self) -> int:
@@ -66,16 +71,27 @@ def softmax_scale(case: AttentionCase) -> float:
     return 1.0 / math.sqrt(case.head_dim + (case.dv if case.qv else 0))
 
 
-def visibility(case: AttentionCase, sq: int, sk: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def visibility(
+    case: AttentionCase, sq: int, sk: int, device: torch.device | str = "cpu", cp_total: int | None = None
+) -> torch.Tensor:
     """Boolean ``(sq, sk)``: may query row ``i`` see key ``j`` (bottom-right aligned).
 
     With ``p = i + sk - sq``: ``p - left <= j <= p + right`` (``right = 0`` under causal; ``None``
     unbounded) and, with a chunk ``C``, ``j`` in the chunk of ``p``: ``floor(p / C) == floor(j / C)``.
     The chunk test is written as an equality of chunk numbers (not FA3's ``c0 = p - p % C``
     spelling) on purpose: two spellings that agree are evidence both are right.
+
+    Context parallel (``case.cp_world > 1``, causal only): key ``j`` is absolute key ``a = j * W + r`` of a
+    sequence of ``cp_total`` keys, visible iff ``a <= i + cp_total - sq`` and ``a < cp_total``, the test of
+    FA3's causal mask written per key (attnref bounds a prefix instead).
     """
     i = torch.arange(sq, device=device, dtype=torch.int64)[:, None]
     j = torch.arange(sk, device=device, dtype=torch.int64)[None, :]
+    if case.cp_world > 1:
+        if cp_total is None:
+            raise ValueError("a context-parallel case needs the sequence's total keys (cp_total)")
+        a = j * case.cp_world + case.cp_rank
+        return (a <= i + (cp_total - sq)) & (a < cp_total)
     p = i + (sk - sq)
     ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
     left, right = case.window
@@ -99,14 +115,15 @@ def alibi_bias(slopes: torch.Tensor, sq: int, sk: int) -> torch.Tensor:
     return -slopes.to(torch.float32)[:, None, None] * dist[None]
 
 
-def score_bias(case: AttentionCase, inputs: CaseInputs, sq: int, sk: int) -> torch.Tensor:
+def score_bias(case: AttentionCase, inputs: CaseInputs, sq: int, sk: int, cp_total: int | None = None) -> torch.Tensor:
     """fp32 additive bias ``(h or 1, sq, sk [+ 1])``: ``-inf`` where masked, ALiBi, sink column.
 
     The last column is the sink column when ``case.sinks`` (see the module docstring); the sink
-    is visible from every row, including rows that see no real key.
+    is visible from every row, including rows that see no real key.  ``cp_total``: the sequence's
+    total keys of a context-parallel case (:func:`visibility`).
     """
     dev = inputs.q.device
-    vis = visibility(case, sq, sk, dev)
+    vis = visibility(case, sq, sk, dev, cp_total)
     bias = torch.zeros(1, sq, sk, dtype=torch.float32, device=dev).masked_fill(~vis, -math.inf)
     if case.alibi:
         assert inputs.alibi_slopes is not None, "an ALiBi case must carry alibi_slopes"
@@ -238,6 +255,8 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
     * quantized: the stored keys/values (packed, or gathered from the stored-dtype caches with the
       int8 K scales of the same slots) and q are dequantized, then rounded to the activation dtype.
     * ``qv``: ``q`` becomes ``[q | qv]`` and ``k`` becomes ``[k | v]``.
+    * context parallel: each sequence's total keys (``inputs.cp_tot_seqused_k``, checked against its
+      shard by :func:`conformance.cases.inputs.cp_totals`) in ``cp_total``.
     """
     out: list[SeqTensors] = []
     quant, dt = inputs.quant, case.torch_dtype
@@ -249,6 +268,7 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
         assert k_cache is not None and v_cache is not None
         k_cache, v_cache = k_cache.clone(), v_cache.clone()
     cu_k = [int(x) for x in inputs.cu_seqlens_k.tolist()]
+    totals = cp_totals(inputs, case)
     for b, (ql, kl) in enumerate(case.requests):
         q = inputs.q[cu_q[b] : cu_q[b + 1]]
         qv = None if inputs.qv is None else inputs.qv[cu_q[b] : cu_q[b + 1]]
@@ -288,5 +308,6 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
             qv = None if qv is None else qv.to(dt)
         if qv is not None:  # MLA absorbed: [q | qv] . [k | v] = q.k + qv.v
             q, k = torch.cat([q, qv], dim=-1), torch.cat([k, v], dim=-1)
-        out.append(SeqTensors(b, cu_q[b], q, k.contiguous(), v.contiguous()))
+        total = None if totals is None else totals[b]
+        out.append(SeqTensors(b, cu_q[b], q, k.contiguous(), v.contiguous(), total))
     return out

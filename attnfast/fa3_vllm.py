@@ -24,7 +24,15 @@ upstream; every argument is passed by keyword), for every case:
   ``prepare`` (vLLM's CUDA-graph path), when the case asks for it;
 * ``v_padded``: V (or the V cache) zero-padded to ``head_dim`` and the output stripped back to
   ``head_dim_v`` (seed ``004``'s path for kernels that need equal head dims;
-  :func:`attnfast._fa_common.prepare_padded_v`).
+  :func:`attnfast._fa_common.prepare_padded_v`);
+* context parallel (``cp_world > 1``): ``cp_world_size``, ``cp_rank`` and ``cp_tot_seqused_k`` (int32
+  ``(batch,)`` on the device, the inputs' totals checked against the call's shard by
+  :func:`conformance.cases.inputs.cp_totals`).  The fork applies them in its causal mask only
+  (``hopper/mask.h``: local key ``j`` is absolute ``j * world + rank``, masked past the row's absolute
+  diagonal or past the total; ``block.h`` bounds the key blocks the same way) and refuses them with a
+  window ("Local attention (sliding window) is not currently supported with context parallelism", in its
+  source at the time of writing; the case model keeps cp causal, without windows).  The rule is read
+  from the source; the GPU run of the ``cp`` cases is its measurement.
 
 LSE ``(h, total_q)``: ``-inf`` for rows that saw no key, but ``+inf`` for every row when the batch has no
 key at all (measured), normalised to ``-inf``.
@@ -42,7 +50,7 @@ from typing import Any
 import torch
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.inputs import CaseInputs
+from conformance.cases.inputs import CaseInputs, cp_totals
 
 from ._fa_common import (
     KernelCall,
@@ -135,6 +143,13 @@ def fa3_vllm_plan(case: AttentionCase, inputs: CaseInputs, scheduler: Any = None
         fa_version=3,
         s_aux=sinks,
     )
+    totals = cp_totals(inputs, case)
+    if totals is not None:  # only a cp call passes them: every other call keeps the fork's defaults
+        kwargs.update(
+            cp_world_size=case.cp_world,
+            cp_rank=case.cp_rank,
+            cp_tot_seqused_k=torch.tensor(totals, dtype=torch.int32, device=inputs.device),
+        )
     if case.scheduler_metadata:
         assert scheduler is not None, "a scheduler_metadata case needs get_scheduler_metadata"
         kwargs["scheduler_metadata"] = scheduler(
@@ -169,7 +184,7 @@ class FA3VllmBackend(Backend):
     name = "fa3-vllm"
     family = "vllm-flash-attn-3"
     description = "vLLM's FA3 fork (vllm.vllm_flash_attn, fa_version=3): varlen + paged, fp8, q_v, s_aux"
-    accepts = frozenset({"fp8_e4m3", "descale_head", "qv", "v_pad", "sched_meta"})
+    accepts = frozenset({"fp8_e4m3", "descale_head", "qv", "v_pad", "sched_meta", "cp"})
     refused = {
         "alibi": "'Alibi is not supported in FA3' (the wrapper's assertion, measured)",
         "append": "by the wrapper: flash_attn_varlen_func passes no new keys (k_new/v_new = None); vLLM writes "

@@ -6,6 +6,8 @@ Translation, per request (one flex call each, ``(1, h, sq, d)`` views):
   ``prepare``;
 * ``mask_mod``: causal / window / chunk, bottom-right aligned, written here from the rule in
   ``../shared/SEMANTICS.md`` (not from :mod:`attnref`); a ``BlockMask`` is built in ``prepare``;
+  context parallel (vLLM FA3's ``cp_world_size`` / ``cp_rank`` / ``cp_tot_seqused_k``): key ``j`` is
+  absolute key ``j * W + r`` of the sequence's ``T`` keys, causal in absolute positions;
 * ``score_mod``: soft-cap ``cap * tanh(s / cap)``, then ALiBi ``-slope * |i + sk - sq - j|``;
 * sinks: flex has no sink argument, so one extra key (``k = 0``, ``v = 0``) is appended whose
   score the ``score_mod`` replaces by the sink's logit, visible from every row; it then joins only
@@ -48,11 +50,14 @@ __all__ = ["FlexCpuBackend", "make_mask_mod", "make_score_mod"]
 _EAGER_WARNING = r"flex_attention called without torch.compile"
 
 
-def make_mask_mod(case: AttentionCase, sq: int, sk: int, q_offset: int = 0) -> Callable[..., torch.Tensor]:
+def make_mask_mod(
+    case: AttentionCase, sq: int, sk: int, q_offset: int = 0, cp_total: int | None = None
+) -> Callable[..., torch.Tensor]:
     """``mask_mod(b, h, q_idx, kv_idx)`` of one request.
 
     ``q_idx`` counts from ``q_offset`` (the first query row of a tile); key ``sk`` is the sink
-    column when ``case.sinks`` and is visible from every row.
+    column when ``case.sinks`` and is visible from every row.  ``cp_total``: the request's keys over
+    all ranks of a context-parallel case.
     """
     left, right = case.window
     if case.causal:
@@ -60,10 +65,18 @@ def make_mask_mod(case: AttentionCase, sq: int, sk: int, q_offset: int = 0) -> C
     chunk = case.chunk
     shift = sk - sq + q_offset
     sinks = case.sinks
+    world, rank = case.cp_world, case.cp_rank
+    if world > 1 and cp_total is None:
+        raise ValueError("a context-parallel case needs the request's total keys (cp_total)")
+    cp_shift = 0 if cp_total is None else cp_total - sq + q_offset
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
         p = q_idx + shift
         ok = kv_idx < sk
+        if world > 1:  # causal in absolute positions: key kv_idx is absolute key kv_idx * world + rank
+            a = kv_idx * world + rank
+            ok = ok & (a <= q_idx + cp_shift) & (a < cp_total)
+            return ok | (kv_idx == sk) if sinks else ok
         if left is not None:
             ok = ok & (kv_idx >= p - left)
         if right is not None:
@@ -140,9 +153,10 @@ class FlexCpuBackend(Backend):
         "torch flex_attention on CPU (eager); mask_mod/score_mod per request; sinks as an extra key"
     )
     refused: ClassVar[dict[str, str]] = {}
-    #: quantized inputs are dequantized and MLA's qv concatenated in ``_torch_common.sequences``.
+    #: quantized inputs are dequantized and MLA's qv concatenated in ``_torch_common.sequences``; context
+    #: parallel (``cp``) is a rule of the ``mask_mod``.
     accepts: ClassVar[frozenset[str]] = frozenset(
-        {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv"}
+        {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "cp"}
     )
 
     def __init__(self, max_score_elems: int = 1 << 24) -> None:
@@ -174,7 +188,7 @@ class FlexCpuBackend(Backend):
         tiles = []
         for r0 in range(0, sq, rows):
             r1 = min(sq, r0 + rows)
-            mask_mod = make_mask_mod(case, sq, sk, r0)
+            mask_mod = make_mask_mod(case, sq, sk, r0, seq.cp_total)
             kwargs: dict[str, Any] = {"scale": scale, "enable_gqa": case.num_heads != case.num_kv_heads}
             kwargs["block_mask"] = create_block_mask(mask_mod, None, None, r1 - r0, sk_total, device=str(k.device))
             kwargs["score_mod"] = make_score_mod(case, sq, sk, r0, slopes, sinks)

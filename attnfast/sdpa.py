@@ -106,9 +106,11 @@ def mask_kind(case: AttentionCase, sq: int, sk: int) -> str:
     """How one request's mask reaches SDPA: ``none``, ``is_causal``, ``lower_right`` or ``bias``.
 
     Decided from the actual visibility pattern, so a window wider than the sequence costs no
-    mask.  ``is_causal`` (top-left) equals the bottom-right rule only when ``sq == sk``.
+    mask.  ``is_causal`` (top-left) equals the bottom-right rule only when ``sq == sk``.  A
+    context-parallel case's pattern depends on each sequence's total keys, which the plan does not
+    see: always a bias.
     """
-    if case.alibi or case.sinks:
+    if case.alibi or case.sinks or case.cp_world > 1:
         return "bias"
     vis = visibility(case, sq, sk)
     if bool(vis.all()):
@@ -191,9 +193,10 @@ class _SdpaBase(Backend):
     """Shared translation; subclasses choose the SDPA backends and the mask argument."""
 
     refused: ClassVar[dict[str, str]] = {"softcap": _SOFTCAP}
-    #: quantized inputs are dequantized and MLA's qv concatenated in ``_torch_common.sequences``.
+    #: quantized inputs are dequantized and MLA's qv concatenated in ``_torch_common.sequences``; context
+    #: parallel (``cp``) is the mask of ``_torch_common.visibility``.
     accepts: ClassVar[frozenset[str]] = frozenset(
-        {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv"}
+        {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "cp"}
     )
 
     def version(self) -> str:
@@ -229,11 +232,11 @@ class _SdpaBase(Backend):
         if isinstance(plan, Support):
             raise ValueError(f"{self.name}: {plan.reason}")  # noqa: TRY004 - a refused case, not a wrong type
         k, v = with_sink_column(seq.k, seq.v) if case.sinks else (seq.k, seq.v)
-        bias = score_bias(case, inputs, sq, sk)
+        bias = score_bias(case, inputs, sq, sk, seq.cp_total)
         lse = derived_lse(seq.q, k, bias, scale)
         if plan.skip:
             return None, lse
-        dead = ~visibility(case, sq, sk, seq.q.device).any(dim=1)
+        dead = ~visibility(case, sq, sk, seq.q.device, seq.cp_total).any(dim=1)
         if plan.expand_kv:
             group = case.num_heads // case.num_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

@@ -149,7 +149,7 @@ class AttnOptions:
             isinstance(self.chunk, bool) or not isinstance(self.chunk, int) or self.chunk <= 0
         ):
             raise ValueError(f"chunk must be a positive int or None (off), got {self.chunk!r}")
-        if self.cp is not None and (not self.causal or not self.window.unbounded or self.chunk is not None):
+        if self.cp is not None and (not self.causal or self.window.left is not None or self.chunk is not None):
             raise ValueError(
                 "cp needs causal=True and no window or chunk (the kernel applies cp_* in its causal mask only), "
                 f"got causal={self.causal}, window={self.window}, chunk={self.chunk}"

@@ -20,8 +20,12 @@ against V, ``s = scale * (q.k + qv.v)`` (FA3 ``qv``; FlashMLA's 576-wide cache i
 ``head_dim`` 64 = rope and ``head_dim_v`` 512 = latent); the default scale is ``1/sqrt(d + dv)``.
 ``v_padded``: the caller zero-pads V to ``head_dim`` and strips the output back to ``head_dim_v``
 (seed ``004``'s path for kernels that need equal head dims).  ``scheduler_metadata``: the FA3 call
-takes precomputed scheduler metadata (vLLM's CUDA-graph path).  Features that arrived after the
-adapter API (:data:`OPT_IN_FEATURES`) are refused by an adapter unless it declares them.
+takes precomputed scheduler metadata (vLLM's CUDA-graph path).  ``cp_world`` / ``cp_rank``: context
+parallelism as vLLM's FA3 fork takes it (``cp_world_size``, ``cp_rank``, ``cp_tot_seqused_k``): the call's keys
+(``kv_len``) are one rank's interleave-1 shard of a longer sequence, local key ``j`` being absolute key ``j *
+cp_world + cp_rank``, and the causal rule holds in absolute positions; each sequence's total comes with the inputs
+(``CaseInputs.cp_tot_seqused_k``).  Features that arrived after the adapter API (:data:`OPT_IN_FEATURES`) are
+refused by an adapter unless it declares them.
 
 Engine replays (``engine`` and ``scenario``, :mod:`conformance.engines`): the case is one step of an engine
 backend's attention layer, replayed as that engine composes its kernel calls; ``requests`` are the step's
@@ -93,13 +97,14 @@ FEATURES: dict[str, str] = {
     "qv": "MLA absorbed: a query part scored against V (FA3 qv, FlashMLA's 576-wide cache)",
     "v_pad": "V zero-padded to the qk head dim, output stripped back (seed 004)",
     "sched_meta": "precomputed FA3 scheduler metadata (vLLM's CUDA-graph path)",
+    "cp": "context parallel: a causal call over one rank's interleave-1 key shard (FA3 cp_world_size/cp_rank)",
 }
 
 #: Features an adapter must declare in ``Backend.accepts`` to be given (refused otherwise, with a
 #: reason): they arrived after the adapter API, and an adapter written before them would otherwise
 #: be fed dequantized or concatenated tensors it never asked for.
 OPT_IN_FEATURES: frozenset[str] = frozenset(
-    {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "v_pad", "sched_meta"}
+    {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "v_pad", "sched_meta", "cp"}
 )
 
 
@@ -134,6 +139,8 @@ class AttentionCase:
     qv: bool = False
     v_padded: bool = False
     scheduler_metadata: bool = False
+    cp_world: int = 1
+    cp_rank: int = 0
     engine: str = ""
     scenario: str = ""
     batch_name: str = field(default="", compare=False)
@@ -184,10 +191,23 @@ class AttentionCase:
             yield f"engine and scenario must be set together, got engine={self.engine!r}, scenario={self.scenario!r}"
         if self.qv and self.head_dim_v is None:
             yield "qv needs head_dim_v (the width of qv and V, e.g. 512 for MLA's latent)"
+        yield from self._cp_problems()
         if self.v_padded and not self.dv < self.head_dim:
             yield (
                 f"v_padded needs head_dim_v < head_dim (V is zero-padded to head_dim), got {self.dv}, {self.head_dim}"
             )
+
+    def _cp_problems(self):
+        if self.cp_world < 1 or not 0 <= self.cp_rank < self.cp_world:
+            yield f"cp_rank must be in [0, cp_world) with cp_world >= 1, got {self.cp_rank} of {self.cp_world}"
+        elif self.cp_world > 1:
+            if not self.causal or self.has_window or self.chunk is not None:
+                yield (
+                    "cp_world > 1 needs causal=True without window or chunk (the kernel applies cp_* in its causal "
+                    "mask only)"
+                )
+            if self.alibi or self.append:
+                yield "cp_world > 1 cannot be combined with alibi or append (positions are absolute under cp)"
 
     def _quant_problems(self):
         if self.quant not in QUANTS:
@@ -318,6 +338,8 @@ class AttentionCase:
         for name, feature in (("qv", "qv"), ("v_padded", "v_pad"), ("scheduler_metadata", "sched_meta")):
             if getattr(self, name):
                 f.add(feature)
+        if self.cp_world > 1:
+            f.add("cp")
         return frozenset(f)
 
     # ------------------------------------------------------------------ naming
@@ -359,6 +381,8 @@ class AttentionCase:
         for name in ("qv", "v_padded", "scheduler_metadata"):
             if getattr(self, name):
                 parts.append({"qv": "qv", "v_padded": "vpad", "scheduler_metadata": "sched"}[name])
+        if self.cp_world > 1:
+            parts.append(f"cp{self.cp_world}r{self.cp_rank}")
         return "_".join(parts) + "-" + self.digest()
 
     def digest(self) -> str:
@@ -375,7 +399,8 @@ class AttentionCase:
             f"q/kv lens [{shown}] h={self.num_heads} hk={self.num_kv_heads} d={self.head_dim} dv={self.dv} "
             f"{self.dtype} {f'paged {self.kv_layout} block {self.block_size}' if self.paged else 'contiguous'}"
             f" window={self.window} softcap={self.softcap}"
-            f"{f' quant={self.quant} descale={self.descale_mode}' if self.quant != 'none' else ''} [{' '.join(mods)}]"
+            f"{f' quant={self.quant} descale={self.descale_mode}' if self.quant != 'none' else ''}"
+            f"{f' cp rank {self.cp_rank} of {self.cp_world}' if self.cp_world > 1 else ''} [{' '.join(mods)}]"
         )
 
     # ------------------------------------------------------------------ JSON

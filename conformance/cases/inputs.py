@@ -17,6 +17,10 @@ a CPU rerun of one case see the same numbers.  Choices that make bugs visible:
 * MLA (``qv``) paged caches also come as one ``(num_blocks, block, 1, dv + d)`` tensor
   ``[c_kv | k_rope]`` (``mla_cache``, FlashMLA's and SGLang's layout; ``k_cache``/``v_cache`` are
   contiguous copies of its two parts).
+* context parallel (``cp_world > 1``): ``kv_len`` keys are rank ``cp_rank``'s share of a sequence of
+  ``cp_tot_seqused_k[b]`` keys; the totals are derived as ``max(0, kv_len * world + rank - b % world)``, the
+  largest total of that share less ``b mod world``, so a batch meets every remainder of ``total mod world``
+  (engines pass their own, see :func:`cp_totals`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 from conformance.cases.case import AttentionCase
 from conformance.cases.quant_inputs import QuantTensors, quantize_case, vary_magnitudes
 
-__all__ = ["CaseInputs", "QuantTensors", "make_inputs", "alibi_slopes"]
+__all__ = ["CaseInputs", "QuantTensors", "alibi_slopes", "cp_local_len", "cp_totals", "make_inputs"]
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -56,7 +60,9 @@ class CaseInputs:
     given (the paged caches then have the stored dtype);
     the paged fields are set when ``case.paged``.  With ``case.append`` the paged cache (or, for a
     contiguous case, ``k_cache_padded``) holds only the first ``kv_len - q_len`` keys of each
-    request and the kernel is expected to write ``k_new``/``v_new`` itself.
+    request and the kernel is expected to write ``k_new``/``v_new`` itself.  ``cp_tot_seqused_k`` (int32
+    ``(batch,)``) is set exactly for a context-parallel case (``case.cp_world > 1``): each sequence's keys over
+    all ranks, of which ``k``/``v`` hold the rank's share (:func:`cp_totals`).
     """
 
     case: AttentionCase
@@ -76,6 +82,7 @@ class CaseInputs:
     qv: torch.Tensor | None = None
     quant: QuantTensors | None = None
     mla_cache: torch.Tensor | None = None
+    cp_tot_seqused_k: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -88,6 +95,43 @@ class CaseInputs:
     def v_of(self, b: int) -> torch.Tensor:
         s, e = int(self.cu_seqlens_k[b]), int(self.cu_seqlens_k[b + 1])
         return self.v[s:e]
+
+
+def cp_local_len(total: int, world: int, rank: int) -> int:
+    """Keys of a ``total``-key sequence that ``rank`` of ``world`` holds in the kernel's interleave-1 shard (absolute
+    key ``a`` on rank ``a % world``)."""
+    return max(0, -(-(total - rank) // world))
+
+
+def cp_totals(inputs: CaseInputs, case: AttentionCase | None = None) -> list[int] | None:
+    """The per-sequence totals of a context-parallel call (None when ``case.cp_world == 1``), checked: one int per
+    sequence, each consistent with the keys the call holds (``kv_len == cp_local_len(total, world, rank)``).
+    ``case`` is the call being made (default ``inputs.case``).
+
+    Raises ``ValueError`` naming ``cp_tot_seqused_k`` otherwise: a call whose keys are not the rank's interleave-1
+    shard of its total is not a call the kernel's rule describes (it would mask stale slots or read past them)."""
+    case = inputs.case if case is None else case
+    tot = inputs.cp_tot_seqused_k
+    if case.cp_world == 1:
+        if tot is not None:
+            raise ValueError("cp_tot_seqused_k is set but the case has cp_world == 1")
+        return None
+    if tot is None:
+        raise ValueError(f"cp_tot_seqused_k must be set for a context-parallel case (cp_world={case.cp_world})")
+    if tot.dim() != 1 or tot.shape[0] != case.batch or tot.dtype.is_floating_point:
+        raise ValueError(
+            f"cp_tot_seqused_k must be an integer tensor of shape ({case.batch},), got {tuple(tot.shape)} {tot.dtype}"
+        )
+    totals = [int(t) for t in tot.tolist()]
+    for b, (t, n) in enumerate(zip(totals, case.kv_lens)):
+        want = cp_local_len(t, case.cp_world, case.cp_rank) if t >= 0 else -1
+        if n != want:
+            raise ValueError(
+                f"cp_tot_seqused_k[{b}] = {t}: rank {case.cp_rank} of {case.cp_world} holds {max(want, 0)} of its "
+                f"keys in the kernel's interleave-1 shard (key a on rank a % {case.cp_world}), but the call gives "
+                f"sequence {b} {n}"
+            )
+    return totals
 
 
 def _stale_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -188,6 +232,10 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
         qv=qv,
         quant=quant,
     )
+    if case.cp_world > 1:
+        w, r = case.cp_world, case.cp_rank
+        totals = [max(0, kl * w + r - b % w) for b, kl in enumerate(case.kv_lens)]
+        inputs.cp_tot_seqused_k = torch.tensor(totals, dtype=torch.int32)
     if case.append:
         idx = (
             torch.cat([torch.arange(cu_k[b + 1] - ql, cu_k[b + 1]) for b, (ql, _) in enumerate(case.requests)])

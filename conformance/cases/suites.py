@@ -102,12 +102,18 @@ SMOKE: tuple[Sweep, ...] = (
         {"dims": MLA_DIMS, "qv": True, "heads": (8, 1), "mask": "causal", "kv": ("NHD", 64), "scale": MLA_SCALE},
     ),
     Sweep("mla_prefill", {"batch": ("s_pf",), "v_padded": (False, True)}, {"dims": MLA_PREFILL_DIMS, "mask": "causal"}),
+    Sweep(
+        "cp",
+        {"batch": ("s_dec", "s_spec"), "cp": ((2, 1), (4, 3)), "kv": (CONTIG, ("NHD", 16))},
+        {"mask": "causal", "heads": (4, 2), "dims": (64, 64)},
+    ),
 )
 
 #: Quantization, MLA and FA3-call sweeps of ``default`` (issue 8): fp8 formats x descale granularity x head
 #: dims (192/128 included), fp8 with masks and modifiers, fp8 paged caches over every layout and block size,
 #: fp8 k/v with a 16-bit q, seed 001's int8 types, MLA absorbed decode and spec decode (64 + 512, plain and
-#: fp8), seed 004's MLA prefill (192/128, V padded or not), FA3 scheduler metadata.
+#: fp8), seed 004's MLA prefill (192/128, V padded or not), FA3 scheduler metadata, FA3's context-parallel call
+#: (``cp_world_size`` / ``cp_rank``: one rank's key shard).
 QUANT_MLA: tuple[Sweep, ...] = (
     Sweep(
         "fp8",
@@ -192,6 +198,15 @@ QUANT_MLA: tuple[Sweep, ...] = (
             "num_splits": (None, 3),
         },
         {"scheduler_metadata": True, "mask": "causal", "heads": (8, 2), "dims": (128, 128)},
+    ),
+    Sweep(
+        "cp",
+        {
+            "batch": ("dec", "spec4", "chunk", "mixdf"),
+            "cp": ((2, 0), (2, 1), (3, 2), (8, 5)),
+            "kv": (CONTIG, ("NHD", 16), ("HND", 64)),
+        },
+        {"mask": "causal", "heads": (8, 2), "dims": (128, 128)},
     ),
 )
 

@@ -11,6 +11,7 @@ Axis names used by the grids of :mod:`conformance.cases.suites`:
 * ``softcap``, ``alibi``, ``sinks``, ``append``, ``num_splits``, ``scale``: case fields as they are
 * ``quant``, ``quant_q``, ``descale``: quantization (``conformance.cases.case.QUANTS``)
 * ``qv``, ``v_padded``, ``scheduler_metadata``: MLA absorbed, padded V, FA3 scheduler metadata
+* ``cp``: ``(cp_world, cp_rank)``, a context-parallel call over one rank's key shard (default ``(1, 0)``)
 
 The case space itself (every axis, its canonical levels and the constraints between axes, which the covering
 arrays of the suites and the fuzzer read) is data in :mod:`conformance.cases.space`: a new axis or level goes
@@ -120,6 +121,7 @@ def build_case(point: Mapping[str, Any]) -> AttentionCase:
     d, dv = point.get("dims", (128, 128))
     layout, bs = point.get("kv", CONTIG)
     causal, window, chunk = MASKS[point.get("mask", "none")]
+    cp_world, cp_rank = point.get("cp", (1, 0))
     return AttentionCase(
         requests=BATCHES[batch],
         num_heads=h,
@@ -144,5 +146,7 @@ def build_case(point: Mapping[str, Any]) -> AttentionCase:
         qv=point.get("qv", False),
         v_padded=point.get("v_padded", False),
         scheduler_metadata=point.get("scheduler_metadata", False),
+        cp_world=cp_world,
+        cp_rank=cp_rank,
         batch_name=batch,
     )

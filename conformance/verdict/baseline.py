@@ -30,7 +30,7 @@ import torch
 from attnref import row_bounds
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.inputs import CaseInputs
+from conformance.cases.inputs import CaseInputs, cp_totals
 from conformance.verdict.reference import case_options, strict_fp32
 
 __all__ = ["MAX_TILE_ELEMS", "baseline"]
@@ -53,6 +53,7 @@ def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, tor
     if inputs.quant is not None and inputs.quant.v is not None and inputs.quant.v.dtype.is_floating_point:
         inter = inputs.quant.v.dtype  # fp8 V: P goes through fp8 before P @ V
     options = case_options(case)
+    totals = cp_totals(inputs, case)  # context parallel: each sequence's total keys, for the cp rule of its mask
     out = torch.zeros(case.total_q, h, dv, dtype=dt, device=dev)
     lse = torch.full((h, case.total_q), -math.inf, dtype=torch.float32, device=dev)
     sink = None if inputs.sinks is None else inputs.sinks.to(dev, torch.float32).reshape(h, 1)
@@ -75,6 +76,7 @@ def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, tor
             qb = (inputs.q[q0 : q0 + sq].to(dt) * scale).permute(1, 0, 2)  # rounded to dt, like attention_ref
             qvb = None if inputs.qv is None else (inputs.qv[q0 : q0 + sq].to(dt) * scale).permute(1, 0, 2)
             cols = torch.arange(sk, device=dev)
+            seq_options = options if totals is None else options.with_(cp=options.cp.with_total(totals[b]))
             tq = max(1, min(sq, MAX_TILE_ELEMS // (h * sk)))
             for t0 in range(0, sq, tq):
                 t1 = min(sq, t0 + tq)
@@ -86,7 +88,7 @@ def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, tor
                     cols,
                     sq,
                     sk,
-                    options,
+                    seq_options,
                     slopes,
                     sink,
                     None if qvb is None else qvb[:, t0:t1],

@@ -3,7 +3,9 @@
 The reference reads the contiguous keys ``inputs.k``/``inputs.v`` (every key of every request, the
 new tokens included) through ``cu_seqlens_k``, whatever the case's KV layout: a paged or appending
 kernel must give the same answer as if the keys had been contiguous, so the reference never
-depends on the cache the kernel reads (nor on what the kernel writes into it).  For a quantized
+depends on the cache the kernel reads (nor on what the kernel writes into it).  A context-parallel
+case (``cp_world > 1``) holds one rank's shard of each sequence's keys and the totals
+``inputs.cp_tot_seqused_k``: the reference applies the kernel's cp rule (``attnref.ContextParallel``).  For a quantized
 case those are the dequantized values (:mod:`conformance.cases.quant_inputs`), in fp32; with ``qv``
 (MLA absorbed) the score adds ``qv . v``.
 
@@ -20,22 +22,24 @@ from collections.abc import Iterator
 import torch
 
 import attnref
-from attnref import AttnOptions, AttnResult, Numerics, Window
+from attnref import AttnOptions, AttnResult, ContextParallel, Numerics, Window
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.inputs import CaseInputs
+from conformance.cases.inputs import CaseInputs, cp_totals
 
 __all__ = ["case_options", "default_numerics", "reference", "strict_fp32"]
 
 
 def case_options(case: AttentionCase) -> AttnOptions:
-    """The reference's option object for ``case`` (causal, window, softcap, scale, chunk)."""
+    """The reference's option object for ``case`` (causal, window, softcap, scale, chunk, context parallel; the
+    per-sequence cp totals travel in the inputs)."""
     return AttnOptions(
         causal=case.causal,
         window=Window(*case.window),
         softcap=case.softcap,
         scale=case.scale,
         chunk=case.chunk,
+        cp=ContextParallel(case.cp_world, case.cp_rank) if case.cp_world > 1 else None,
     )
 
 
@@ -95,4 +99,5 @@ def reference(case: AttentionCase, inputs: CaseInputs, numerics: Numerics | None
             sinks=inputs.sinks,
             qv=inputs.qv,
             numerics=numerics,
+            cp_tot_seqused_k=cp_totals(inputs, case),
         )

@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from attnref import AttnOptions, Numerics, Window, attention_varlen, window_from_fa2
+from attnref import AttnOptions, ContextParallel, Numerics, Window, attention_varlen, window_from_fa2
 
 FP8 = torch.float8_e4m3fn
 
@@ -92,11 +92,22 @@ def make_fake_vllm_fa3() -> types.ModuleType:
         kd, vd = k.float() * _per_token(k_descale, lens), v.float() * _per_token(v_descale, lens)
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** (-0.5)
         wl, wr = window_size if window_size is not None else (-1, -1)
+        # context parallel, from the fork's source (flash_api.cpp's checks, mask.h's causal-only rule): not measured
+        if cp_world_size <= 0 or (cp_world_size == 1 and cp_rank != 0):
+            raise RuntimeError(
+                "cp_world_size must be positive; when context parallelism is disabled, cp_rank must be zero"
+            )
+        if cp_world_size > 1 and cp_tot_seqused_k is None:
+            raise RuntimeError("cp_tot_seqused_k_ must be provided when context parallelism is enabled.")
+        if cp_world_size > 1 and wl >= 0:
+            raise RuntimeError("Local attention (sliding window) is not currently supported with context parallelism")
+        cp = ContextParallel(cp_world_size, cp_rank) if cp_world_size > 1 and causal else None
+        tot = None if cp is None else cp_tot_seqused_k.cpu()
         opts = AttnOptions(causal=causal, window=window_from_fa2(wl, 0 if causal else wr), softcap=softcap or None,
-                           scale=scale)  # fmt: skip
+                           scale=scale, cp=cp)  # fmt: skip
         res = attention_varlen(qd, kd, vd, torch.tensor(cu_q), torch.tensor(cu_k), options=opts,
                                sinks=None if s_aux is None else s_aux.float(), qv=qvd,
-                               numerics=Numerics(torch.float32))  # fmt: skip
+                               numerics=Numerics(torch.float32), cp_tot_seqused_k=tot)  # fmt: skip
         lse = res.lse.float()
         if sum(lens) == 0:
             lse.fill_(math.inf)  # measured: +inf when the batch has no key at all

@@ -44,6 +44,13 @@ CASES = {
     "mla_contig": C([(1, 70), (4, 90)], scale=MLA_SCALE, **MLA),
     "mla_paged64": C([(1, 70), (4, 90)], scale=MLA_SCALE, kv_layout="NHD", block_size=64, **MLA),
     "mla_paged_hnd": C([(1, 70), (2, 9)], scale=MLA_SCALE, kv_layout="HND", block_size=16, **MLA),
+    "cp2_rank1_paged": C(
+        [(1, 70), (4, 90), (3, 0)], causal=True, cp_world=2, cp_rank=1, kv_layout="NHD", block_size=16
+    ),
+    "cp3_rank2_contig": C([(33, 40), (1, 70), (9, 3)], causal=True, cp_world=3, cp_rank=2),
+    "cp4_rank0_hnd_sinks": C(
+        [(5, 50), (1, 1)], causal=True, cp_world=4, cp_rank=0, sinks=True, kv_layout="HND", block_size=16
+    ),
 }
 
 

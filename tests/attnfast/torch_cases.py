@@ -52,6 +52,12 @@ CASES = {
     "append_paged_nhd": C([(3, 10), (1, 7)], causal=True, kv_layout="NHD", block_size=4, append=True),
     "append_paged_hnd_sinks": C([(2, 5), (1, 1)], causal=True, kv_layout="HND", block_size=1, append=True, sinks=True),
     "append_contiguous": C([(2, 9), (4, 4)], h=4, hk=2, causal=True, append=True),
+    # context parallel: the keys are one rank's interleave-1 shard (totals from make_inputs)
+    "cp2_rank1_paged": C(
+        [(1, 9), (3, 10), (4, 0), (6, 2)], h=4, hk=2, causal=True, cp_world=2, cp_rank=1, kv_layout="NHD", block_size=4
+    ),
+    "cp3_rank0_sinks": C([(5, 8), (1, 1), (2, 0)], causal=True, cp_world=3, cp_rank=0, sinks=True),
+    "cp4_rank3_hnd": C([(7, 3), (1, 12)], causal=True, cp_world=4, cp_rank=3, kv_layout="HND", block_size=16),
 }
 
 
