@@ -54,7 +54,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
 from .base import Engine, Kernel, Request
-from .calls import STALE, PagedKV, call_case, contiguous_call, cu_seqlens, paged_call
+from .calls import STALE, PagedKV, call_case, contiguous_call, cu_seqlens, hand_out_blocks, paged_call, token_slots
 
 __all__ = ["DiffMetadata", "DiffParams", "VllmDifferentialAttention", "layer_params", "validate_metadata"]
 
@@ -248,20 +248,16 @@ class VllmDifferentialAttention(Engine):
         """Block manager (shuffled blocks, one spare) and ``DifferentialFlashAttentionMetadataBuilder.build``."""
         bs = case.block_size
         assert bs is not None
-        need = [max(1, -(-kl // bs)) for kl in case.kv_lens]
-        num_blocks = sum(need) + 1
         gen = torch.Generator().manual_seed(int(case.digest(), 16) + 2)
-        perm = torch.randperm(num_blocks, generator=gen).tolist()
-        blocks = [perm[sum(need[:b]) : sum(need[: b + 1])] for b in range(case.batch)]
+        perm, blocks = hand_out_blocks(case.kv_lens, bs, gen)
+        num_blocks = len(perm)
         num_prefills = sum(not _is_decode(ql, kl) for ql, kl in case.requests)
         hit = any(kl > ql for ql, kl in case.requests[:num_prefills])
         rows = [blocks[b] if hit or b >= num_prefills else [] for b in range(case.batch)]
         table = torch.zeros(case.batch, max(len(r) for r in rows), dtype=torch.int32)
         for b, r in enumerate(rows):
             table[b, : len(r)] = torch.tensor(r, dtype=torch.int32)
-        slots = [
-            blocks[b][t // bs] * bs + t % bs for b, (ql, kl) in enumerate(case.requests) for t in range(kl - ql, kl)
-        ]
+        slots = [s for b, (ql, kl) in enumerate(case.requests) for s in token_slots(blocks[b], range(kl - ql, kl), bs)]
         qsl = cu_seqlens(case.q_lens, device)
         return DiffMetadata(
             num_prefills=num_prefills,

@@ -49,7 +49,7 @@ from conformance.cases.inputs import CaseInputs
 from conformance.cases.quant_inputs import QuantTensors
 
 from .base import Call, Engine, Kernel, Request
-from .calls import STALE, PagedKV, allocate_cache, call_case, contiguous_call, paged_call
+from .calls import STALE, PagedKV, allocate_cache, blocks_needed, call_case, contiguous_call, paged_call
 from .vllm_v0_fa_metadata import Seq, V0Metadata, build_metadata
 
 __all__ = ["SCENARIOS", "Scenario", "VllmV0FlashAttention"]
@@ -302,10 +302,10 @@ class VllmV0FlashAttention(Engine):
         if not scn.uses_cache:
             return None, None
         nxt = iter(range(1 << 30))
-        own = [[next(nxt) for _ in range(max(1, -(-s.request.kv // bs)))] for s in seqs]
+        own = [[next(nxt) for _ in range(blocks_needed(s.request.kv, bs))] for s in seqs]
         if not any(s.request.encoder for s in seqs):
             return own, None
-        return own, [[next(nxt) for _ in range(max(1, -(-s.request.encoder // bs)))] for s in seqs]
+        return own, [[next(nxt) for _ in range(blocks_needed(s.request.encoder, bs))] for s in seqs]
 
     def plan(self, case: AttentionCase) -> list[tuple[str, AttentionCase]]:
         scn = self._scenario(case)
@@ -386,7 +386,7 @@ class VllmV0FlashAttention(Engine):
             vs.append(torch.cat([v0.to(dt), torch.full((n - c, hk, case.dv), STALE).to(dev, dt)]))
         gen = torch.Generator().manual_seed(int(case.digest(), 16))
         pool = allocate_cache(lens, ks, vs, block_size=bs, generator=gen)
-        rows = [pool.block_table[j, : max(1, -(-n // bs))].tolist() for j, n in enumerate(lens)]
+        rows = [pool.block_table[j, : blocks_needed(n, bs)].tolist() for j, n in enumerate(lens)]
         return pool, rows[len(enc) :], (rows[: len(enc)] or None)
 
     def _quantized(self, call: Call, scales: tuple) -> None:

@@ -37,6 +37,7 @@ from itertools import accumulate
 import torch
 
 from .base import Request
+from .calls import token_slots
 
 __all__ = ["PAD_SLOT_ID", "Part", "Seq", "V0Metadata", "build_metadata", "check_metadata"]
 
@@ -195,10 +196,6 @@ def _check_inputs(
         _check_tables("cross_block_tables", cross_block_tables, encoder, block_size)
 
 
-def _slots(table: Sequence[int], positions: range, block_size: int) -> list[int]:
-    return [int(table[p // block_size]) * block_size + p % block_size for p in positions]
-
-
 def _padded(rows: Sequence[Sequence[int]], device) -> torch.Tensor:
     """``make_tensor_with_pad(rows, pad=0, dtype=torch.int)``."""
     width = max((len(r) for r in rows), default=0)
@@ -252,7 +249,7 @@ def build_metadata(
             continue
         start = max(0, r.new - sliding_window) if s.prompt and sliding_window is not None else 0
         slot_mapping += [PAD_SLOT_ID] * max(0, start - r.cached)
-        slot_mapping += _slots(own, range(max(start, r.cached), r.kv), block_size)
+        slot_mapping += token_slots(own, range(max(start, r.cached), r.kv), block_size)
     query_lens = [s.request.new for s in seqs]
     seq_lens = [s.request.kv for s in seqs]
     decode_query_lens = query_lens[num_prefills:]
@@ -287,7 +284,7 @@ def build_metadata(
         meta.max_encoder_seq_len = max(encoder)
         meta.num_encoder_tokens = sum(encoder)
         meta.cross_block_tables = _padded(cross_block_tables, dev)
-        cross = [x for t, e in zip(cross_block_tables, encoder) for x in _slots(t, range(e), block_size)]
+        cross = [x for t, e in zip(cross_block_tables, encoder) for x in token_slots(t, range(e), block_size)]
         meta.cross_slot_mapping = ints(cross, torch.int64)
     check_metadata(meta)
     return meta

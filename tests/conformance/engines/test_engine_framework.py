@@ -23,11 +23,11 @@ from attnref import merge_states
 from conformance.cases.case import AttentionCase
 from conformance.cases.suites import get_suite
 from conformance.engines import ENGINES, get_engine
-from conformance.engines.base import Call
 from conformance.engines.merge import MergeStates, merge_attn_states, merge_many_attn_states
 from conformance.engines.vllm_mla_prefill import SCENARIOS, VllmMLAPrefill
 from conformance.records import Status
 from conformance.verdict.check import check_backend, prepare_context
+from tests.conformance.engines.recorder import Recorder, engine_verdict
 
 OUR = [c for c in get_suite("engines") if c.engine in ("merge", "vllm_mla_prefill")]
 
@@ -103,24 +103,10 @@ def test_replays_pass_on_the_cpu_backends(case, backend):
     assert res.extra["engine"]["engine"] == case.engine and res.extra["notes"], "the record lists the calls"
 
 
-class _Recorder:
-    """A kernel that records every call and answers with the reference of that call."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-
-    def __call__(self, call: Call) -> KernelOutput:
-        from conformance.verdict.reference import reference
-
-        self.calls.append(call)
-        res = reference(call.case, call.inputs)
-        return KernelOutput(res.out.to(call.case.torch_dtype), res.lse.float())
-
-
 @pytest.mark.parametrize("case", OUR, ids=[c.id for c in OUR])
 def test_every_call_is_planned(case):
     engine = get_engine(case.engine)
-    rec = _Recorder()
+    rec = Recorder()
     ctx = prepare_context(case, 0, "cpu")
     engine.forward(case, ctx.inputs, rec)
     planned = {(label, c) for label, c in engine.plan(case)}
@@ -214,8 +200,7 @@ def test_seed_004_planted_bugs_fail(bug, monkeypatch):
 
 
 def test_seed_004_v_padding_kept_fails(monkeypatch):
-    monkeypatch.setattr("conformance.engines.get_engine", lambda name: _VPadKept())
-    res = check_backend(prepare_context(MLA_CASE, 0, "cpu"), _EqualDimsOnly())
+    res = engine_verdict(prepare_context(MLA_CASE, 0, "cpu"), _VPadKept(), monkeypatch, _EqualDimsOnly())
     assert res.status is Status.FAIL and res.reason.startswith("shape:"), res.reason
 
 

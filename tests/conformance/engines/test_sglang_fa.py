@@ -22,7 +22,6 @@ import json
 import pytest
 import torch
 
-from attnfast.base import KernelOutput
 from attnfast.registry import get_backend
 from conformance.cases.case import AttentionCase
 from conformance.cases.suites import get_suite
@@ -36,6 +35,7 @@ from conformance.engines.sglang_local import (
 )
 from conformance.records import Status
 from conformance.verdict.check import check_backend, prepare_context
+from tests.conformance.engines.recorder import Recorder, engine_verdict
 
 ENGINE = SGLangFlashAttention()
 CASES = {c.scenario: c for c in ENGINE.cases()}
@@ -56,8 +56,7 @@ def _ctx(case: AttentionCase):
 
 
 def _verdict(case: AttentionCase, engine: SGLangFlashAttention, monkeypatch, backend: str = "sdpa-cpu"):
-    monkeypatch.setattr("conformance.engines.get_engine", lambda name: engine)
-    return check_backend(_ctx(case), get_backend(backend))
+    return engine_verdict(_ctx(case), engine, monkeypatch, backend)
 
 
 # ------------------------------------------------------------------ scenarios on the CPU backends
@@ -84,20 +83,6 @@ def test_scenarios_pass_on_the_cpu_backends(scenario, backend):
     assert res.extra["notes"] and all(": " + backend in n for n in res.extra["notes"])
 
 
-class _Recorder:
-    """A kernel answering every call with that call's reference (an exact kernel), recording the calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-
-    def __call__(self, call: Call) -> KernelOutput:
-        from conformance.verdict.reference import reference
-
-        self.calls.append(call)
-        res = reference(call.case, call.inputs)
-        return KernelOutput(res.out.to(call.case.torch_dtype), res.lse.float())
-
-
 NO_RAISE = list(SCENARIOS) + ["local_mixed", "spec_verify_topk_sinks", "cross_paged"]
 
 
@@ -105,7 +90,7 @@ NO_RAISE = list(SCENARIOS) + ["local_mixed", "spec_verify_topk_sinks", "cross_pa
 def test_plan_is_the_calls_forward_makes(scenario):
     case = CASES.get(scenario) or FINDING_CASES[scenario]
     ctx = _ctx(case)
-    rec = _Recorder()
+    rec = Recorder()
     out = ENGINE.forward(case, ctx.inputs, rec)
     assert [(c.label, c.case) for c in rec.calls] == ENGINE.plan(case)
     assert all(c.inputs.case is c.case and not c.case.engine for c in rec.calls)
@@ -115,7 +100,7 @@ def test_plan_is_the_calls_forward_makes(scenario):
 
 
 def _calls(scenario: str) -> list[Call]:
-    rec = _Recorder()
+    rec = Recorder()
     ENGINE.forward(CASES[scenario], _ctx(CASES[scenario]).inputs, rec)
     return rec.calls
 

@@ -17,10 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnfast.base import KernelOutput
 from attnfast.registry import get_backend
 from conformance.engines import get_engine
-from conformance.engines.base import Call
 from conformance.engines.calls import STALE
 from conformance.engines.vllm_diff import (
     RMS_EPS,
@@ -31,24 +29,11 @@ from conformance.engines.vllm_diff import (
 )
 from conformance.records import Status
 from conformance.verdict.check import check_backend, prepare_context
+from tests.conformance.engines.recorder import Recorder, engine_verdict
 
 ENGINE = VllmDifferentialAttention()
 CASES = ENGINE.cases()
 BF16 = {c.scenario: c for c in CASES if c.dtype == "bf16"}
-
-
-class _Recorder:
-    """A kernel that records every call and answers with the reference of that call."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-
-    def __call__(self, call: Call) -> KernelOutput:
-        from conformance.verdict.reference import reference
-
-        self.calls.append(call)
-        res = reference(call.case, call.inputs)
-        return KernelOutput(res.out.to(call.case.torch_dtype), res.lse.float())
 
 
 def test_cases_cover_the_scenarios_and_are_registered():
@@ -69,7 +54,7 @@ def test_scenarios_pass_on_the_cpu_backends(case, backend):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_plan_is_exactly_the_calls_forward_makes(case):
-    rec = _Recorder()
+    rec = Recorder()
     ctx = prepare_context(case, 0, "cpu")
     out = ENGINE.forward(case, ctx.inputs, rec)
     assert [(c.label, c.case) for c in rec.calls] == ENGINE.plan(case)
@@ -84,7 +69,7 @@ def test_plan_is_exactly_the_calls_forward_makes(case):
 
 def test_every_paged_call_reads_the_pairs_groups_of_one_stacked_cache():
     case = BF16["mixed"]
-    rec = _Recorder()
+    rec = Recorder()
     ctx = prepare_context(case, 0, "cpu")
     ENGINE.forward(case, ctx.inputs, rec)
     groups = {"attn11": (0, 0), "attn12": (0, 1), "attn21": (1, 0), "attn22": (1, 1)}  # (key group, value group)
@@ -201,8 +186,7 @@ class _CacheGroupSwapped(VllmDifferentialAttention):
 
 
 def _verdict(engine_cls, case, monkeypatch, backend="sdpa-cpu"):
-    monkeypatch.setattr("conformance.engines.get_engine", lambda name: engine_cls())
-    return check_backend(prepare_context(case, 0, "cpu"), get_backend(backend))
+    return engine_verdict(prepare_context(case, 0, "cpu"), engine_cls(), monkeypatch, backend)
 
 
 BUGS = [_LambdaSignFlipped, _LambdaInitNotApplied, _ContiguousHalves, _SublnSkipped, _CacheGroupSwapped]
@@ -278,7 +262,7 @@ def test_bad_metadata_raises_naming_the_field(scenario, change, message, monkeyp
     with pytest.raises(ValueError, match=message):
         engine.plan(case)
     with pytest.raises(ValueError, match=message):
-        engine.forward(case, prepare_context(case, 0, "cpu").inputs, _Recorder())
+        engine.forward(case, prepare_context(case, 0, "cpu").inputs, Recorder())
     res = _verdict(lambda: _BadMetadata(change), case, monkeypatch)
     assert res.status is Status.ERROR and "ValueError" in res.reason
 

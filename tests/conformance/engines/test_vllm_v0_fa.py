@@ -16,7 +16,6 @@ import json
 import pytest
 import torch
 
-from attnfast.base import KernelOutput
 from attnfast.registry import get_backend
 from attnref import quantize, window_from_fa2
 from conformance.cases.case import AttentionCase
@@ -27,7 +26,7 @@ from conformance.engines.vllm_v0_fa import DECODER, ENCODER_ONLY, SCENARIOS, Vll
 from conformance.engines.vllm_v0_fa_metadata import PAD_SLOT_ID, Seq, build_metadata, check_metadata
 from conformance.records import Status
 from conformance.verdict.check import check_backend, prepare_context
-from conformance.verdict.reference import reference
+from tests.conformance.engines.recorder import Recorder, engine_verdict
 
 ENGINE = VllmV0FlashAttention()
 CASES = ENGINE.cases()
@@ -49,20 +48,8 @@ def _d(new: int, cached: int, encoder: int = 0) -> Seq:
     return Seq(Request(new, cached, encoder), False)
 
 
-class _Recorder:
-    """A kernel that records every call and answers with the reference of that call."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-
-    def __call__(self, call: Call) -> KernelOutput:
-        self.calls.append(call)
-        res = reference(call.case, call.inputs)
-        return KernelOutput(res.out.to(call.case.torch_dtype), res.lse.float())
-
-
 def _record(case: AttentionCase, engine: VllmV0FlashAttention = ENGINE) -> list[Call]:
-    rec = _Recorder()
+    rec = Recorder()
     engine.forward(case, make_inputs(case, 0, "cpu"), rec)
     return rec.calls
 
@@ -169,7 +156,7 @@ def test_paged_calls_read_back_the_layers_keys(scenario):
     inputs = make_inputs(case, 0, "cpu")
     scn = SCENARIOS[scenario]
     order = ENGINE.schedule(scn)
-    rec = _Recorder()
+    rec = Recorder()
     ENGINE.forward(case, inputs, rec)
     decodes = [i for i in order if not scn.seqs[i].prompt]
     prompts = [i for i in order if scn.seqs[i].prompt]
@@ -396,8 +383,7 @@ PLANTED = [
 
 
 def _check_with(bug, case, monkeypatch):
-    monkeypatch.setattr("conformance.engines.get_engine", lambda name: bug())
-    return check_backend(_ctx(case), get_backend("sdpa-cpu"))
+    return engine_verdict(_ctx(case), bug(), monkeypatch)
 
 
 @pytest.mark.parametrize("bug,scenario", PLANTED, ids=[f"{b.__name__}-{s}" for b, s in PLANTED])

@@ -22,7 +22,6 @@ from attnfast.registry import get_backend
 from attnref import quantize_int8_per_token_head
 from conformance.cases.case import AttentionCase
 from conformance.engines import get_engine
-from conformance.engines.base import Call
 from conformance.engines.vllm_v1_fa import (
     SCENARIOS,
     CommonAttentionMetadata,
@@ -37,6 +36,7 @@ from conformance.engines.vllm_v1_fa import (
 )
 from conformance.records import Status
 from conformance.verdict.check import CaseContext, check_backend, prepare_context
+from tests.conformance.engines.recorder import Recorder
 
 ENGINE = VllmV1FlashAttention()
 CASES = {c.scenario: c for c in ENGINE.cases()}
@@ -91,24 +91,10 @@ def test_every_scenario_passes_on_the_cpu_backends(scenario, backend):
     assert res.extra["notes"], "the record lists the calls"
 
 
-class _Recorder:
-    """A kernel that records every call and answers with that call's reference."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-
-    def __call__(self, call: Call) -> KernelOutput:
-        from conformance.verdict.reference import reference
-
-        self.calls.append(call)
-        res = reference(call.case, call.inputs)
-        return KernelOutput(res.out.to(call.case.torch_dtype), res.lse.float())
-
-
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_plan_lists_exactly_the_calls_forward_makes(scenario):
     case = CASES[scenario]
-    rec = _Recorder()
+    rec = Recorder()
     ENGINE.forward(case, _ctx(scenario).inputs, rec)
     planned = ENGINE.plan(case)
     made = sorted(((c.label, c.case) for c in rec.calls), key=lambda lc: lc[0])
