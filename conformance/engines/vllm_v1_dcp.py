@@ -24,10 +24,16 @@ The layer output is the ranks' head shards side by side.  The collectives go thr
 ranks as threads of one process (the replay the verdict judges, :func:`dcp_forward`), :class:`DistGroup` over
 ``torch.distributed`` (gloo on CPU, NCCL on GPUs), one process per rank: :func:`run_dcp` /
 :func:`run_dcp_worlds` spawn them, each rank builds its own share of the cache, and rank 0 judges the gathered
-output against the reference and against the single-process replay.  Script::
+output against the reference and against the single-process replay.
+
+Scenarios marked ``kernel_cp`` replay the variant that gives the kernel its own context-parallel arguments
+(``cp_world_size`` / ``cp_rank`` / ``cp_tot_seqused_k``): one causal call per rank over its share of every key,
+no second merge (:mod:`conformance.engines.vllm_v1_dcp_kernel`); :func:`dcp_calls` and :func:`dcp_rank_forward`
+dispatch to it.  Script (``--kernel-cp``: only those scenarios)::
 
     python -m conformance.engines.vllm_v1_dcp --world 2 --backend fa3-vllm --device cuda
     python -m conformance.engines.vllm_v1_dcp --world 3 --backend sdpa-cpu --device cpu
+    python -m conformance.engines.vllm_v1_dcp --world 2 --world 3 --backend sdpa-cpu --device cpu --kernel-cp
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from .base import Kernel
 from .calls import PagedKV, call_case, contiguous_call, paged_call
 from .merge import merge_attn_states
 from .vllm_v1_metadata import get_dcp_local_seq_lens
+from .vllm_v1_scenarios import SCENARIOS
 
 if TYPE_CHECKING:
     from .vllm_v1_fa import VllmV1FlashAttention
@@ -88,7 +95,12 @@ def _local_context(step: Step, rank: int) -> list[int]:
 
 
 def dcp_calls(case: AttentionCase, step: Step) -> list[tuple[str, AttentionCase]]:
-    """Each rank's two calls: the gathered heads over its context share, its own heads over the new tokens."""
+    """Each rank's two calls: the gathered heads over its context share, its own heads over the new tokens (a
+    ``kernel_cp`` scenario: each rank's one call, :func:`~conformance.engines.vllm_v1_dcp_kernel.kernel_cp_calls`)."""
+    if SCENARIOS[case.scenario].kernel_cp:
+        from .vllm_v1_dcp_kernel import kernel_cp_calls
+
+        return kernel_cp_calls(case, step)
     out = []
     heads = case.num_heads // step.dcp
     for rank in range(step.dcp):
@@ -220,7 +232,12 @@ def dcp_rank_forward(
     group: Any,
     kernel: Kernel,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One rank's ``_forward_with_dcp``: output ``(tokens, h / world, d)`` and LSE of its heads (reordered tokens)."""
+    """One rank's ``_forward_with_dcp``: output ``(tokens, h / world, d)`` and LSE of its heads (reordered tokens);
+    a ``kernel_cp`` scenario runs :func:`~conformance.engines.vllm_v1_dcp_kernel.kernel_cp_rank_forward`."""
+    if engine.scenario(case).kernel_cp:
+        from .vllm_v1_dcp_kernel import kernel_cp_rank_forward
+
+        return kernel_cp_rank_forward(engine, case, inputs, step, rank, group, kernel)
     dev = inputs.q.device
     heads = case.num_heads // step.dcp
     calls = dict(dcp_calls(case, step))
@@ -356,7 +373,6 @@ def run_dcp(case: AttentionCase, world_size: int, backend_name: str, device: str
 
 def main(argv: Sequence[str] | None = None) -> int:
     from conformance.engines.vllm_v1_fa import VllmV1FlashAttention
-    from conformance.engines.vllm_v1_scenarios import SCENARIOS
 
     parser = argparse.ArgumentParser(
         prog="python -m conformance.engines.vllm_v1_dcp", description=__doc__.split("\n")[0]
@@ -366,8 +382,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--scenario", action="append", help="a dcp scenario (default: all)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--kernel-cp",
+        action="store_true",
+        help="only the scenarios that pass cp_world_size / cp_rank / cp_tot_seqused_k to the kernel",
+    )
     args = parser.parse_args(argv)
-    names = args.scenario or [n for n, sc in SCENARIOS.items() if sc.dcp > 1]
+    names = args.scenario or [n for n, sc in SCENARIOS.items() if sc.dcp > 1 and (sc.kernel_cp or not args.kernel_cp)]
+    if args.kernel_cp and not all(SCENARIOS[n].kernel_cp for n in names if n in SCENARIOS):
+        parser.error(f"--kernel-cp with scenarios that are not kernel_cp: {names}")
     cases = [c for c in VllmV1FlashAttention().cases() if c.scenario in names]
     results = run_dcp_worlds(cases, args.world or [2], args.backend, args.device, args.seed)
     for r in results:

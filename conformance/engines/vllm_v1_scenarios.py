@@ -6,7 +6,9 @@ cannot say: the shared prompt and who shares it, the speculative-decode threshol
 block manager's block size, DCP world and interleave, encoder attention, and what the cascade heuristic decides.
 :data:`SCENARIOS` groups them: the decode/prefill split over layouts, block sizes, sinks, windows and spec decode;
 cascade, chosen and declined by each rule of
-:func:`~conformance.engines.vllm_v1_metadata.use_cascade_attention`; decode context parallel; int8 types 1 and 2.
+:func:`~conformance.engines.vllm_v1_metadata.use_cascade_attention`; decode context parallel, as the seed does it
+(context and new tokens in two calls) and through the kernel's own cp arguments (``kernel_cp``: one call per rank,
+:mod:`conformance.engines.vllm_v1_dcp_kernel`); int8 types 1 and 2.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ class Scenario:
     shared (same tokens, same physical blocks) by every request except ``non_sharers``; ``spec_tokens`` raises the
     decode threshold; ``physical`` allocates the cache memory in the other order than the view; ``manager_block``
     is the block manager's block size when it differs from the kernel's (``case.block_size``); ``dcp`` and
-    ``interleave`` are the DCP world size and ``cp_kv_cache_interleave_size``; ``cascade`` is what the heuristic
-    decides (asserted by the tests).
+    ``interleave`` are the DCP world size and ``cp_kv_cache_interleave_size``; ``kernel_cp`` runs DCP through the
+    kernel's ``cp_world_size`` / ``cp_rank`` / ``cp_tot_seqused_k`` (one call per rank; the kernel's shard rule is
+    interleave 1, so ``interleave`` must be 1); ``cascade`` is what the heuristic decides (asserted by the tests).
     """
 
     requests: tuple[Request, ...]
@@ -42,6 +45,14 @@ class Scenario:
     interleave: int = 1
     encoder: bool = False
     cascade: bool = False
+    kernel_cp: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kernel_cp and (self.dcp < 2 or self.interleave != 1):
+            raise ValueError(
+                f"kernel_cp needs dcp >= 2 and interleave 1 (the kernel reads local key j as absolute key "
+                f"j * world + rank), got dcp={self.dcp}, interleave={self.interleave}"
+            )
 
     def sharers(self) -> list[int]:
         if not self.shared_prefix:
@@ -110,6 +121,17 @@ SCENARIOS: dict[str, Scenario] = {
         _r((20, 0), (1, 89), (12, 48), (1, 6)), _layer("NHD", 16, dtype="fp16", **_DCP), dcp=3, interleave=4
     ),
     "dcp4_interleave16": Scenario(_r((1, 299), (8, 132), (1, 32)), _layer("HND", 16, **_DCP), dcp=4, interleave=16),
+    # ---- DCP through the kernel's cp arguments: one causal call per rank over its share of every key
+    "dcpk2_spec": Scenario(
+        _r((3, 87), (1, 39), (2, 15), (3, 0), (1, 0), (12, 40)),
+        _layer("HND", 16, **_DCP),
+        dcp=2,
+        spec_tokens=2,
+        kernel_cp=True,
+    ),
+    "dcpk3_extend": Scenario(
+        _r((20, 0), (7, 89), (12, 48), (1, 6), (5, 2)), _layer("NHD", 16, dtype="fp16", **_DCP), dcp=3, kernel_cp=True
+    ),
     # ---- int8 (the fork's VLLM_ATTN_OPT_LEVEL 1 and 2)
     "int8_t1_mixed": Scenario(
         _r((30, 0), (1, 59), (16, 32), (1, 19)), _layer("HND", 16, dtype="fp16", quant="int8_t1")

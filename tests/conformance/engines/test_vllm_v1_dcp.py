@@ -4,7 +4,8 @@
   ``(t // interleave) % world``", every token on exactly one rank;
 * ``cp_lse_ag_out_rs`` over the in-process group equals the reference merge of the ranks' partials;
 * the replay across real processes (torch.distributed gloo, 2, 3 and 4 ranks, one spawn with subgroups) passes
-  the verdict and agrees with the single-process replay (``-s`` prints the results);
+  the verdict and agrees with the single-process replay (``-s`` prints the results), the seed's two-call DCP and
+  the kernel-cp variant (``test_vllm_v1_dcp_kernel.py``) alike;
 * a planted interleave bug fails.
 """
 
@@ -117,6 +118,8 @@ def test_dcp_across_gloo_processes_with_2_3_4_ranks():
         assert r["status"] == "pass" and r["single_status"] == "pass", r
         assert r["max_abs_vs_single"] <= 2e-2 and r["lse_max_abs_vs_single"] <= 1e-4, r
     assert {r["world"] for r in results} == {2, 3, 4}
+    kernel_cp = {(r["scenario"], r["world"]) for r in results if SCENARIOS[r["scenario"]].kernel_cp}
+    assert kernel_cp == {(s, w) for s in ("dcpk2_spec", "dcpk3_extend") for w in (2, 3, 4)}  # one cp call per rank
     with pytest.raises(ValueError, match="DCP world 5 needs"):
         ENGINE.step(DCP[0], world=5)
 
