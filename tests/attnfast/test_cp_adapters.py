@@ -89,3 +89,50 @@ def test_planted_rule_bugs_fail_the_single_call_verdict(bug, name, monkeypatch) 
     res = check_backend(ctx, backend)
     print(f"\n{bug.__name__} on {name}: {res.status.value}, error ratio {res.stats.error_ratio:.3g}")
     assert res.status is Status.FAIL and res.stats.error_ratio > 3, res.reason
+
+
+# ------------------------------------------------------------------ GPU: the fork's kernel itself
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 3])
+def test_gpu_fa3_vllm_cp_rule_and_merge(world: int) -> None:
+    """The fork's cp arguments, called directly: each rank's call equals attnref's cp rule, differs from the plain
+    causal call over the same shard (the arguments are not ignored: a Mask built from uninitialised cp fields
+    would show here), and the ranks merged by LSE are causal attention over all keys."""
+    from attnref import AttnOptions, ContextParallel, attention_varlen, merge_many
+    from attnfast.fa3_vllm import import_vllm_fa3
+    from fake_fa3 import available_or_skip
+
+    available_or_skip(get_backend("fa3-vllm"))
+    fn = import_vllm_fa3().flash_attn_varlen_func
+    gen = torch.Generator().manual_seed(world)
+    h, hk, d, dev, dt = 8, 2, 128, "cuda", torch.bfloat16
+    seqs = [(1, 300), (5, 77), (16, 16), (3, 1), (40, 520)]  # (q_len, total keys): decode, spec, prefill, extend
+    q = torch.randn(sum(s for s, _ in seqs), h, d, generator=gen).to(dev, dt)
+    ks = [torch.randn(t, hk, d, generator=gen).to(dev, dt) for _, t in seqs]
+    vs = [torch.randn(t, hk, d, generator=gen).to(dev, dt) for _, t in seqs]
+
+    def cu(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+
+    cu_q, tot = cu([s for s, _ in seqs]), torch.tensor([t for _, t in seqs], dtype=torch.int32, device=dev)
+    outs, lses = [], []
+    for rank in range(world):
+        k = torch.cat([x[rank::world] for x in ks])
+        v = torch.cat([x[rank::world] for x in vs])
+        local = [x[rank::world].shape[0] for x in ks]
+        common = dict(max_seqlen_q=max(s for s, _ in seqs), cu_seqlens_q=cu_q, max_seqlen_k=max(local),
+                      cu_seqlens_k=cu(local), causal=True, return_softmax_lse=True, fa_version=3)  # fmt: skip
+        out, lse = fn(q, k, v, cp_world_size=world, cp_rank=rank, cp_tot_seqused_k=tot, **common)
+        plain, _ = fn(q, k, v, **common)
+        want = attention_varlen(q.float(), k.float(), v.float(), cu_q, cu(local), cp_tot_seqused_k=tot,
+                                options=AttnOptions(causal=True, cp=ContextParallel(world, rank)))  # fmt: skip
+        torch.testing.assert_close(out.float(), want.out, atol=2e-2, rtol=2e-2)
+        live = torch.isfinite(want.lse)
+        torch.testing.assert_close(lse.float()[live], want.lse[live], atol=1e-3, rtol=1e-3)
+        assert not torch.allclose(plain.float(), want.out, atol=2e-2, rtol=2e-2), "cp arguments ignored"
+        outs.append(out.float())
+        lses.append(torch.where(torch.isposinf(lse), -torch.inf, lse.float()))
+    merged = merge_many(outs, lses)
+    full = attention_varlen(q.float(), torch.cat(ks).float(), torch.cat(vs).float(), cu_q, cu([t for _, t in seqs]),
+                            options=AttnOptions(causal=True))  # fmt: skip
+    torch.testing.assert_close(merged.out, full.out, atol=2e-2, rtol=2e-2)
