@@ -141,6 +141,7 @@ class FuzzSummary:
     out: Path
     draws: int = 0
     rejected: Counter = field(default_factory=Counter)
+    refused_draws: int = 0
     refused: Counter = field(default_factory=Counter)
     cases_run: int = 0
     written: int = 0
@@ -164,18 +165,18 @@ class FuzzSummary:
 
     def text(self) -> str:
         counts = Counter(r.status.value for r in self.records if fuzz_role(r).get("role") == "original")
-        skipped = sum(sum(fuzz_role(r).get("skipped", {}).values()) for r in self.records)
+        skipped = sum(sum(info.get("skipped", {}).values()) for info in _per_index(self.records).values())
         lines = [
             f"fuzz: {self.cases_run} cases run from {self.draws} draws in {self.elapsed_s:.1f} s "
-            f"({sum(self.rejected.values())} rejected by the case model, {sum(self.refused.values())} refused by "
-            f"every backend's declarations; {skipped} such draws in the whole file); {self.written} records "
+            f"({sum(self.rejected.values())} rejected by the case model, {self.refused_draws} refused by every "
+            f"backend's declarations; {skipped} such draws in the whole file); {self.written} records "
             f"written to {self.out}; worker starts: {self.worker_starts}",
             "originals: " + ", ".join(f"{s.value} {counts.get(s.value, 0)}" for s in Status),
             f"shrinks: {self.shrinks} ({self.shrink_evaluations} evaluations); replays from --db: {self.replays}",
         ]
         if self.refused:
             top = ", ".join(f"{reason} {n}" for reason, n in self.refused.most_common(6))
-            lines.append(f"refused draws by first refusal: {top}")
+            lines.append(f"refusals of those draws, by feature (one per backend): {top}")
         if self.groups:
             lines.append(f"{len(self.problems)} failures in {len(self.groups)} groups:")
             for g in self.groups:
@@ -184,6 +185,11 @@ class FuzzSummary:
         else:
             lines.append("no failures")
         return "\n".join(lines)
+
+
+def _per_index(records: list[CheckResult]) -> dict[int, dict[str, Any]]:
+    """The ``extra["fuzz"]`` of one original record per drawn index (every backend's record repeats it)."""
+    return {int(info["index"]): info for info in map(fuzz_role, records) if info.get("role") == "original"}
 
 
 def declared_refusal(case: AttentionCase, info: dict[str, str], device: str) -> str:
@@ -506,6 +512,7 @@ def _stream_loop(camp: _Campaign, prior: _Prior) -> None:
             case = d.case
             refusals = {spec: declared_refusal(case, camp.infos[spec], config.device) for spec in config.backends}
             if all(refusals.values()):
+                s.refused_draws += 1
                 for reason in refusals.values():
                     s.refused[reason.split(":", 1)[0]] += 1
                 pending["refused"] += 1

@@ -55,7 +55,7 @@ def fuzz_findings(sources: Iterable[str | Path]) -> dict[str, Any] | None:
         row = per_backend[r.backend]
         row["cases"] += 1
         row["statuses"][r.status.value] += 1
-        row["skipped"] += sum(int(v) for v in fuzz_role(r).get("skipped", {}).values())
+        row["skipped"] += sum(int(v) for v in fuzz_role(r).get("skipped", {}).values())  # draws before this one
     originals_by_id = {(r.backend, r.case_id): r for r in originals}
     groups = []
     for g in group_failures(r for r in records if fuzz_role(r).get("role") in ("minimal", "replay")):
