@@ -201,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--strength", type=int, metavar="T", help="with --coverage: T-wise over all axes and over the kernel axes"
     )
     cs.add_argument("--uncovered", action="store_true", help="with --coverage: also list every missing tuple")
+    cs.add_argument(
+        "--backend",
+        metavar="NAME",
+        help="with --coverage: over the cases this backend runs and the tuples it reaches, by its declared "
+        "features (registry name or module:Class; need not be installed here)",
+    )
     return p
 
 
@@ -356,8 +362,8 @@ def _backends(args: argparse.Namespace) -> int:
 def _cases(args: argparse.Namespace) -> int:
     from conformance.running.runner import UsageError, select_cases
 
-    if (args.strength is not None or args.uncovered) and not args.coverage:
-        raise UsageError("--strength and --uncovered need --coverage")
+    if (args.strength is not None or args.uncovered or args.backend) and not args.coverage:
+        raise UsageError("--strength, --uncovered and --backend need --coverage")
     cases = select_cases(args.suite, tuple(args.case))
     if args.coverage:
         return _coverage(args, cases)
@@ -392,16 +398,30 @@ def _coverage(args: argparse.Namespace, cases: list) -> int:
     from conformance.cases.covering import measures
     from conformance.running.runner import UsageError
 
+    refused = None
+    if args.backend:
+        from conformance.running.env import backend_info, refused_features, resolve_backend
+
+        try:
+            refused = sorted(refused_features(backend_info(resolve_backend(args.backend), args.backend)))
+        except (ImportError, AttributeError, KeyError, ValueError) as exc:
+            raise UsageError(f"--backend {args.backend}: {exc}") from None
     try:
-        figures = measures(cases, args.strength, with_missing=args.uncovered)
+        figures = measures(cases, args.strength, with_missing=args.uncovered, refused=refused)
     except ValueError as exc:
         raise UsageError(f"--strength: {exc}") from None
+    runs = None if refused is None else sum(not (c.features() & set(refused)) for c in cases)
     if args.json:
-        print(json.dumps({"suite": args.suite, "cases": len(cases), "measures": [m.to_json() for m in figures]}))
+        out = {"suite": args.suite, "cases": len(cases), "measures": [m.to_json() for m in figures]}
+        if refused is not None:
+            out |= {"backend": args.backend, "refused_features": refused, "backend_runs": runs}
+        print(json.dumps(out))
         return 0
     from conformance.cases.space import describe
 
     print(f"{args.suite}: {len(cases):,} cases")
+    if refused is not None:
+        print(f"{args.backend} runs {runs:,} of them (declared refusals: {', '.join(refused) or 'none'})")
     for m in figures:
         print(m.line())
         for missing in m.missing or ():

@@ -8,6 +8,13 @@ axes), *seeded* with existing rows: the tuples a suite's hand-picked cases alrea
 :func:`~conformance.cases.space.classify`) are not asked for again, so only what they leave uncovered adds
 rows and the existing case ids stay as they are.
 
+:func:`cover` (what the suites call) builds it in two tiers: first every tuple possible inside
+:data:`space.PLAIN` (equal head dims, 16-bit, contiguous or NHD, no chunk mask, no quantization, no modifier)
+by plain cases, then the rest of the space.  In one tier the greedy choice fills rows with whatever covers
+most, so 862 of 1,207 ``default`` rows were quantized and fa2 (by its declared features) ran 33 of them,
+covering 34 % of the kernel triples it can run; with the plain tier first ``default`` adds 1,650 rows and fa2
+runs 819, covering all of them (``attnconf cases --coverage --backend B`` measures this per backend).
+
 The generator is a greedy one-row-at-a-time AETG/IPOG-style construction, written here rather than taken from
 PyPI because the two libraries measured did not fit: ``allpairspy`` 2.5.1 (``n=3`` with a filter) returned 325
 rows that miss 14,207 of the 66,273 possible triples (and 25 of the 3,019 pairs) of this space, and
@@ -15,10 +22,9 @@ rows that miss 14,207 of the 66,273 possible triples (and 25 of the 3,019 pairs)
 took 112 s for ``default`` (1,264 rows) on this machine, where a suite must build in seconds.  Each row starts
 from an uncovered tuple of the axis set with the most uncovered tuples, then fills the other axes (most
 uncovered tuples first) with the level that completes the most uncovered tuples, among the levels that keep
-the row extensible to a valid case; ties go to the axis default (plain cases run on more backends: a row with
-sinks, ALiBi and fp8 at once is refused by every kernel that lacks one of them), then to a seeded random
-choice.  Every row is a valid case by construction and every possible tuple is covered (a row that starts
-from a possible tuple always completes), unless ``max_rows`` stops it first.
+the row extensible to a valid case; ties go to the axis default (plain cases run on more backends), then to a
+seeded random choice.  Every row is a valid case by construction and every possible tuple is covered (a row
+that starts from a possible tuple always completes), unless ``max_rows`` stops it first.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ __all__ = [
     "FULL_STRENGTHS",
     "Measure",
     "Strength",
+    "backend_view",
+    "cover",
     "coverage",
     "covering_array",
     "measures",
@@ -91,11 +99,14 @@ def covering_array(
     possible: Callable[[tuple[str, ...]], Iterable[tuple[Hashable, ...]]] | None = None,
     extensible: Callable[[Mapping[str, Hashable]], bool] | None = None,
     components: Sequence[Sequence[str]] | None = None,
+    within: Mapping[str, Sequence[Hashable]] | None = None,
 ) -> list[Point]:
     """Rows (full points) that, with ``seeds``, cover every possible tuple the ``strengths`` ask for.
 
     ``seeds``: points already run (their tuples count as covered; they are not returned).  ``seed``: the
     tie-breaking random stream (same arguments, same rows).  ``max_rows``: stop after this many rows.
+    ``within``: a sub-space of the case space (axis -> allowed levels, e.g. :data:`space.PLAIN`): rows stay in
+    it and only the tuples possible in it are asked for.
     ``levels`` / ``possible`` / ``extensible`` / ``components`` default to the case space (:data:`space.AXES`,
     :func:`space.possible_tuples`, :func:`space.extensible`, :data:`space.COMPONENTS`: axis groups that
     constrain each other only within the group; ``extensible`` is asked about one group at a time); tests pass
@@ -103,6 +114,11 @@ def covering_array(
     if levels is None:
         levels = {a: tuple(ax.values) for a, ax in space.AXES.items()}
         components = space.COMPONENTS if components is None else components
+        if within is not None:  # rows and targets inside the sub-space
+            possible = possible or (lambda axes: space.possible_tuples(axes, within))
+            extensible = extensible or (lambda point: space.extensible(point, within))
+    elif within is not None:
+        raise ValueError("covering_array: within applies to the case space (levels=None)")
     levels = dict(levels)
     possible = space.possible_tuples if possible is None else possible
     extensible = space.extensible if extensible is None else extensible
@@ -204,6 +220,25 @@ def covering_array(
     return rows
 
 
+def cover(
+    strengths: Sequence[Strength],
+    base: Iterable[AttentionCase],
+    *,
+    seed: int = 0,
+    tiers: Sequence[Mapping[str, Sequence[Hashable]]] = (space.PLAIN,),
+) -> tuple[AttentionCase, ...]:
+    """The cases a suite adds to ``base`` (its hand-picked cases) to cover ``strengths``, tier by tier: first the
+    tuples possible inside each sub-space of ``tiers`` (default :data:`space.PLAIN`) by cases inside it (only
+    the base cases inside it count as covering them), then the rest of the space.  ``tiers=()``: one array."""
+    seeds = [space.classify(c) for c in base]
+    rows: list[Point] = []
+    for within in tiers:
+        inside = [p for p in seeds + rows if all(v in within.get(a, (v,)) for a, v in p.items())]
+        rows += covering_array(strengths, seeds=inside, seed=seed, within=within)
+    rows += covering_array(strengths, seeds=seeds + rows, seed=seed)
+    return tuple(space.build(row) for row in rows)
+
+
 # ---------------------------------------------------------------------------------------------- measuring
 def _encode(points: Sequence[Mapping[str, Hashable]], axes: Sequence[str]) -> np.ndarray:
     index = {a: {v: i for i, v in enumerate(space.AXES[a].values)} for a in axes}
@@ -217,7 +252,13 @@ def _tuple_codes(codes: np.ndarray, cols: Sequence[int], radix: Sequence[int]) -
     return out
 
 
-def _walk(cases: Iterable[AttentionCase], axes: Sequence[str] | None, t: int):
+def _walk(
+    cases: Iterable[AttentionCase],
+    axes: Sequence[str] | None,
+    t: int,
+    reachable: Callable[[Mapping[str, Hashable]], bool] | None = None,
+    within: Mapping[str, Sequence[Hashable]] | None = None,
+):
     axes = tuple(space.AXES) if axes is None else tuple(axes)
     unknown = [a for a in axes if a not in space.AXES]
     if unknown:
@@ -225,24 +266,34 @@ def _walk(cases: Iterable[AttentionCase], axes: Sequence[str] | None, t: int):
     if not 1 <= t <= len(axes):
         raise ValueError(f"t must be between 1 and the number of axes ({len(axes)}), got {t}")
     points = list({tuple(sorted(p.items(), key=str)): p for p in map(space.classify, cases)}.values())
+    if within is not None:
+        points = [p for p in points if all(v in within.get(a, (v,)) for a, v in p.items())]
     codes = _encode(points, axes)
     index = {a: {v: i for i, v in enumerate(space.AXES[a].values)} for a in axes}
     for cols in itertools.combinations(range(len(axes)), t):
         sub = tuple(axes[c] for c in cols)
         radix = [len(space.AXES[a].values) for a in sub]
         have = set(np.unique(_tuple_codes(codes, cols, radix)).tolist())
-        for values in space.valid_points(sub):
+        for values in space.valid_points(sub, within):
+            if reachable is not None and not reachable(dict(zip(sub, values))):
+                continue
             code = 0
             for a, v, r in zip(sub, values, radix):
                 code = code * r + index[a][v]
             yield sub, values, code in have
 
 
-def coverage(cases: Iterable[AttentionCase], axes: Sequence[str] | None = None, t: int = 2) -> tuple[int, int]:
+def coverage(
+    cases: Iterable[AttentionCase],
+    axes: Sequence[str] | None = None,
+    t: int = 2,
+    within: Mapping[str, Sequence[Hashable]] | None = None,
+) -> tuple[int, int]:
     """(covered, possible) ``t``-tuples of levels over ``axes`` (default: all) for the classified cases;
-    possible = the tuples some valid case has (exact)."""
+    possible = the tuples some valid case has (exact).  With ``within`` (a sub-space such as
+    :data:`space.PLAIN`): the tuples possible inside it, covered by the cases inside it."""
     covered = possible = 0
-    for _, _, hit in _walk(cases, axes, t):
+    for _, _, hit in _walk(cases, axes, t, within=within):
         possible += 1
         covered += hit
     return covered, possible
@@ -287,11 +338,46 @@ class Measure:
         return out
 
 
+def backend_view(refused: Iterable[str]) -> tuple[Callable[[AttentionCase], bool], Callable[[Mapping], bool]]:
+    """What a backend that refuses the features ``refused`` (:data:`~conformance.cases.case.FEATURES` names, as
+    it declares them) runs and reaches: ``runs(case)`` when the case has none of them; ``reaches(tuple)`` for a
+    single level or a pair when its plainest valid completion (:func:`space.build`: left-out axes at their
+    defaults) has none of them, for a larger tuple when every pair in it is reachable.  Refusals that depend on
+    values rather than features (a block size, a head dim) are not seen: they count as reachable."""
+    refused = frozenset(refused)
+    memo: dict[frozenset, bool] = {}
+
+    def runs(case: AttentionCase) -> bool:
+        return not (case.features() & refused)
+
+    def plain(items: frozenset) -> bool:
+        if items not in memo:
+            memo[items] = runs(space.build(dict(items)))
+        return memo[items]
+
+    def reaches(point: Mapping) -> bool:
+        items = list(point.items())
+        if len(items) <= 2:
+            return plain(frozenset(items))
+        return all(plain(frozenset(pair)) for pair in itertools.combinations(items, 2))
+
+    return runs, reaches
+
+
 def measures(
-    cases: Sequence[AttentionCase], strength: int | None = None, *, with_missing: bool = False
+    cases: Sequence[AttentionCase],
+    strength: int | None = None,
+    *,
+    with_missing: bool = False,
+    refused: Iterable[str] | None = None,
 ) -> list[Measure]:
     """The figures ``attnconf cases --coverage`` prints: t=2 over all axes, t=3 over the kernel axes and t=3
-    over all axes; with ``strength`` T, t=T over all axes and over the kernel axes."""
+    over all axes; with ``strength`` T, t=T over all axes and over the kernel axes.  With ``refused`` (one
+    backend's declared refusals, :func:`backend_view`): over the cases it runs and the tuples it reaches."""
+    reaches = None
+    if refused is not None:
+        runs, reaches = backend_view(refused)
+        cases = [c for c in cases if runs(c)]
     all_axes, kernel = tuple(space.AXES), space.KERNEL_AXES
     wanted: list[tuple[str, int, tuple[str, ...]]]
     if strength is None:
@@ -310,7 +396,7 @@ def measures(
     out = []
     for name, t, axes in wanted:
         covered, possible, missing = 0, 0, []
-        for sub, values, hit in _walk(cases, axes, t):
+        for sub, values, hit in _walk(cases, axes, t, reaches):
             possible += 1
             covered += hit
             if with_missing and not hit:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -39,6 +39,7 @@ __all__ = [
     "CONSTRAINTS",
     "HEADS",
     "KERNEL_AXES",
+    "PLAIN",
     "Axis",
     "Constraint",
     "build",
@@ -240,6 +241,22 @@ CONSTRAINTS: tuple[Constraint, ...] = (
 )
 
 
+#: The plain sub-space: on the kernel axes, the levels every kernel family served here handles (equal head dims,
+#: bf16 / fp16, a contiguous or NHD cache, masks without chunking, no quantization); every other axis at its
+#: default (no soft-cap, ALiBi, sinks, append, pinned splits, custom scale, qv, padded V, scheduler metadata).
+#: Not a constraint: the space keeps every level.  The suites' covering arrays cover it first (``covering.py``),
+#: so a tuple of plain levels is covered by a plain case, which a backend that refuses some extension still
+#: runs, rather than only by a case that also carries fp8, sinks or an HND cache.
+PLAIN: dict[str, tuple[Hashable, ...]] = {
+    "dims": tuple(d for d in AXES["dims"].values if d[0] == d[1]),
+    "dtype": ("bf16", "fp16"),
+    "layout": ("contiguous", "NHD"),
+    "mask": tuple(m for m in _MASK_LEVELS if "chunk" not in m),
+    "quant": ("none",),
+    **{a.name: (a.default,) for a in _AXES if not a.kernel},
+}
+
+
 def violations(point: Point) -> list[str]:
     """``"name: reason"`` of every constraint the (possibly partial) point breaks, and of unknown axes or values."""
     out = [f"unknown axis {a!r}: axes are {list(AXES)}" for a in point if a not in AXES]
@@ -281,10 +298,25 @@ COMPONENTS: tuple[tuple[str, ...], ...] = tuple(_components())
 _COMPONENT_OF: dict[str, tuple[str, ...]] = {a: comp for comp in COMPONENTS for a in comp}
 
 
+Within = tuple[tuple[str, tuple[Hashable, ...]], ...]
+
+
+def _within_key(within: Mapping[str, Iterable[Hashable]] | None) -> Within:
+    """A sub-space (axis -> allowed levels; axes left out keep all) as a hashable cache key."""
+    if within is None:
+        return ()
+    unknown = [a for a in within if a not in AXES]
+    if unknown:
+        raise ValueError(f"within: unknown axes {unknown}; axes are {list(AXES)}")
+    return tuple((a, tuple(within[a])) for a in AXES if a in within)
+
+
 @lru_cache(maxsize=None)
-def _component_points(component: tuple[str, ...]) -> tuple[tuple[Hashable, ...], ...]:
-    """Every valid assignment of one component's axes (in component order), by backtracking."""
+def _component_points(component: tuple[str, ...], within: Within = ()) -> tuple[tuple[Hashable, ...], ...]:
+    """Every valid assignment of one component's axes (in component order) inside the sub-space, by
+    backtracking."""
     rules = [c for c in CONSTRAINTS if set(c.axes) <= set(component)]
+    allowed = dict(within)
     out: list[tuple[Hashable, ...]] = []
 
     def extend(partial: dict[str, Hashable], i: int) -> None:
@@ -293,6 +325,8 @@ def _component_points(component: tuple[str, ...]) -> tuple[tuple[Hashable, ...],
             return
         axis = component[i]
         for value in AXES[axis].values:
+            if axis in allowed and value not in allowed[axis]:
+                continue
             partial[axis] = value
             if all(c.allowed(partial) for c in rules):
                 extend(partial, i + 1)
@@ -303,38 +337,45 @@ def _component_points(component: tuple[str, ...]) -> tuple[tuple[Hashable, ...],
 
 
 @lru_cache(maxsize=None)
-def _component_projection(component: tuple[str, ...], axes: tuple[str, ...]) -> frozenset[tuple[Hashable, ...]]:
+def _component_projection(
+    component: tuple[str, ...], axes: tuple[str, ...], within: Within = ()
+) -> frozenset[tuple[Hashable, ...]]:
     idx = [component.index(a) for a in axes]
-    return frozenset(zip(*([p[i] for p in _component_points(component)] for i in idx)))
+    points = _component_points(component, tuple(w for w in within if w[0] in component))
+    return frozenset(zip(*([p[i] for p in points] for i in idx)))
 
 
-def extensible(point: Point) -> bool:
-    """True when the partial point extends to a valid full point (exact: per constraint component)."""
+def extensible(point: Point, within: Mapping[str, Iterable[Hashable]] | None = None) -> bool:
+    """True when the partial point extends to a valid full point (inside the sub-space ``within``: axis ->
+    allowed levels); exact, per constraint component."""
     if violations(point):
         return False
+    key = _within_key(within)
     by_comp: dict[tuple[str, ...], list[str]] = {}
     for a in point:
         by_comp.setdefault(_COMPONENT_OF[a], []).append(a)
     for comp, axes in by_comp.items():
-        if len(comp) == 1:
-            continue
         ordered = tuple(a for a in comp if a in axes)
-        if tuple(point[a] for a in ordered) not in _component_projection(comp, ordered):
+        if tuple(point[a] for a in ordered) not in _component_projection(comp, ordered, key):
             return False
     return True
 
 
+def possible_tuples(
+    axes: tuple[str, ...], within: Mapping[str, Iterable[Hashable]] | None = None
+) -> frozenset[tuple[Hashable, ...]]:
+    """Every tuple of values of ``axes`` that occurs in some valid full point (inside the sub-space ``within``):
+    exact, as the product over constraint components of each component's projection (components constrain
+    independently)."""
+    return _possible_tuples(tuple(axes), _within_key(within))
+
+
 @lru_cache(maxsize=None)
-def possible_tuples(axes: tuple[str, ...]) -> frozenset[tuple[Hashable, ...]]:
-    """Every tuple of values of ``axes`` that occurs in some valid full point: exact, as the product over
-    constraint components of each component's projection (components constrain independently)."""
+def _possible_tuples(axes: tuple[str, ...], within: Within) -> frozenset[tuple[Hashable, ...]]:
     parts: list[tuple[tuple[int, ...], frozenset[tuple[Hashable, ...]]]] = []
     for comp in dict.fromkeys(_COMPONENT_OF[a] for a in axes):
         ordered = tuple(a for a in comp if a in axes)
-        proj = (
-            frozenset((v,) for v in AXES[ordered[0]].values) if len(comp) == 1 else _component_projection(comp, ordered)
-        )
-        parts.append((tuple(axes.index(a) for a in ordered), proj))
+        parts.append((tuple(axes.index(a) for a in ordered), _component_projection(comp, ordered, within)))
     out = set()
     for combo in itertools.product(*(sorted(proj, key=repr) for _, proj in parts)):
         values: list[Hashable] = [None] * len(axes)
@@ -345,10 +386,12 @@ def possible_tuples(axes: tuple[str, ...]) -> frozenset[tuple[Hashable, ...]]:
     return frozenset(out)
 
 
-def valid_points(axes: tuple[str, ...]) -> Iterator[tuple[Hashable, ...]]:
+def valid_points(
+    axes: tuple[str, ...], within: Mapping[str, Iterable[Hashable]] | None = None
+) -> Iterator[tuple[Hashable, ...]]:
     """:func:`possible_tuples` of ``axes`` in level order."""
     rank = {a: {v: i for i, v in enumerate(AXES[a].values)} for a in axes}
-    yield from sorted(possible_tuples(tuple(axes)), key=lambda t: tuple(rank[a][v] for a, v in zip(axes, t)))
+    yield from sorted(possible_tuples(tuple(axes), within), key=lambda t: tuple(rank[a][v] for a, v in zip(axes, t)))
 
 
 # ---------------------------------------------------------------------------------------------- build

@@ -131,10 +131,35 @@ def test_default_covers_every_pair_and_every_kernel_triple() -> None:
     assert [c.id for c in cases[: len(sweep_ids)]] == sweep_ids
     added = covering_cases("default")
     assert [c.id for c in cases[len(sweep_ids) :]] == [c.id for c in added]
-    assert len(added) <= 1250
+    assert len(added) <= 1700
     # small: the space's canonical batches only
     assert max(k for c in added for _, k in c.requests) <= 1100
     assert max(sum(q for q, _ in c.requests) for c in added) <= 500
+
+
+def test_plain_tuples_are_covered_by_plain_cases() -> None:
+    """The first tier: every tuple possible inside space.PLAIN is covered by a case inside it, so a backend that
+    refuses fp8, sinks, HND or d != dv still runs a case for it."""
+    cases = get_suite("default")
+    assert coverage(cases, None, 2, within=space.PLAIN) == (coverage(cases, None, 2, within=space.PLAIN)[1],) * 2
+    covered, possible = coverage(cases, space.KERNEL_AXES, 3, within=space.PLAIN)
+    assert covered == possible > 5000
+    # without the tier the plain cases would not do it: the sweeps alone leave most plain triples uncovered
+    sweeps = list(dict.fromkeys(c for sweep in DEFAULT for c in sweep.cases()))
+    assert coverage(sweeps, space.KERNEL_AXES, 3, within=space.PLAIN)[0] < possible / 2
+
+
+def test_backend_view_counts_what_a_backend_runs() -> None:
+    runs, reaches = covering.backend_view({"sinks", "fp8_e4m3", "hnd"})
+    plain = space.build({})
+    assert runs(plain) and not runs(space.build({"sinks": True}))
+    assert reaches({"dims": (80, 80)}) and not reaches({"sinks": True})
+    assert not reaches({"layout": "HND", "dims": (80, 80)})
+    assert not reaches({"dims": (80, 80), "mask": "causal", "quant": "fp8_e4m3"})  # through its pair
+    assert reaches({"dims": (80, 80), "mask": "causal", "quant": "fp8_e5m2"})
+    cases = get_suite("smoke")
+    every, limited = measures(cases, 2), measures(cases, 2, refused={"sinks", "paged"})
+    assert limited[0].possible < every[0].possible and limited[0].covered < every[0].covered
 
 
 def test_full_covers_every_triple_and_contains_default() -> None:
@@ -176,3 +201,13 @@ def test_cli_coverage(capsys) -> None:
     assert main(["cases", "--suite", "smoke", "--uncovered"]) == 2
     assert "need --coverage" in capsys.readouterr().err
     assert main(["cases", "--suite", "smoke", "--coverage", "--strength", "0"]) == 2
+    capsys.readouterr()
+
+    assert main(["cases", "--suite", "smoke", "--coverage", "--strength", "2", "--backend", "sdpa-cpu", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["backend"] == "sdpa-cpu" and "softcap" in data["refused_features"]
+    refused = set(data["refused_features"])
+    assert data["backend_runs"] == sum(not (c.features() & refused) for c in get_suite("smoke"))
+    assert data["measures"][0]["possible"] < pairs["possible"]
+    assert main(["cases", "--suite", "smoke", "--coverage", "--backend", "nope"]) == 2
+    assert "--backend nope" in capsys.readouterr().err

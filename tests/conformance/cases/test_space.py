@@ -111,6 +111,24 @@ def test_extensible_is_exact_where_constraints_chain() -> None:
     assert space.build({}) == space.build({a: axis.default for a, axis in space.AXES.items()})
 
 
+def test_sub_space_is_exact() -> None:
+    """possible_tuples / extensible inside PLAIN agree with a brute force over the valid component points."""
+    assert not space.extensible({"quant": "fp8_e4m3"}, space.PLAIN) and space.extensible({"quant": "fp8_e4m3"})
+    assert space.extensible({"layout": "NHD", "block_size": 16}, space.PLAIN)
+    assert not space.extensible({"layout": "HND"}, space.PLAIN)
+    comp = next(c for c in space.COMPONENTS if "quant" in c)
+    inside = [
+        dict(zip(comp, v))
+        for v in space._component_points(comp)
+        if all(x in space.PLAIN.get(a, (x,)) for a, x in zip(comp, v))
+    ]
+    for axes in (("batch", "dims"), ("dims", "quant", "dtype"), ("qv", "dims", "append")):
+        assert set(space.possible_tuples(axes, space.PLAIN)) == {tuple(p[a] for a in axes) for p in inside}
+        assert set(space.possible_tuples(axes, space.PLAIN)) < set(space.possible_tuples(axes))
+    with pytest.raises(ValueError, match="within: unknown axes"):
+        space.possible_tuples(("dims",), {"colour": (1,)})
+
+
 def _random_valid_points(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     comps = {c: space._component_points(c) for c in space.COMPONENTS}
