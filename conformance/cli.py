@@ -122,8 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_jobs,
         default=None,
         metavar="N|auto",
-        help="crash-isolated workers at once, in total (default auto: on cpu half the cores; on cuda one per "
-        "core but one, at most 12 per GPU, at least one per GPU; with --time one per GPU, or 1 on cpu)",
+        help="crash-isolated workers at once, in total (default auto: on cpu one per core, at most 16; on cuda "
+        "one per core but one, at most 12 per GPU, at least one per GPU; with --time one per GPU, or 1 on cpu)",
     )
     r.add_argument(
         "--gpus",

@@ -14,7 +14,7 @@ checks that they belong together before anything is compared with a baseline:
   the header recorded); otherwise they are counted from the header's case count.
 
 A file is read as segments, one per header line: a resumed run has several headers of one shard, the
-``cat`` of several shards (``scripts/gpu-sweep.sh``) one segment per shard, and a merged file one header
+``cat`` of several shard files one segment per shard, and a merged file one header
 whose ``env.merge`` lists the shards it holds (so merged files merge again).  The merged file has one
 header: the first shard's, with ``env.run.shard`` cleared, ``env.run.cases`` summed and ``env.merge``
 recording the sources, the shards held, and what is missing.

@@ -11,9 +11,11 @@ that poisons its context touches no other worker.  With more than one worker eac
 ``OMP_NUM_THREADS`` (and ``MKL_NUM_THREADS``, ``TORCHINDUCTOR_COMPILE_THREADS``) = its share of the
 cores, unless the caller's environment already sets them.
 
-Default ``--jobs`` (:func:`default_jobs`): on ``cpu``, half the cores (the kernels themselves use
-threads); on ``cuda``, one worker per core but one (the parent's), at most 12 per GPU, at least one per
-GPU; with ``--time``, one per GPU (or one on ``cpu``) so timed kernels do not share a device.
+Default ``--jobs`` (:func:`default_jobs`): on ``cpu``, one worker per core (at most 16), each with one
+thread: the harness's tensors are small, and one process per core beats threads within one (smoke's
+first 24 cases on ``sdpa-cpu``, 2 busy cores: 23 ms per record with one thread, 156 ms with two); on
+``cuda``, one worker per core but one (the parent's), at most 12 per GPU, at least one per GPU; with
+``--time``, one per GPU (or one on ``cpu``) so timed kernels do not share a device.
 
 GPU discovery (:func:`visible_gpus`) is injectable: ``$ATTNCONF_FAKE_GPUS=N`` pretends N GPUs are
 visible (placement only: the kernels still run on ``--device``), which is how placement is tested on a
@@ -53,6 +55,8 @@ FAKE_GPUS_ENV = "ATTNCONF_FAKE_GPUS"
 PIPELINE_DEPTH = 2
 #: At most this many workers share one GPU by default (each holds a CUDA context and its case's tensors).
 MAX_JOBS_PER_GPU = 12
+#: At most this many workers by default on ``cpu`` (each is a Python process with torch loaded: ~0.4 GB).
+MAX_CPU_JOBS = 16
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
 
 
@@ -107,7 +111,7 @@ def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
 def default_jobs(device: str, gpus: int, cpus: int, timed: bool = False) -> int:
     """Workers a machine sustains (see the module docstring for the rule)."""
     if not device.startswith("cuda"):
-        return 1 if timed else max(1, cpus // 2)
+        return 1 if timed else max(1, min(cpus, MAX_CPU_JOBS))
     per_device = max(1, gpus)
     if timed:
         return per_device
@@ -203,7 +207,7 @@ class WorkFeed:
             return self._units.popleft() if self._units else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
     """What a worker thread hands the writer: a finished record, an exception, or its end."""
 
@@ -235,7 +239,7 @@ def serve(
     sent: collections.deque[Any] = collections.deque()  # sent, reply not collected yet
     try:
         while not stop.is_set():
-            while len(sent) < depth:
+            while len(sent) < depth and not stop.is_set():
                 if not mine:
                     unit = feed.take()
                     if unit is None:

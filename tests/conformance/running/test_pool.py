@@ -166,7 +166,7 @@ def test_placement_errors(device: str, jobs: int, gpus, message: str) -> None:
 
 
 def test_default_jobs_rule() -> None:
-    assert default_jobs("cpu", 0, 2) == 1 and default_jobs("cpu", 0, 16) == 8
+    assert default_jobs("cpu", 0, 2) == 2 and default_jobs("cpu", 0, 64) == 16
     assert default_jobs("cuda", 1, 16) == 12 and default_jobs("cuda", 1, 8) == 7  # cores - 1, <= 12 per GPU
     assert default_jobs("cuda", 2, 32) == 24 and default_jobs("cuda", 2, 20) == 19
     assert default_jobs("cuda", 8, 4) == 8  # at least one per GPU
