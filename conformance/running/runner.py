@@ -98,6 +98,8 @@ class RunSummary:
     overhead_s: list[float] = field(default_factory=list)
     #: per worker reply: how long the worker waited for that request after its previous reply
     idle_s: list[float] = field(default_factory=list)
+    #: per check reply: the worker's phases (``context_s`` only from the first backend of a case)
+    phases_s: dict[str, list[float]] = field(default_factory=dict)
     #: the parent's time writing, fsync'ing and counting records (per batch of records that arrived together)
     parent_s: float = 0.0
     workers: int = 0
@@ -113,13 +115,15 @@ class RunSummary:
 
         counts = ", ".join(f"{s.value} {self.counts.get(s.value, 0)}" for s in Status)
         parent = f"{self.parent_s / self.written * 1e3:.2f} ms" if self.written else "n/a"
+        phases = ", ".join(f"{k.removesuffix('_s')} {med(v)}" for k, v in self.phases_s.items())
         return (
             f"{self.written} records written to {self.out} ({self.skipped} already there) in {self.wall_s:.1f} s "
             f"by {self.workers} worker(s): {counts}\n"
             f"median per record: harness {med(self.harness_s)}, kernel {med(self.kernel_s)}, "
             f"parent round trip {med(self.roundtrip_s)}, overhead (round trip - worker time) "
             f"{med(self.overhead_s)}, worker idle before a request {med(self.idle_s)}; "
-            f"parent bookkeeping {parent} per record; worker starts: {self.worker_starts}"
+            f"parent bookkeeping {parent} per record; worker starts: {self.worker_starts}\n"
+            f"median worker phases: {phases or 'n/a'} (context: inputs + reference + baseline of a new case)"
         )
 
 
@@ -364,6 +368,17 @@ def _placements(config: RunConfig) -> list[Placement]:
         raise UsageError(str(exc)) from None
 
 
+def _timing_warning(config: RunConfig, placements: list[Placement]) -> str | None:
+    """A warning when ``--time`` runs more workers than devices: timed kernels would share a device."""
+    devices = max(1, len({p.gpu for p in placements}))
+    if not config.time or len(placements) <= devices:
+        return None
+    return (
+        f"--time with {len(placements)} workers on {devices} device(s): timed kernels share a device with "
+        "other workers' work (--jobs auto gives one worker per device with --time)"
+    )
+
+
 class _Writer:
     """The results file, open for the whole run: lines appended as records arrive, fsync'ed per batch."""
 
@@ -389,6 +404,8 @@ def _account(summary: RunSummary, record: CheckResult, reply: Reply) -> None:
         summary.overhead_s.append(reply.wall_s - reply.data["worker_s"])
     if "idle_s" in reply.data:
         summary.idle_s.append(reply.data["idle_s"])
+    for name, seconds in reply.data.get("phases", {}).items():
+        summary.phases_s.setdefault(name, []).append(seconds)
     if reply.data.get("ok") and record.status in _RAN:
         summary.harness_s.append(record.harness_s)
         summary.kernel_s.append(record.kernel_s)
@@ -416,6 +433,9 @@ def run(config: RunConfig) -> RunSummary:
     except (OSError, ValueError, RuntimeError) as exc:
         raise UsageError(f"tolerance overrides: {exc}") from None
     placements = _placements(config)
+    warning = _timing_warning(config, placements)
+    if warning:
+        print(f"attnconf run: {warning}", file=sys.stderr)
     done = _previous(config)
     clients = [WorkerClient(env=p.env()) for p in placements]
     summary = RunSummary(out=config.out)

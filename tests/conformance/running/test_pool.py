@@ -393,6 +393,17 @@ def test_bad_jobs_and_gpus_exit_2(tmp_path: Path, capsys, monkeypatch, extra: li
     assert not out.exists()
 
 
+def test_time_with_more_workers_than_devices_warns() -> None:
+    from conformance.running.runner import _timing_warning
+
+    timed = RunConfig(backends=("sdpa-cpu",), time=True)
+    two_gpus = [Placement(0, "0"), Placement(1, "1")]
+    assert _timing_warning(timed, two_gpus) is None
+    assert "3 workers on 2 device(s)" in _timing_warning(timed, [*two_gpus, Placement(2, "0")])
+    assert "2 workers on 1 device(s)" in _timing_warning(timed, [Placement(0), Placement(1)])
+    assert _timing_warning(RunConfig(backends=("sdpa-cpu",)), [Placement(0), Placement(1)]) is None
+
+
 def test_fake_gpus_out_of_range_is_a_usage_error(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(FAKE_GPUS_ENV, "2")
     config = RunConfig(backends=("sdpa-cpu",), suite="smoke", out=tmp_path / "r.jsonl", jobs=2, gpus="0,2")
