@@ -23,7 +23,10 @@ Requests and replies (one JSON object per line):
 
 Every reply also carries ``worker_s`` (seconds from reading the request to encoding the reply: the
 worker's own time) and ``idle_s`` (seconds the worker waited for that request after its previous
-reply), so the parent can tell its own overhead from the worker's work.  Replies come in request
+reply), so the parent can tell its own overhead from the worker's work; a check's reply adds
+``phases``: ``context_s`` (inputs, reference and baseline; only when the case is new to this worker),
+``check_s`` (:func:`~conformance.verdict.check.check_backend`: the kernel and the comparison) and
+``encode_s`` (the record's JSON form).  Replies come in request
 order, so the parent may send the next request before the previous reply arrives (pipelining: the
 worker then never waits for the parent's bookkeeping).
 
@@ -102,12 +105,15 @@ class _Worker:
         from conformance.cases.case import AttentionCase
         from conformance.verdict.check import check_backend, prepare_context
 
+        phases: dict[str, float] = {}
         device, seed = req.get("device", "cpu"), int(req.get("seed", 0))
         key = json.dumps([req["case"], seed, device], sort_keys=True)
         if key != self.ctx_key:
+            t0 = time.perf_counter()
             self.ctx, self.ctx_key = None, None  # free the previous case's tensors first
             self.ctx = prepare_context(AttentionCase.from_json(req["case"]), seed=seed, device=device)
             self.ctx_key = key
+            phases["context_s"] = time.perf_counter() - t0
         tol_key = json.dumps([req.get("tol", []), req.get("tol_file")])
         if tol_key not in self.overrides:
             self.overrides[tol_key] = load_overrides(list(req.get("tol", [])), req.get("tol_file"))
@@ -120,8 +126,13 @@ class _Worker:
             case_timer, case = self.timers[device], self.ctx.case
             # make_timer's timer takes (case, fn) for the roofline; check_backend calls timer(fn).
             timer = lambda fn: case_timer(case, fn)
+        t0 = time.perf_counter()
         result = check_backend(self.ctx, self.backend(req["backend"]), overrides=self.overrides[tol_key], timer=timer)
-        return {"ok": True, "result": result.to_json()}
+        phases["check_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        encoded = result.to_json()
+        phases["encode_s"] = time.perf_counter() - t0
+        return {"ok": True, "result": encoded, "phases": phases}
 
     def load(self, req: dict[str, Any]) -> dict[str, Any]:
         errors: dict[str, str] = {}
