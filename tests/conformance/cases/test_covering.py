@@ -187,9 +187,10 @@ def test_measure_percent_never_rounds_up_to_100() -> None:
 def test_cli_coverage(capsys) -> None:
     assert main(["cases", "--suite", "default", "--coverage"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1].startswith("pairwise (all 19 axes): ") and out[1].endswith("(100.0 %)")
+    n = len(space.AXES)
+    assert out[1].startswith(f"pairwise (all {n} axes): ") and out[1].endswith("(100.0 %)")
     assert out[2].startswith("3-wise (8 kernel axes: batch, heads, dims") and out[2].endswith("(100.0 %)")
-    assert out[3].startswith("3-wise (all 19 axes): ")
+    assert out[3].startswith(f"3-wise (all {n} axes): ")
 
     assert main(["cases", "--suite", "smoke", "--coverage", "--strength", "2", "--uncovered", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
