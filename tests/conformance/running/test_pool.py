@@ -306,6 +306,10 @@ def test_two_workers_on_two_fake_gpus_give_the_records_of_one(tmp_path: Path, mo
     for r in second:
         by_case[r.case_id].add(r.extra["worker"])
     assert all(len(w) == 1 for w in by_case.values())
+    assert len(two.phases_s["context_s"]) == 3 and len(two.phases_s["check_s"]) == 6
+    assert len(two.overhead_s) == 6 and min(two.overhead_s) > -0.01  # round trip >= the worker's own time
+    assert all(0 < r.extra["worker_s"] <= r.extra["roundtrip_s"] + 0.01 for r in second)
+    assert "by 2 worker(s)" in two.text() and "overhead (round trip - worker time)" in two.text()
 
 
 def test_a_crash_in_a_pool_restarts_only_that_worker(tmp_path: Path, monkeypatch) -> None:
