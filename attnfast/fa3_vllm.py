@@ -32,7 +32,10 @@ upstream; every argument is passed by keyword), for every case:
   diagonal or past the total; ``block.h`` bounds the key blocks the same way) and refuses them with a
   window ("Local attention (sliding window) is not currently supported with context parallelism", in its
   source at the time of writing; the case model keeps cp causal, without windows).  The rule is read
-  from the source; the GPU run of the ``cp`` cases is its measurement.
+  from the source (the fork's main branch since 8f468e7d, "Support CP with query length larger than 1";
+  a ``sync/upstream-main-20260121`` merge, 2cf8a1f4, builds ``Mask`` with the cp fields initialised from
+  themselves, so a build from there would read garbage); the GPU run of the ``cp`` cases is its
+  measurement (``tests/attnfast/test_cp_adapters.py::test_gpu_fa3_vllm_cp_rule_and_merge``).
 
 LSE ``(h, total_q)``: ``-inf`` for rows that saw no key, but ``+inf`` for every row when the batch has no
 key at all (measured), normalised to ``-inf``.
@@ -179,7 +182,7 @@ def fa3_vllm_plan(case: AttentionCase, inputs: CaseInputs, scheduler: Any = None
 
 
 class FA3VllmBackend(Backend):
-    """vLLM's FA3 fork on Hopper: varlen, paged, fp8, qv, sinks, splits, scheduler metadata."""
+    """vLLM's FA3 fork on Hopper: varlen, paged, fp8, qv, sinks, splits, scheduler metadata, context parallel."""
 
     name = "fa3-vllm"
     family = "vllm-flash-attn-3"

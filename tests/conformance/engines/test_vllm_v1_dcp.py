@@ -16,7 +16,6 @@ import math
 import pytest
 import torch
 
-from attnfast.registry import get_backend
 from attnref import merge_many
 from conformance.engines.vllm_v1_dcp import (
     ThreadGroup,
@@ -28,7 +27,8 @@ from conformance.engines.vllm_v1_dcp import (
 )
 from conformance.engines.vllm_v1_fa import SCENARIOS, VllmV1FlashAttention, get_dcp_local_seq_lens
 from conformance.records import Status
-from conformance.verdict.check import check_backend, prepare_context
+from conformance.verdict.check import prepare_context
+from tests.conformance.engines.recorder import engine_verdict
 
 ENGINE = VllmV1FlashAttention()
 DCP = [c for c in ENGINE.cases() if SCENARIOS[c.scenario].dcp > 1]
@@ -100,8 +100,7 @@ class _InterleaveIgnored(VllmV1FlashAttention):
 def test_planted_interleave_bug_fails(scenario, monkeypatch):
     case = next(c for c in DCP if c.scenario == scenario)
     ctx = prepare_context(case, 0, "cpu")
-    monkeypatch.setattr("conformance.engines.get_engine", lambda name: _InterleaveIgnored())
-    res = check_backend(ctx, get_backend("sdpa-cpu"))
+    res = engine_verdict(ctx, _InterleaveIgnored(), monkeypatch)
     print(f"\n_InterleaveIgnored on {scenario}: {res.status.value}, error ratio {res.stats.error_ratio:.3g}")
     assert res.status is Status.FAIL and res.stats.error_ratio > 3, res.reason
 

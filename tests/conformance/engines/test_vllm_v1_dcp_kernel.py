@@ -20,37 +20,18 @@ import torch
 
 import attnfast._torch_common as torch_common
 import attnfast.sdpa as sdpa_module
-from attnfast.base import KernelOutput
 from attnfast.registry import get_backend
-from conformance.engines.base import Call, backend_kernel
+from conformance.engines.base import backend_kernel
 from conformance.engines.vllm_v1_dcp import ThreadGroup, dcp_rank_forward, main
 from conformance.engines.vllm_v1_fa import SCENARIOS, Scenario, VllmV1FlashAttention
 from conformance.engines.vllm_v1_scenarios import _r
 from conformance.records import Status
-from conformance.verdict.check import check_backend, compare, prepare_context
-from conformance.verdict.reference import reference
+from conformance.verdict.check import compare, prepare_context
 from conformance.verdict.tolerance import resolve
+from tests.conformance.engines.recorder import Recorder, engine_verdict
 
 ENGINE = VllmV1FlashAttention()
 KCP = {c.scenario: c for c in ENGINE.cases() if SCENARIOS[c.scenario].kernel_cp}
-
-
-class Recorder:
-    """A kernel that records every call and answers it with the call's reference."""
-
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
-
-    def __call__(self, call: Call) -> KernelOutput:
-        self.calls.append(call)
-        res = reference(call.case, call.inputs)
-        return KernelOutput(res.out.to(call.case.torch_dtype), res.lse.float())
-
-
-def engine_verdict(ctx, engine, monkeypatch, backend="sdpa-cpu"):
-    """The harness's verdict of ``ctx`` with the engine replaced by ``engine`` (a planted bug)."""
-    monkeypatch.setattr("conformance.engines.get_engine", lambda name: engine)
-    return check_backend(ctx, get_backend(backend))
 
 
 @pytest.fixture(autouse=True, scope="module")

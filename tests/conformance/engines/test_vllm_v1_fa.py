@@ -36,7 +36,7 @@ from conformance.engines.vllm_v1_fa import (
 )
 from conformance.records import Status
 from conformance.verdict.check import CaseContext, check_backend, prepare_context
-from tests.conformance.engines.recorder import Recorder
+from tests.conformance.engines.recorder import Recorder, engine_verdict
 
 ENGINE = VllmV1FlashAttention()
 CASES = {c.scenario: c for c in ENGINE.cases()}
@@ -61,7 +61,7 @@ def _check(scenario: str, backend: str = "sdpa-cpu", engine: VllmV1FlashAttentio
     ctx = _ctx(scenario)
     ctx.ref_charged = True
     if engine is not None:
-        monkeypatch.setattr("conformance.engines.get_engine", lambda name: engine)
+        return engine_verdict(ctx, engine, monkeypatch, backend)
     return check_backend(ctx, get_backend(backend))
 
 
@@ -371,6 +371,5 @@ def test_finding_the_forks_cascade_drops_the_sinks(monkeypatch):
     print(f"\nfork cascade with sinks: {fork.status.value}, error ratio {fork.stats.error_ratio:.3g}")
     assert fork.status is Status.FAIL and fork.stats.error_ratio > 3
     assert ENGINE.plan(case)[0][1].sinks is False
-    monkeypatch.setattr("conformance.engines.get_engine", lambda name: _UpstreamCascadeSinks())
-    upstream = check_backend(ctx, get_backend("sdpa-cpu"))
+    upstream = engine_verdict(ctx, _UpstreamCascadeSinks(), monkeypatch)
     assert upstream.status is Status.PASS, upstream.reason
