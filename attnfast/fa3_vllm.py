@@ -74,6 +74,8 @@ __all__ = ["FA3VllmBackend", "fa3_vllm_plan", "fa3_vllm_support", "import_vllm_f
 ENTRY = "vllm.vllm_flash_attn.flash_attn_varlen_func"
 #: "HeaddimV > 256 requires fp16 and bf16 data type" (measured with qv 64 + 512 in fp8).
 MAX_FP8_HEAD_DIM_V = 256
+#: fp8 q/k/v: "head_size should be a multiple of 16" (measured on the H100 with d40 in fp8 e4m3).
+FP8_HEAD_DIM_MULTIPLE = 16
 
 
 def import_vllm_fa3() -> ModuleType:
@@ -94,6 +96,12 @@ def fa3_vllm_support(case: AttentionCase, cc: tuple[int, int] | None) -> Support
             return Support(False, f"fp8 with {case.dtype} activations: FA3's fp8 path writes bf16 output")
         if case.dv > MAX_FP8_HEAD_DIM_V:
             return Support(False, f"fp8 with head_dim_v {case.dv}: 'HeaddimV > 256 requires fp16 and bf16 data type'")
+        if case.head_dim % FP8_HEAD_DIM_MULTIPLE or case.dv % FP8_HEAD_DIM_MULTIPLE:
+            return Support(
+                False,
+                f"fp8 with head dims ({case.head_dim}, {case.dv}): 'head_size should be a multiple of 16' "
+                "(measured on the H100 with d40; 16-bit inputs take multiples of 8)",
+            )
     if case.qv and not (case.head_dim <= 64 and case.dv >= 256):
         return Support(False, f"qv with head dims ({case.head_dim}, {case.dv}): FA3 takes qv for d <= 64, dv >= 256")
     return OK

@@ -20,7 +20,10 @@ Limits by compute capability (``flash_attn/cute/interface.py``, 4.0.0b30 and mai
 H200 with 4.0.0b36, ``SEMANTICS.md`` section 5): sm_90 refuses ``num_splits > 1`` ("SplitKV not
 supported on SM 9.0"); head dims 8..256 divisible by 8 on sm_90, and of the ``d != dv`` pairs only
 (192, 128) is measured there, so the others are refused until a GPU run shows them; SM100/110 take
-d, dv <= 128, (192, 128) or (256, 256).  sm_80 and sm_120 have no paged KV and no split KV.
+d, dv <= 128, (192, 128) or (256, 256).  sm_80 and sm_120 have no paged KV and no split KV.  On
+sm_90 a page size other than FA4's key tile (:func:`fa4_sm90_tile_n`) takes the non-TMA paged
+loader, which asserts "Paged KV does not support irregular head dim" when a head dim is not a
+multiple of 16 (measured on the H100: d40 with pages 1/16/32/64/256; page 128 = tile_n runs).
 """
 
 from __future__ import annotations
@@ -40,10 +43,40 @@ from ._fa_common import (
 )
 from .base import OK, Backend, KernelOutput, Support, package_version
 
-__all__ = ["FA4Backend", "fa4_plan", "fa4_shape_support"]
+__all__ = ["FA4Backend", "fa4_plan", "fa4_shape_support", "fa4_sm90_local", "fa4_sm90_tile_n"]
 
 ENTRY = "flash_attn.cute.flash_attn_varlen_func"
 SM90_DV_PAIRS = {(192, 128)}
+
+
+def fa4_sm90_local(case: AttentionCase) -> tuple[bool, bool]:
+    """(causal, local) as FA4 sees the case after its own window normalisation (``interface.py``): causal
+    plus an unbounded left side is causal; any other window, causal or not, is local."""
+    left, right = fa4_window(case)
+    if case.causal:
+        right = 0
+    if left is None and right is None:
+        return case.causal, False
+    if left is None and right == 0:
+        return True, False
+    return False, True
+
+
+def fa4_sm90_tile_n(case: AttentionCase) -> int:
+    """FA4's key-tile width on sm_90 (``_tile_size_fwd_sm90`` in ``flash_attn/cute/interface.py``,
+    4.0.0b36).  A paged cache whose page size equals it is read with TMA; any other page size takes
+    the non-TMA paged loader."""
+    causal, local = fa4_sm90_local(case)
+    d, dv = case.head_dim, case.dv
+    if d <= 64:
+        return 128
+    if d <= 96:
+        return 128 if causal or local else 144
+    if d <= 128:
+        return 128
+    if d <= 192:
+        return 96 if local else (128 if dv <= 128 else 112)
+    return 64 if local else 80
 
 
 def fa4_shape_support(case: AttentionCase, cc: tuple[int, int]) -> Support:
@@ -59,6 +92,13 @@ def fa4_shape_support(case: AttentionCase, cc: tuple[int, int]) -> Support:
     if d % 8 or dv % 8:
         return Support(False, f"head dims ({d}, {dv}): FA4 needs head dims divisible by 8 for 16-bit inputs")
     if major == 9:
+        if case.paged and (d % 16 or dv % 16) and case.block_size != fa4_sm90_tile_n(case):
+            return Support(
+                False,
+                f"paged KV, head dims ({d}, {dv}), page {case.block_size}: on {arch} a page size other than FA4's "
+                f'tile_n ({fa4_sm90_tile_n(case)}) takes the non-TMA loader, which asserts "Paged KV does not '
+                'support irregular head dim" for head dims not divisible by 16',
+            )
         if not (8 <= d <= 256 and 8 <= dv <= 256):
             return Support(False, f"head dims ({d}, {dv}): FA4 on {arch} takes head dims 8..256")
         if d != dv and (d, dv) not in SM90_DV_PAIRS:

@@ -77,6 +77,7 @@ def run_fake(case, seed=0):
         (C([(3, 3)], quant="fp8_e5m2"), "only supports fp16, bf16, and fp8_e4m3"),
         (C([(3, 3)], quant="fp8_e4m3", quant_q=False), "query and key must have the same dtype"),
         (C([(3, 3)], quant="fp8_e4m3", dtype="fp16"), "writes bf16 output"),
+        (C([(3, 3)], quant="fp8_e4m3", head_dim=40), "head_size should be a multiple of 16"),
         (C([(3, 3)], quant="int8_t1"), "vendor kernel"),
         (C([(3, 3)], scale=0.1, quant="int8_t2"), "vendor kernel"),
         (C([(3, 3)], quant="fp8_e4m3", scale=0.1, **MLA), "HeaddimV > 256"),
@@ -214,8 +215,9 @@ def _refused_call(case):
         C([(33, 33)], quant="fp8_e4m3", quant_q=False),
         C([(33, 33)], dtype="fp32"),
         C([(1, 33)], quant="fp8_e4m3", scale=0.1, **MLA),
+        C([(33, 33)], quant="fp8_e4m3", head_dim=40),
     ],
-    ids=["fp8_kv_only", "fp32", "fp8_qv_512"],
+    ids=["fp8_kv_only", "fp32", "fp8_qv_512", "fp8_d40"],
 )
 def test_gpu_refusals_are_what_the_kernel_says(gpu, case):
     """Each measured refusal: the kernel, called as the adapter would, raises the reason's message."""

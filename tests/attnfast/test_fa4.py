@@ -127,6 +127,8 @@ def test_refusal_reasons(case, reason):
         (C([(3, 3)], head_dim=160), (10, 0), "d, dv <= 128, (192, 128) or (256, 256)"),
         (C([(3, 3)], kv_layout="NHD", block_size=16), (8, 0), "no paged KV on sm_80"),
         (C([(3, 3)], head_dim=60), (9, 0), "divisible by 8"),
+        (C([(3, 300)], head_dim=40, kv_layout="NHD", block_size=16), (9, 0), "irregular head dim"),
+        (C([(3, 300)], head_dim=40, kv_layout="NHD", block_size=256), (9, 0), "tile_n (128)"),
         (
             C([(1, 900)], num_splits=2, kv_layout="NHD", block_size=16),
             (12, 0),
@@ -147,6 +149,8 @@ def test_shape_refusals_by_compute_capability(case, cc, reason):
         (C([(3, 3)], head_dim=256), (10, 0)),
         (C([(1, 900)], num_splits=2), (10, 0)),
         (C([(3, 3)], kv_layout="NHD", block_size=16, sinks=True), (9, 0)),
+        (C([(3, 300)], head_dim=40, kv_layout="NHD", block_size=128), (9, 0)),  # page == tile_n: TMA
+        (C([(3, 300)], head_dim=80, kv_layout="NHD", block_size=16), (9, 0)),  # 80 % 16 == 0
     ],
 )
 def test_shape_accepted(case, cc):
@@ -240,3 +244,22 @@ def test_gpu_splits_refused_on_sm90(gpu):
     kwargs = dict(fa4_plan(case, inputs).kwargs)
     with pytest.raises(Exception, match="SplitKV"):
         flash_attn_varlen_func(**kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size, asserts", [(16, True), (64, True), (128, False)])
+def test_gpu_irregular_head_dim_paged_refusal_is_the_kernels(gpu, block_size, asserts):
+    """d40 paged: a page other than FA4's tile_n (128 here) asserts "irregular head dim"; page 128 runs."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("only meaningful on sm_90")
+    case = C([(3, 300), (1, 77)], head_dim=40, kv_layout="NHD", block_size=block_size)
+    assert bool(gpu.supports(case, "cuda")) is not asserts
+    from flash_attn.cute import flash_attn_varlen_func
+
+    kwargs = dict(fa4_plan(case, make_inputs(case, seed=0, device="cuda")).kwargs)
+    if asserts:
+        with pytest.raises(AssertionError, match="irregular head dim"):
+            flash_attn_varlen_func(**kwargs)
+    else:
+        flash_attn_varlen_func(**kwargs)
+        torch.cuda.synchronize()
