@@ -273,13 +273,15 @@ def kernel_case(case: AttentionCase) -> AttentionCase:
 def prepare_padded_v(
     prepare: Callable[[AttentionCase, CaseInputs], PreparedKernel], case: AttentionCase, inputs: CaseInputs
 ) -> PreparedKernel:
-    """Seed ``004``'s path for a kernel that needs equal head dims: V (the packed V, the V cache and a
-    quantized V) zero-padded to ``head_dim``, ``prepare`` run on that equal-dims call, the output stripped
+    """Seed ``004``'s path for a kernel that needs equal head dims: V (the packed V, the V cache, the appended
+    V and a quantized V) zero-padded to ``head_dim``, ``prepare`` run on that equal-dims call, the output stripped
     back to the case's ``head_dim_v`` in the call's ``finish`` (so the strip is part of what is timed)."""
     d, dv = case.head_dim, case.dv
     padded = {"case": kernel_case(case), "v": pad_v(inputs.v, d)}
     if inputs.v_cache is not None:
         padded["v_cache"] = pad_v(inputs.v_cache, d)
+    if inputs.v_new is not None:  # an append writes the new tokens' V into the padded cache
+        padded["v_new"] = pad_v(inputs.v_new, d)
     if inputs.quant is not None and inputs.quant.v is not None:
         padded["quant"] = dataclasses.replace(inputs.quant, v=pad_v(inputs.quant.v, d))
     prepared = prepare(padded["case"], dataclasses.replace(inputs, **padded))

@@ -20,12 +20,16 @@ that runs only the kernel, so timing measures the kernel alone.  The callable mu
 calling it twice gives the same result (a kvcache append rewrites the same slots).  It may carry a
 ``notes`` attribute (strings): translation facts a reader of the record needs, such as a dtype the
 adapter converted an argument to; the check copies them into the record's ``extra["notes"]``.
+
+``compile_key(case)`` (optional) names the kernel a JIT backend compiles for the case (FA4: one per
+dtype, head dims, mask kind, paged loader, ...), so a parallel run keeps cases of one kernel on one
+worker instead of compiling it in each.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -117,6 +121,13 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
         """Translate the case; return a callable running only the kernel."""
+
+    def compile_key(self, case: AttentionCase) -> Hashable | None:
+        """What the kernel JIT-compiles once per process for ``case``: cases with equal keys run one compiled
+        kernel, so the runner sends them to one worker (compile affinity, ``conformance/running/pool.py``).
+        None (the default): the backend does not JIT per case.  Must be cheap, deterministic across
+        processes (its ``repr`` is compared), computed from the case alone, and import no kernel."""
+        return None
 
     def describe(self) -> dict[str, str]:
         return {"name": self.name, "family": self.family, "version": self.version(), "description": self.description}

@@ -102,6 +102,12 @@ def fa3_vllm_support(case: AttentionCase, cc: tuple[int, int] | None) -> Support
                 f"fp8 with head dims ({case.head_dim}, {case.dv}): 'head_size should be a multiple of 16' "
                 "(measured on the H100 with d40; 16-bit inputs take multiples of 8)",
             )
+    if case.sinks and case.head_dim != case.dv:
+        return Support(
+            False,
+            f"sinks with head dims ({case.head_dim}, {case.dv}): 'We don't support S aux with hdim != hdim_v' "
+            "(measured on the H100 by the fuzzer: 64/512 with and without qv, 192/128, 8/16)",
+        )
     if case.qv and not (case.head_dim <= 64 and case.dv >= 256):
         return Support(False, f"qv with head dims ({case.head_dim}, {case.dv}): FA3 takes qv for d <= 64, dv >= 256")
     return OK

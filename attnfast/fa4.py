@@ -191,3 +191,39 @@ class FA4Backend(Backend):
         from flash_attn.cute import flash_attn_varlen_func
 
         return PreparedKernel(flash_attn_varlen_func, fa4_plan(case, inputs))
+
+    def compile_key(self, case: AttentionCase) -> tuple[Any, ...]:
+        """FA4's forward compile key for ``case``, approximated from the case (:func:`fa4_compile_key`)."""
+        return fa4_compile_key(case)
+
+
+def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:
+    """An approximation of ``_flash_attn_fwd.compile_cache``'s key (``flash_attn/cute/interface.py``) for the
+    call :func:`fa4_plan` makes: cases with equal keys run one compiled kernel.  Its parts: dtype, head
+    dims (of the padded-V call the kernel sees), query heads per KV head (pack_gqa follows it), the mask
+    after FA4's window normalisation (causal with an unbounded left side is causal; any other window is
+    local), which window sides stay bounded, paged (``page_table`` and ``seqused_k``, else ``cu_seqlens_k``),
+    whether the page size is FA4's sm_90 key tile (TMA loader) or not, sinks, softcap, split KV.  Sequence
+    lengths, block tables, the scale and the page size among non-tile sizes are runtime arguments."""
+    case = case.padded_v_call()
+    causal, local = fa4_sm90_local(case)
+    left, right = fa4_window(case)
+    right = 0 if case.causal else right  # FA4: causal sets the right side to 0 before it normalises
+    tile_n = fa4_sm90_tile_n(case)
+    return (
+        "fa4-fwd",
+        case.dtype,
+        case.head_dim,
+        case.dv,
+        case.num_heads // case.num_kv_heads,
+        causal,
+        local,
+        local and left is not None,
+        local and right is not None,
+        case.paged,
+        case.paged and case.block_size != tile_n,
+        case.sinks,
+        bool(case.softcap),
+        (case.num_splits or 1) > 1,
+        tile_n,
+    )

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -74,6 +74,8 @@ class FusedLimits:
     dv_differs: bool
     max_head_dim: int | None
     min_keys: int = 1
+    #: head dims (q/k and v) must be multiples of this, per dtype (absent: any; flash pads inside SDPA)
+    head_dim_multiple: Mapping[str, int] = field(default_factory=dict)
 
 
 #: Measured on an H200, torch 2.11.0+cu130, one call per property ("No available kernel" = no):
@@ -81,7 +83,9 @@ class FusedLimits:
 #: efficient: fp32, d != dv, d = 512 and float bias (query dtype only: "invalid dtype for bias -
 #: should match query's dtype") work; enable_gqa does not.  cuDNN: GQA, d != dv (192/128) and a
 #: float bias in the query dtype work; no fp32, no d = 512, no request with a single key (sk = 1,
-#: any sq).  None of them takes sk = 0.
+#: any sq).  None of them takes sk = 0.  Alignment (torch's sdp_utils, confirmed by the fuzzer on the H100:
+#: "No available kernel" for d1/d39/d95 with a bias, d1/d187 fp32): efficient needs head dims that are
+#: multiples of 8 (16-bit) or 4 (fp32), cuDNN multiples of 8; flash pads inside SDPA.
 #: Wrong results seen there, which the plan routes around (and ``test_sdpa`` guards on a GPU):
 #: * ``causal_lower_right`` with sq > sk under the efficient backend (``CausalBias`` calls
 #:   ``_efficient_attention_forward(custom_mask_type=2)``) behaves as top-left causal: 9 x 5, rows
@@ -94,10 +98,21 @@ FUSED_LIMITS: dict[str, FusedLimits] = {
         frozenset({"none", "is_causal", "lower_right"}), frozenset({"bf16", "fp16"}), True, False, 256
     ),
     "EFFICIENT_ATTENTION": FusedLimits(
-        frozenset({"none", "is_causal", "bias"}), frozenset({"bf16", "fp16", "fp32"}), False, True, None
+        frozenset({"none", "is_causal", "bias"}),
+        frozenset({"bf16", "fp16", "fp32"}),
+        False,
+        True,
+        None,
+        head_dim_multiple={"bf16": 8, "fp16": 8, "fp32": 4},
     ),
     "CUDNN_ATTENTION": FusedLimits(
-        frozenset({"none", "is_causal", "bias"}), frozenset({"bf16", "fp16"}), True, True, 256, min_keys=2
+        frozenset({"none", "is_causal", "bias"}),
+        frozenset({"bf16", "fp16"}),
+        True,
+        True,
+        256,
+        min_keys=2,
+        head_dim_multiple={"bf16": 8, "fp16": 8},
     ),
 }
 
@@ -156,6 +171,8 @@ def plan_cuda_call(case: AttentionCase, sq: int, sk: int, allowed: tuple[str, ..
             reasons.append(f"{name}: needs head_dim_v == head_dim, got {case.head_dim}/{case.dv}")
         elif lim.max_head_dim is not None and max(case.head_dim, case.dv) > lim.max_head_dim:
             reasons.append(f"{name}: head dim {max(case.head_dim, case.dv)} > {lim.max_head_dim}")
+        elif (m := lim.head_dim_multiple.get(case.dtype, 1)) > 1 and (case.head_dim % m or case.dv % m):
+            reasons.append(f"{name}: {case.dtype} head dims must be multiples of {m}, got {case.head_dim}/{case.dv}")
         elif sk_total < lim.min_keys:
             reasons.append(f"{name}: needs at least {lim.min_keys} keys, got {sk_total}")
         else:

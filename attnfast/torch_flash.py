@@ -38,6 +38,8 @@ __all__ = ["TorchFlashBackend", "torch_flash_plan"]
 
 ENTRY = "torch.ops.aten._flash_attention_forward"
 MAX_HEAD_DIM = 256
+#: ``aten._flash_attention_forward`` takes head dims that are multiples of this (SDPA pads others before it).
+HEAD_DIM_MULTIPLE = 8
 
 
 def torch_flash_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
@@ -108,6 +110,12 @@ class TorchFlashBackend(Backend):
             return Support(
                 False,
                 f"head dim {case.head_dim}: torch's vendored FA2 supports head dims up to {MAX_HEAD_DIM}",
+            )
+        if base and case.head_dim % HEAD_DIM_MULTIPLE:
+            return Support(
+                False,
+                f"head dim {case.head_dim}: 'head_size must be a multiple of 8, this is ensured by padding!' (the "
+                "aten op leaves the padding to SDPA; measured on the H100 by the fuzzer with d1, d20, d47, d126)",
             )
         return base
 

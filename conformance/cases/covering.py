@@ -12,12 +12,12 @@ rows and the existing case ids stay as they are.
 :data:`space.PLAIN` (equal head dims, 16-bit, contiguous or NHD, no chunk mask, no quantization, no modifier)
 by plain cases, then the rest of the space.  In one tier the greedy choice fills rows with whatever covers
 most, so 862 of 1,207 ``default`` rows were quantized and fa2 (by its declared features) ran 33 of them,
-covering 34 % of the kernel triples it can run; with the plain tier first ``default`` adds 1,650 rows and fa2
+covering 34 % of the kernel triples it can run; with the plain tier first ``default`` adds 1,657 rows (20 axes) and fa2
 runs 819, covering all of them (``attnconf cases --coverage --backend B`` measures this per backend).
 
 The generator is a greedy one-row-at-a-time AETG/IPOG-style construction, written here rather than taken from
 PyPI because the two libraries measured did not fit: ``allpairspy`` 2.5.1 (``n=3`` with a filter) returned 325
-rows that miss 14,207 of the 66,273 possible triples (and 25 of the 3,019 pairs) of this space, and
+rows that miss 14,207 of the 66,273 possible triples (and 25 of the 3,019 pairs) of the 19-axis space, and
 ``covertable`` 3.2.0 (sub-models for mixed strength, presets for seeding, ``fn`` constraints) is correct but
 took 112 s for ``default`` (1,264 rows) on this machine, where a suite must build in seconds.  Each row starts
 from an uncovered tuple of the axis set with the most uncovered tuples, then fills the other axes (most

@@ -164,6 +164,7 @@ _AXES: tuple[Axis, ...] = (
     Axis("qv", (False, True), False, "MLA absorbed query part scored against V"),
     Axis("v_padded", (False, True), False, "V zero-padded to head_dim, output stripped back (seed 004)"),
     Axis("scheduler_metadata", (False, True), False, "precomputed FA3 scheduler metadata"),
+    Axis("cp", ((1, 0), (2, 1)), False, "context parallel (cp_world, cp_rank): off, or one rank's key shard"),
 )
 #: Every axis by name, in a fixed order (kernel axes first).
 AXES: dict[str, Axis] = {a.name: a for a in _AXES}
@@ -231,6 +232,18 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         ("qv", "quant"),
         lambda qv, quant: not (qv and _family(quant) == "int8"),
         "seed 001's int8 types have no MLA path",
+    ),
+    Constraint(
+        "cp_needs_causal_mask",
+        ("cp", "mask"),
+        lambda cp, mask: cp == (1, 0) or mask == "causal",
+        "cp_world > 1 needs causal=True without window or chunk (the kernel applies cp_* in its causal mask only)",
+    ),
+    Constraint(
+        "cp_without_alibi_or_append",
+        ("cp", "alibi", "append"),
+        lambda cp, alibi, append: cp == (1, 0) or not (alibi or append),
+        "cp_world > 1 cannot be combined with ALiBi or append (positions are absolute under cp)",
     ),
     Constraint(
         "v_padded_needs_dv_lt_d",
@@ -314,7 +327,8 @@ def _within_key(within: Mapping[str, Iterable[Hashable]] | None) -> Within:
 @lru_cache(maxsize=None)
 def _component_points(component: tuple[str, ...], within: Within = ()) -> tuple[tuple[Hashable, ...], ...]:
     """Every valid assignment of one component's axes (in component order) inside the sub-space, by
-    backtracking."""
+    backtracking: a brute force, for tests (the component of ``cp`` / ``quant`` / ``dims`` has about 10**5
+    points; :func:`_eliminate` answers projections and extensibility without listing them)."""
     rules = [c for c in CONSTRAINTS if set(c.axes) <= set(component)]
     allowed = dict(within)
     out: list[tuple[Hashable, ...]] = []
@@ -336,13 +350,92 @@ def _component_points(component: tuple[str, ...], within: Within = ()) -> tuple[
     return tuple(out)
 
 
+Relation = tuple[tuple[str, ...], frozenset[tuple[Hashable, ...]]]
+
+
+def _join(a: Relation, b: Relation) -> Relation:
+    """Natural join of two relations (scope, rows)."""
+    (sa, ra), (sb, rb) = a, b
+    shared = [x for x in sa if x in sb]
+    extra = tuple(x for x in sb if x not in sa)
+    ia, ib = [sa.index(x) for x in shared], [sb.index(x) for x in shared]
+    ie = [sb.index(x) for x in extra]
+    index: dict[tuple[Hashable, ...], list[tuple[Hashable, ...]]] = {}
+    for row in rb:
+        index.setdefault(tuple(row[i] for i in ib), []).append(tuple(row[i] for i in ie))
+    rows = frozenset(row + tail for row in ra for tail in index.get(tuple(row[i] for i in ia), ()))
+    return sa + extra, rows
+
+
+@lru_cache(maxsize=None)
+def _eliminate(
+    component: tuple[str, ...], domains: tuple[tuple[Hashable, ...], ...], keep: tuple[str, ...]
+) -> frozenset[tuple[Hashable, ...]]:
+    """The tuples of ``keep`` (axes of ``component``) that extend to a valid assignment of the whole component
+    with each axis in its domain (``domains``: in component order), by variable elimination: the constraints
+    as relations, each other axis joined out in turn (the one with the smallest joined table first).  Exact,
+    and fast on the space's nearly tree-shaped constraint graph, where listing the component's points is not."""
+    dom = dict(zip(component, domains))
+    factors: list[Relation] = [((a,), frozenset((v,) for v in dom[a])) for a in component]
+    for c in CONSTRAINTS:
+        if set(c.axes) <= set(component):
+            scope = tuple(dict.fromkeys(c.axes))
+            rows = frozenset(
+                vals
+                for vals in itertools.product(*(dom[a] for a in scope))
+                if c.rule(*(vals[scope.index(a)] for a in c.axes))
+            )
+            factors.append((scope, rows))
+    todo = [a for a in component if a not in keep]
+
+    def cost(axis: str) -> int:
+        scope = {x for s, _ in factors if axis in s for x in s}
+        return math.prod(len(dom[x]) for x in scope)
+
+    while todo:
+        axis = min(todo, key=cost)
+        todo.remove(axis)
+        involved = [f for f in factors if axis in f[0]]
+        factors = [f for f in factors if axis not in f[0]]
+        joined = involved[0]
+        for f in involved[1:]:
+            joined = _join(joined, f)
+        scope, rows = joined
+        i = scope.index(axis)
+        factors.append((scope[:i] + scope[i + 1 :], frozenset(r[:i] + r[i + 1 :] for r in rows)))
+    result: Relation = ((), frozenset({()}))
+    for f in factors:
+        result = _join(result, f)
+    scope, rows = result
+    idx = [scope.index(a) for a in keep]
+    return frozenset(tuple(r[i] for i in idx) for r in rows)
+
+
+def _domains(
+    component: tuple[str, ...], within: Within, fixed: Point | None = None
+) -> tuple[tuple[Hashable, ...], ...]:
+    allowed = dict(within)
+    fixed = fixed or {}
+    return tuple(
+        (fixed[a],) if a in fixed else tuple(v for v in AXES[a].values if a not in allowed or v in allowed[a])
+        for a in component
+    )
+
+
 @lru_cache(maxsize=None)
 def _component_projection(
     component: tuple[str, ...], axes: tuple[str, ...], within: Within = ()
 ) -> frozenset[tuple[Hashable, ...]]:
-    idx = [component.index(a) for a in axes]
-    points = _component_points(component, tuple(w for w in within if w[0] in component))
-    return frozenset(zip(*([p[i] for p in points] for i in idx)))
+    inside = tuple(w for w in within if w[0] in component)
+    return _eliminate(component, _domains(component, inside), axes)
+
+
+@lru_cache(maxsize=None)
+def _component_extensible(
+    component: tuple[str, ...], assigned: tuple[tuple[str, Hashable], ...], within: Within
+) -> bool:
+    inside = tuple(w for w in within if w[0] in component)
+    return bool(_eliminate(component, _domains(component, inside, dict(assigned)), ()))
 
 
 def extensible(point: Point, within: Mapping[str, Iterable[Hashable]] | None = None) -> bool:
@@ -355,8 +448,11 @@ def extensible(point: Point, within: Mapping[str, Iterable[Hashable]] | None = N
     for a in point:
         by_comp.setdefault(_COMPONENT_OF[a], []).append(a)
     for comp, axes in by_comp.items():
-        ordered = tuple(a for a in comp if a in axes)
-        if tuple(point[a] for a in ordered) not in _component_projection(comp, ordered, key):
+        if len(axes) <= 3:  # small projections are shared by many queries
+            ordered = tuple(a for a in comp if a in axes)
+            if tuple(point[a] for a in ordered) not in _component_projection(comp, ordered, key):
+                return False
+        elif not _component_extensible(comp, tuple((a, point[a]) for a in comp if a in axes), key):
             return False
     return True
 
@@ -431,6 +527,7 @@ def build(point: Point) -> AttentionCase:
             "qv": p["qv"],
             "v_padded": p["v_padded"],
             "scheduler_metadata": p["scheduler_metadata"],
+            "cp": p["cp"],
         }
     )
 
@@ -540,6 +637,7 @@ def classify(case: AttentionCase) -> dict[str, Hashable]:
         "qv": case.qv,
         "v_padded": case.v_padded,
         "scheduler_metadata": case.scheduler_metadata,
+        "cp": (1, 0) if case.cp_world == 1 else (2, 1),
     }
 
 

@@ -3,8 +3,9 @@ returned in a stable order.  Adding a sweep or an axis value is a one-line chang
 reports and tests pick it up without edits.
 
 Suites: ``smoke`` (~140 small cases, a minute on 2 CPU cores), ``default`` (~3,800, the CI suite on a GPU: 2,142
-hand-picked sweep cases and 1,650 covering-array cases), ``full`` (~15,800: 13,577 sweep cases with long contexts
-up to 32k, default's covering cases and 584 of its own), ``perf`` (long prefill and paged decode for timing
+hand-picked sweep cases, 1,657 covering-array cases and the fuzzer's findings, :mod:`conformance.cases.found`),
+``full`` (~15,900: 13,577 sweep cases with long contexts up to 32k, default's covering and found cases and 672
+covering cases of its own), ``perf`` (long prefill and paged decode for timing
 against the roofline), ``engines`` (engine replays).
 
 Covering arrays (:mod:`conformance.cases.covering` over :mod:`conformance.cases.space`): ``default`` adds the
@@ -12,7 +13,7 @@ cases that make it cover every pair of levels of all axes and every triple of th
 (:data:`~conformance.cases.covering.DEFAULT_STRENGTHS`), ``full`` every triple of all axes
 (:data:`~conformance.cases.covering.FULL_STRENGTHS`).  The generator is seeded with the sweep cases, so only
 tuples they leave uncovered add cases, and the sweep cases keep their ids and come first; the tuples of plain
-levels (:data:`~conformance.cases.space.PLAIN`) are covered by plain cases first (819 of default's 1,650), so a
+levels (:data:`~conformance.cases.space.PLAIN`) are covered by plain cases first (fa2 runs 819 of default's 1,657), so a
 backend that refuses fp8, sinks or an HND cache still runs them; the added cases use the space's small canonical
 batches.  ``attnconf cases --suite S --coverage [--backend B]`` prints the figures.  The added cases (and their
 ids) change when the sweeps or the space change; the sweep cases never do.
@@ -25,6 +26,7 @@ from functools import lru_cache
 
 from conformance.cases import covering
 from conformance.cases.case import AttentionCase
+from conformance.cases.found import found_cases
 from conformance.cases.sweep import BATCHES, CONTIG, MASKS, MLA_DIMS, MLA_PREFILL_DIMS, MLA_SCALE, PAGED, Sweep
 
 __all__ = ["BATCHES", "MASKS", "Sweep", "SUITES", "all_case_ids", "covering_cases", "suite_names", "get_suite"]
@@ -580,8 +582,8 @@ def covering_cases(name: str) -> tuple[AttentionCase, ...]:
 
 SUITES: dict[str, Callable[[], list[AttentionCase]]] = {
     "smoke": lambda: _union(SMOKE),
-    "default": lambda: _union(DEFAULT, covering_cases("default")),
-    "full": lambda: _union(FULL, covering_cases("default") + covering_cases("full")),
+    "default": lambda: _union(DEFAULT, covering_cases("default") + found_cases()),
+    "full": lambda: _union(FULL, covering_cases("default") + covering_cases("full") + found_cases()),
     "perf": _perf_cases,
     "engines": _engine_cases,
 }

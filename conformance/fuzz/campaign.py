@@ -438,7 +438,7 @@ def run_fuzz(config: FuzzConfig) -> FuzzSummary:
     camp = _Campaign(config)
     s = camp.summary
     try:
-        env, camp.infos = _describe(camp.client, camp.rc)
+        env, camp.infos, _ = _describe(camp.client, camp.rc)
         camp.client.preload = list(config.backends)
         if config.db is not None:
             camp.db = _open_db(config.db)

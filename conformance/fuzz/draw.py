@@ -53,6 +53,7 @@ _ORDER = (
     "qv",
     "v_padded",
     "scheduler_metadata",
+    "cp",
     "quant",
     "descale",
     "quant_q",
@@ -78,6 +79,7 @@ _P_DEFAULT: dict[str, float] = {
     "qv": 0.95,
     "v_padded": 0.95,
     "scheduler_metadata": 0.95,
+    "cp": 0.95,
     "quant": 0.8,
     "quant_q": 0.7,
     "append": 0.88,
@@ -310,6 +312,8 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
     scale = None if get("scale") is None else round(10 ** rng.uniform(-2.0, 0.0), 4)
     splits = get("num_splits")
     num_splits = None if splits is None else (1 if splits == 1 else rng.randint(2, 8))
+    # cp level (2, 1) stands for any world > 1: the draw picks the world (2 to 4 ranks) and the rank
+    cp_world = 1 if get("cp", (1, 0)) == (1, 0) else rng.randint(2, 4)
     return {
         "requests": tuple(requests),
         "num_heads": h,
@@ -334,6 +338,8 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
         "qv": qv,
         "v_padded": bool(get("v_padded", False)),
         "scheduler_metadata": bool(get("scheduler_metadata", False)),
+        "cp_world": cp_world,
+        "cp_rank": rng.randrange(cp_world) if cp_world > 1 else 0,
     }
 
 

@@ -21,6 +21,15 @@ GPU discovery (:func:`visible_gpus`) is injectable: ``$ATTNCONF_FAKE_GPUS=N`` pr
 visible (placement only: the kernels still run on ``--device``), which is how placement is tested on a
 machine without a GPU; otherwise ``$CUDA_VISIBLE_DEVICES`` when set, else ``torch.cuda.device_count()``
 (which creates no CUDA context in the parent).
+
+Compile affinity (:class:`WorkFeed`): a JIT backend (FA4) compiles one kernel per *compile key*
+(:meth:`attnfast.base.Backend.compile_key`) in each process that meets it, so a case goes preferably to
+a worker that already compiled its keys: a worker takes units of the keys it holds; with none left, the
+largest group of a key no worker holds yet; then units without keys; then the oldest unit (FIFO).  Every
+worker also gets ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` (FA4's persistent kernel cache on disk,
+under ``$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`` or ``<tempdir>/<user>/flash_attention_cute_dsl_cache``)
+unless the caller set it, so a kernel one worker compiled is loaded, not compiled, by the others and by
+the next run.
 """
 
 from __future__ import annotations
@@ -29,11 +38,12 @@ import collections
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "FA4_CACHE_ENV",
     "FAKE_GPUS_ENV",
     "PIPELINE_DEPTH",
     "Outcome",
@@ -58,6 +68,8 @@ MAX_JOBS_PER_GPU = 12
 #: At most this many workers by default on ``cpu`` (each is a Python process with torch loaded: ~0.4 GB).
 MAX_CPU_JOBS = 16
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
+#: FA4's persistent JIT cache (``flash_attn/cute/cache_utils.py``): on in every worker unless the caller set it.
+FA4_CACHE_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
 
 
 class PlacementError(ValueError):
@@ -135,6 +147,8 @@ class Placement:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu
         if self.threads is not None:
             env.update({k: str(self.threads) for k in _THREAD_VARS if k not in environ})
+        if FA4_CACHE_ENV not in environ:
+            env[FA4_CACHE_ENV] = "1"  # a kernel compiled by one worker is loaded by the others (and next run)
         return env
 
     def to_json(self) -> dict[str, Any]:
@@ -193,18 +207,91 @@ def plan_workers(
 
 class WorkFeed:
     """The cases still to run, each as the list of its (case, backend) pairs still to run; a worker takes a
-    whole case, so the case's reference is computed once."""
+    whole case, so the case's reference is computed once.
 
-    def __init__(self, units: Iterable[list[Any]]) -> None:
-        self._units = collections.deque(u for u in units if u)
+    ``keys(unit)`` gives a unit's compile keys (hashable; the runner's are ``(backend spec, compile key)``
+    of its JIT backends; none: no affinity, plain FIFO).  :meth:`take` with a worker id hands out, in this
+    order: a unit with a key that worker already holds (it compiled that kernel), the oldest unit of the
+    largest group of a key no worker holds yet (the worker now holds it), the oldest unit without keys,
+    the oldest unit.  Every key of a unit a worker takes is then held by it.  So while unclaimed keys
+    remain, no key is compiled by two workers; at the end, idle workers take over the groups still left
+    (FA4's disk cache makes that a load, not a compile).  Deterministic given the units' order and the
+    sequence of ``take`` calls; amortised O(1) per take (each unit leaves each queue once), plus a scan
+    of the unclaimed keys when a worker claims one; thread-safe.
+    """
+
+    def __init__(
+        self, units: Iterable[list[Any]], keys: Callable[[list[Any]], Iterable[Hashable]] | None = None
+    ) -> None:
+        self._units = [u for u in units if u]
+        self._keys = [tuple(dict.fromkeys(k for k in keys(u) if k is not None)) if keys else () for u in self._units]
+        self._taken = [False] * len(self._units)
+        self._left = len(self._units)
+        self._fifo = collections.deque(range(len(self._units)))
+        self._keyless = collections.deque(i for i, k in enumerate(self._keys) if not k)
+        self._by_key: dict[Hashable, collections.deque[int]] = {}
+        for i, ks in enumerate(self._keys):
+            for k in ks:
+                self._by_key.setdefault(k, collections.deque()).append(i)
+        self._count = {k: len(q) for k, q in self._by_key.items()}  # units not taken yet, per key
+        self._unclaimed = dict.fromkeys(self._by_key)  # keys no worker holds, in order of first appearance
+        self._held: dict[Any, collections.deque[Hashable]] = {}  # per worker: its keys that may have units left
+        self._holds: dict[Any, set[Hashable]] = {}
+        #: key -> the worker that claimed it first (for tests and diagnostics)
+        self.owner: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._units)
+        return self._left
 
-    def take(self) -> list[Any] | None:
+    def _pop(self, q: collections.deque[int]) -> int | None:
+        while q and self._taken[q[0]]:
+            q.popleft()
+        return q.popleft() if q else None
+
+    def _hand(self, i: int, worker: Any) -> list[Any]:
+        self._taken[i] = True
+        self._left -= 1
+        for k in self._keys[i]:
+            self._count[k] -= 1
+            if worker is None:
+                continue
+            self._unclaimed.pop(k, None)
+            self.owner.setdefault(k, worker)
+            holds = self._holds.setdefault(worker, set())
+            if k not in holds:
+                holds.add(k)
+                self._held.setdefault(worker, collections.deque()).append(k)
+        return self._units[i]
+
+    def take(self, worker: Any = None) -> list[Any] | None:
+        """The next unit for ``worker`` (None: FIFO, no affinity), or None when all were handed out."""
         with self._lock:
-            return self._units.popleft() if self._units else None
+            if not self._left:
+                return None
+            if worker is not None:
+                held = self._held.get(worker)
+                while held:
+                    i = self._pop(self._by_key[held[0]])
+                    if i is not None:
+                        return self._hand(i, worker)
+                    held.popleft()  # that key's group is used up
+                best = None
+                for k in list(self._unclaimed):
+                    if not self._count[k]:
+                        del self._unclaimed[k]  # taken up by workers that held other keys of its units
+                    elif best is None or self._count[k] > self._count[best]:
+                        best = k
+                if best is not None:
+                    i = self._pop(self._by_key[best])
+                    assert i is not None
+                    return self._hand(i, worker)
+                i = self._pop(self._keyless)
+                if i is not None:
+                    return self._hand(i, worker)
+            i = self._pop(self._fifo)
+            assert i is not None
+            return self._hand(i, worker)
 
 
 @dataclass(frozen=True)
@@ -241,7 +328,7 @@ def serve(
         while not stop.is_set():
             while len(sent) < depth and not stop.is_set():
                 if not mine:
-                    unit = feed.take()
+                    unit = feed.take(worker)
                     if unit is None:
                         break
                     mine.extend(unit)

@@ -13,6 +13,14 @@ loses at most the pairs in flight; ``resume`` skips the pairs already in the fil
 ``resume`` an existing file is moved aside to ``<name>.prev.jsonl`` (one backup) before the new
 run starts.
 
+CUDA out of memory under sharing (:func:`is_cuda_oom`): an ``error`` record whose reason is a CUDA OOM,
+from a worker that shares its GPU with others, is not written; the pair is deferred, its worker
+restarted, and after the parallel phase the deferred pairs run again with one worker per GPU and every
+other worker closed.  That record is final and carries ``extra["oom_retry"]`` (the first error and how
+many workers shared the GPU).  A run killed before the retry has not written those pairs, so ``resume``
+runs them again.  Cases go to workers by compile affinity (:class:`~conformance.running.pool.WorkFeed`,
+keys from the first worker's ``keys`` op), so a JIT backend compiles each kernel in as few workers as it can.
+
 Exit status of a run (see :attr:`RunSummary.exit_code`): 0 when no selected (case, backend) pair has
 a problem status (fail, error, crash, timeout), 1 otherwise; pairs recorded by an earlier run of
 a resumed file count too, so the status describes the whole sweep.
@@ -25,12 +33,14 @@ import fnmatch
 import json
 import os
 import queue
+import re
 import shlex
 import statistics
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -104,6 +114,8 @@ class RunSummary:
     parent_s: float = 0.0
     workers: int = 0
     wall_s: float = 0.0
+    #: pairs whose CUDA OOM under a shared GPU was deferred and run again alone
+    oom_retries: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -122,7 +134,9 @@ class RunSummary:
             f"median per record: harness {med(self.harness_s)}, kernel {med(self.kernel_s)}, "
             f"parent round trip {med(self.roundtrip_s)}, overhead (round trip - worker time) "
             f"{med(self.overhead_s)}, worker idle before a request {med(self.idle_s)}; "
-            f"parent bookkeeping {parent} per record; worker starts: {self.worker_starts}\n"
+            f"parent bookkeeping {parent} per record; worker starts: {self.worker_starts}"
+            + (f"; CUDA OOM retried alone: {self.oom_retries}" if self.oom_retries else "")
+            + "\n"
             f"median worker phases: {phases or 'n/a'} (context: inputs + reference + baseline of a new case)"
         )
 
@@ -218,7 +232,7 @@ def _check_names(specs: tuple[str, ...]) -> None:
         )
 
 
-def _describe(client: WorkerClient, config: RunConfig) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+def _describe(client: WorkerClient, config: RunConfig) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
     reply = client.request(
         {"op": "describe", "backends": list(config.backends), "device": config.device},
         timeout=max(120.0, config.timeout),
@@ -232,7 +246,27 @@ def _describe(client: WorkerClient, config: RunConfig) -> tuple[dict[str, Any], 
     names = [infos[s]["name"] for s in config.backends]
     if len(set(names)) != len(names):
         raise UsageError(f"two --backend values name the same backend: {names}")
-    return reply.data["env"], infos
+    return reply.data["env"], infos, list(reply.data.get("jit", []))
+
+
+def _compile_keys(
+    client: WorkerClient, config: RunConfig, units: list[list[_Pair]], jit: list[str]
+) -> dict[str, tuple[Hashable, ...]]:
+    """Each case's compile keys, ``(spec, key)`` for its pairs of JIT backends (the worker computes them:
+    the parent imports no adapter).  Empty when no backend JIT-compiles or the worker could not tell."""
+    if not jit or not units:
+        return {}
+    reply = client.request(
+        {"op": "keys", "backends": jit, "cases": [u[0].request["case"] for u in units], "device": config.device},
+        timeout=max(120.0, config.timeout),
+    )
+    if reply.kind != "ok" or not reply.data.get("ok"):
+        return {}  # a scheduling hint only: the sweep runs without it
+    keys: dict[str, tuple[Hashable, ...]] = {}
+    for unit, row in zip(units, reply.data["keys"]):
+        specs = {p.spec for p in unit}
+        keys[unit[0].case.id] = tuple((s, k) for s, k in zip(jit, row) if k is not None and s in specs)
+    return keys
 
 
 def _previous(config: RunConfig) -> dict[tuple[str, str], CheckResult]:
@@ -318,6 +352,25 @@ _COLORS = {
 #: Statuses whose record timed a kernel call (the harness/kernel medians are taken over these).
 _RAN = (Status.PASS, Status.FAIL, Status.ERROR)
 
+#: How a CUDA out-of-memory error reads: torch's OutOfMemoryError (``torch.cuda.OutOfMemoryError``), its
+#: older RuntimeError text, the runtime's and driver's error names, cuBLAS/cuDNN allocation failures.
+_CUDA_OOM = re.compile(
+    r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|cudaErrorMemoryAllocation"
+    r"|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED",
+    re.IGNORECASE,
+)
+
+
+def is_cuda_oom(record: CheckResult) -> bool:
+    """Whether ``record`` is an ``error`` whose reason is a CUDA out-of-memory error (kernel or harness)."""
+    return record.status is Status.ERROR and bool(_CUDA_OOM.search(record.reason or ""))
+
+
+def _short(reason: str, limit: int = 300) -> str:
+    """The first line of a reason, at most ``limit`` characters."""
+    line = (reason or "").strip().splitlines()[0] if (reason or "").strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
 
 def _counts_text(counts: Counter) -> str:
     return " ".join(f"[{_COLORS[s.value]}]{s.value} {counts.get(s.value, 0)}[/]" for s in Status)
@@ -358,6 +411,14 @@ def _units(config: RunConfig, cases: list[AttentionCase], todo: set[tuple[str, s
             ]
         )
     return [u for u in units if u]
+
+
+def _retry_units(deferred: list[_Pair]) -> list[list[_Pair]]:
+    """The deferred pairs grouped by case, in the order they were deferred (one reference per case)."""
+    by_case: dict[str, list[_Pair]] = {}
+    for pair in deferred:
+        by_case.setdefault(pair.case.id, []).append(pair)
+    return list(by_case.values())
 
 
 def _placements(config: RunConfig) -> list[Placement]:
@@ -442,7 +503,7 @@ def run(config: RunConfig) -> RunSummary:
     try:
         for client in clients[1 : len(cases)]:
             client.spawn()  # their imports overlap the first worker's describe
-        env, infos = _describe(clients[0], config)
+        env, infos, jit = _describe(clients[0], config)
         for client in clients:
             client.preload = list(config.backends)
         config.out.parent.mkdir(parents=True, exist_ok=True)
@@ -489,35 +550,55 @@ def run(config: RunConfig) -> RunSummary:
         )
         summary.workers = workers
 
+        #: (case id, backend name) -> its pair; deferred CUDA OOMs and their first error, for the retry phase
+        pair_of = {(p.case.id, infos[p.spec]["name"]): p for u in units for p in u}
+        deferred: list[_Pair] = []
+        retried: dict[tuple[str, str], dict[str, Any]] = {}
+        sharing = Counter(p.gpu for p in placements[:workers])  # workers per GPU (None: the one device)
+
         def judge(pair: _Pair, reply: Reply, worker: int) -> tuple[CheckResult, bool]:
             record = _record(reply, pair.case, pair.spec, infos[pair.spec], config)
             extra = {**record.extra, "worker": worker}
             if placements[worker].gpu is not None:
                 extra["gpu"] = placements[worker].gpu
-            # An ERROR on CUDA may have poisoned the worker's context: it is replaced before its next request.
-            return replace(record, extra=extra), record.status is Status.ERROR and config.device.startswith("cuda")
+            if (pair.case.id, pair.spec) in retried:
+                extra["oom_retry"] = retried[pair.case.id, pair.spec]
+            # An ERROR on CUDA may have poisoned the worker's context, and one that ran out of memory holds a
+            # large allocator cache: it is replaced before its next request.
+            restart = record.status is Status.ERROR and (config.device.startswith("cuda") or is_cuda_oom(record))
+            return replace(record, extra=extra), restart
 
-        feed = WorkFeed(units)
-        outcomes: queue.Queue[Outcome] = queue.Queue()
-        stop = threading.Event()
-        threads = [
-            threading.Thread(
-                target=serve,
-                args=(i, clients[i], feed, outcomes, judge, config.timeout, stop),
-                name=f"attnconf-worker-{i}",
-                daemon=True,
-            )
-            for i in range(workers)
-        ]
-        label = (config.suite or "cases") + (f" ({workers} workers)" if workers > 1 else "")
-        with _progress(config, len(todo)) as bar, open(config.out, "a", encoding="utf-8") as fh:
-            task = bar.add_task(label, total=len(todo), counts="")
-            writer = _Writer(fh)
+        def deliver(outcome: Outcome, writer: _Writer, shared: Counter) -> bool:
+            """Write a finished record, or defer a CUDA OOM of a worker that shared its GPU (False)."""
+            record = outcome.record
+            n = shared[placements[outcome.worker].gpu]
+            if n > 1 and is_cuda_oom(record):
+                pair = pair_of[record.case_id, record.backend]
+                retried[pair.case.id, pair.spec] = {"first_error": _short(record.reason), "workers_sharing": n}
+                deferred.append(pair)
+                return False
+            writer.write(record)
+            _account(summary, record, outcome.reply)
+            return True
+
+        def phase(ids: list[int], feed: WorkFeed, shared: Counter, writer: _Writer, bar: Any, task: Any) -> None:
+            """Drive the workers ``ids`` until ``feed`` is empty, writing records as they arrive."""
+            outcomes: queue.Queue[Outcome] = queue.Queue()
+            stop = threading.Event()
+            threads = [
+                threading.Thread(
+                    target=serve,
+                    args=(i, clients[i], feed, outcomes, judge, config.timeout, stop),
+                    name=f"attnconf-worker-{i}",
+                    daemon=True,
+                )
+                for i in ids
+            ]
             for thread in threads:
                 thread.start()
             ended = 0
             try:
-                while ended < workers:
+                while ended < len(ids):
                     batch = [outcomes.get()]
                     t0 = time.perf_counter()
                     while True:
@@ -531,18 +612,16 @@ def run(config: RunConfig) -> RunSummary:
                         if outcome.error is not None:
                             raise outcome.error
                         if outcome.record is not None:
-                            writer.write(outcome.record)
-                            _account(summary, outcome.record, outcome.reply)
-                            wrote += 1
+                            wrote += deliver(outcome, writer, shared)
                     if wrote:
                         writer.sync()
                         bar.update(task, advance=wrote, counts=_counts_text(summary.counts))
                     summary.parent_s += time.perf_counter() - t0
             finally:
-                if ended < workers:  # interrupted or a worker could not start: stop the others now
+                if ended < len(ids):  # interrupted or a worker could not start: stop the others now
                     stop.set()
-                    for client in clients:
-                        client.kill()
+                    for i in ids:
+                        clients[i].kill()
                     for thread in threads:
                         thread.join(timeout=10)
                     while True:  # records that arrived complete are kept; only the pairs in flight are lost
@@ -551,8 +630,29 @@ def run(config: RunConfig) -> RunSummary:
                         except queue.Empty:
                             break
                         if outcome.record is not None:
-                            writer.write(outcome.record)
+                            deliver(outcome, writer, shared)
                     writer.sync()
+
+        unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 else {}
+        feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()))
+        label = (config.suite or "cases") + (f" ({workers} workers)" if workers > 1 else "")
+        with _progress(config, len(todo)) as bar, open(config.out, "a", encoding="utf-8") as fh:
+            task = bar.add_task(label, total=len(todo), counts="")
+            writer = _Writer(fh)
+            phase(list(range(workers)), feed, sharing, writer, bar, task)
+            if deferred:
+                # Alone: one worker per GPU (the first placed on it), every other worker closed so that its
+                # CUDA context and allocator cache are gone too.
+                first: dict[str | None, int] = {}
+                for i in range(workers):
+                    first.setdefault(placements[i].gpu, i)
+                alone = sorted(first.values())
+                others = [clients[i] for i in range(workers) if i not in alone]
+                _close_all(others)
+                summary.oom_retries = len(deferred)
+                retry = _retry_units(deferred)
+                bar.update(task, description=f"{label}: {len(deferred)} CUDA OOM(s) again, one worker per GPU")
+                phase(alone, WorkFeed(retry), Counter(placements[i].gpu for i in alone), writer, bar, task)
     finally:
         summary.worker_starts = sum(c.starts for c in clients)
         _close_all(clients)

@@ -14,7 +14,11 @@ Requests and replies (one JSON object per line):
 
 * on start the worker sends ``{"op": "ready", "pid": ...}``;
 * ``{"op": "describe", "backends": [spec...], "device": d}`` ->
-  ``{"ok": true, "env": {...}, "backends": {spec: info}, "errors": {spec: message}}``;
+  ``{"ok": true, "env": {...}, "backends": {spec: info}, "errors": {spec: message}, "jit": [spec...]}``
+  (``jit``: the backends with a :meth:`~attnfast.base.Backend.compile_key`);
+* ``{"op": "keys", "backends": [spec...], "cases": [{...}...], "device": d}`` ->
+  ``{"ok": true, "keys": [[key or null per backend] per case]}``: each compile key as its ``repr``, null
+  where the backend has none or refuses the case (the parent's compile-affinity scheduling);
 * ``{"op": "load", "backends": [spec...]}`` -> ``{"ok": true, "errors": {...}}``: import the
   adapters now, so a fresh worker's imports do not count against the first case's timeout;
 * ``{"op": "check", "case": {...}, "backend": spec, "seed": n, "device": d, "tol": [...],
@@ -99,7 +103,37 @@ class _Worker:
                 infos[spec] = backend_info(self.backend(spec), spec)
             except Exception as exc:  # noqa: BLE001 - reported to the user as a usage error
                 errors[spec] = f"{type(exc).__name__}: {exc}"
-        return {"ok": True, "env": host_env(req.get("device", "cpu")), "backends": infos, "errors": errors}
+        from attnfast.base import Backend
+
+        # The backends that JIT-compile per compile key (they override Backend.compile_key): the parent
+        # asks for their keys (op "keys") to send cases of one kernel to one worker.
+        jit = [s for s in infos if type(self.backend(s)).compile_key is not Backend.compile_key]
+        return {
+            "ok": True,
+            "env": host_env(req.get("device", "cpu")),
+            "backends": infos,
+            "errors": errors,
+            "jit": jit,
+        }
+
+    def keys(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Each case's compile key per backend (``repr`` of it, or None: no JIT, or refused here)."""
+        from conformance.cases.case import AttentionCase
+
+        device = req.get("device", "cpu")
+        backends = [self.backend(s) for s in req["backends"]]
+        rows = []
+        for case_json in req["cases"]:
+            case = AttentionCase.from_json(case_json)
+            row: list[str | None] = []
+            for backend in backends:
+                try:
+                    key = backend.compile_key(case) if backend.supports(case, device) else None
+                except Exception:  # noqa: BLE001 - a key is a scheduling hint; without it the case runs anyway
+                    key = None
+                row.append(None if key is None else repr(key))
+            rows.append(row)
+        return {"ok": True, "keys": rows}
 
     def check(self, req: dict[str, Any]) -> dict[str, Any]:
         from conformance.cases.case import AttentionCase
@@ -152,6 +186,8 @@ class _Worker:
                 return self.describe(req)
             if op == "check":
                 return self.check(req)
+            if op == "keys":
+                return self.keys(req)
             return {"ok": False, "error": f"unknown op {op!r}"}
         except Exception as exc:  # noqa: BLE001 - the parent records it; the worker keeps serving
             return {

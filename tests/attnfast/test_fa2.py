@@ -202,6 +202,32 @@ def test_kvcache_arguments_paged_append():
     assert kw["q"].shape == (2, 2, 4, 64) and kw["num_splits"] == 0  # unset: FA2's heuristic
 
 
+def test_append_with_padded_v_pads_the_new_tokens_too():
+    """The fuzzer on the H100: fa2 with append + v_padded raised "shape '[1, 3, 1, 16]' is invalid for input of
+    size 24" (the new tokens' V stayed at head_dim_v while the call had head_dim_v == head_dim)."""
+    from attnfast._fa_common import PreparedKernel, prepare_padded_v
+
+    for case in (
+        C([(3, 10)], head_dim=16, head_dim_v=8, append=True, v_padded=True),
+        C([(2, 300), (2, 40)], head_dim=192, head_dim_v=128, append=True, v_padded=True, causal=True,
+          kv_layout="NHD", block_size=256),
+    ):  # fmt: skip
+        inputs = make_inputs(case)
+        seen = {}
+
+        def prepare(c, inp):
+            seen["kw"] = fa2_plan(c, inp).kwargs
+            return PreparedKernel(lambda **kw: None, fa2_plan(c, inp))
+
+        prepare_padded_v(prepare, case, inputs)
+        kw = seen["kw"]
+        d, q_len = case.head_dim, case.q_lens[0]
+        assert kw["v"].shape == (case.batch, q_len, case.num_kv_heads, d), kw["v"].shape
+        assert torch.equal(kw["v"][..., : case.dv].reshape(-1, case.num_kv_heads, case.dv), inputs.v_new)
+        assert not kw["v"][..., case.dv :].any()
+        assert kw["v_cache"].shape[-1] == d
+
+
 def test_varlen_paged_arguments():
     case = C([(40, 300), (17, 17)], kv_layout="NHD", block_size=256, causal=True)
     inputs = make_inputs(case)

@@ -41,6 +41,7 @@ CASES = {
     ),
     "dims_192_128": C([(33, 33), (1, 70)], causal=True, head_dim=192, head_dim_v=128),
     "v_padded": C([(33, 33), (1, 70)], causal=True, head_dim=192, head_dim_v=128, v_padded=True),
+    "v_padded_sinks": C([(33, 33), (1, 0)], head_dim=192, head_dim_v=128, v_padded=True, sinks=True),
     "mla_contig": C([(1, 70), (4, 90)], scale=MLA_SCALE, **MLA),
     "mla_paged64": C([(1, 70), (4, 90)], scale=MLA_SCALE, kv_layout="NHD", block_size=64, **MLA),
     "mla_paged_hnd": C([(1, 70), (2, 9)], scale=MLA_SCALE, kv_layout="HND", block_size=16, **MLA),
@@ -84,6 +85,8 @@ def run_fake(case, seed=0):
         (C([(3, 3)], head_dim=128, head_dim_v=128, qv=True), "qv for d <= 64"),
         (C([(3, 3)], head_dim=320), "at most 256"),
         (C([(3, 3)], head_dim=128, head_dim_v=64), "d != dv only"),
+        (C([(3, 3)], head_dim=192, head_dim_v=128, sinks=True), "S aux with hdim != hdim_v"),
+        (C([(3, 3)], sinks=True, scale=0.1, **MLA), "S aux with hdim != hdim_v"),
     ],
 )
 def test_refusal_reasons(case, reason):

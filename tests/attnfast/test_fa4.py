@@ -173,6 +173,29 @@ def test_window_spelling_never_negative(kw, window):
     assert fa4_plan(case, make_inputs(case)).kwargs["window_size"] == window
 
 
+def test_compile_key_names_the_kernel_not_the_lengths():
+    """Compile affinity (conformance/running/pool.py) groups cases by this key: runtime arguments (lengths,
+    block tables, the scale, a non-tile page size) must not change it; what FA4 specialises on must."""
+    from attnfast.fa4 import fa4_compile_key
+
+    key = fa4_compile_key
+    base = C([(33, 33), (1, 70)], causal=True)
+    assert key(base) == key(C([(5, 900)], causal=True)) == key(C([(33, 33)], causal=True, scale=0.3))
+    assert key(base) != key(C([(33, 33)]))  # causal or not
+    assert key(base) != key(C([(33, 33)], causal=True, head_dim=128))
+    assert key(base) != key(C([(33, 33)], causal=True, dtype="fp16"))
+    assert key(base) != key(C([(33, 33)], causal=True, num_kv_heads=1))  # pack_gqa follows the ratio
+    assert key(base) != key(C([(33, 33)], causal=True, sinks=True))
+    assert key(C([(33, 33)], window=(16, None))) != key(C([(33, 33)], window=(16, 16)))  # bounded sides
+    paged = {b: key(C([(1, 70)], causal=True, kv_layout="NHD", block_size=b)) for b in (16, 64, 128)}
+    assert paged[16] == paged[64] != paged[128]  # 128: d64's key tile, the TMA loader
+    assert paged[16] != key(C([(1, 70)], causal=True))
+    # a V-padded case compiles the equal-dims kernel it calls
+    vpad = C([(3, 3)], causal=True, head_dim=192, head_dim_v=128, v_padded=True)
+    assert key(vpad) == key(C([(3, 3)], causal=True, head_dim=192))
+    assert FA4Backend().compile_key(base) == key(base)
+
+
 def test_paged_arguments():
     case = C([(3, 40), (1, 97)], kv_layout="NHD", block_size=16, sinks=True)
     inputs = make_inputs(case)

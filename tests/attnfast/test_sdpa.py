@@ -126,6 +126,16 @@ def test_plan_cuda_call_refusals() -> None:
     assert isinstance(r, Support) and "head_dim_v == head_dim" in r.reason
     r = plan_cuda_call(C([(5, 5)], dtype="fp32"), 5, 5, ("CUDNN_ATTENTION",))
     assert isinstance(r, Support) and "no fp32 kernel" in r.reason
+    # alignment (the fuzzer on the H100: "No available kernel"): a bias needs efficient or cuDNN, whose head
+    # dims are multiples of 8 (16-bit; efficient fp32: 4); flash pads, so an unmasked d39 still runs there
+    r = plan_cuda_call(C([(1, 0)], d=1, sinks=True), 1, 0, ALL)
+    assert isinstance(r, Support) and "multiples of 8, got 1/1" in r.reason
+    r = plan_cuda_call(C([(15, 63)], d=39, h=8, hk=2, sinks=True), 15, 63, ALL)
+    assert isinstance(r, Support) and "EFFICIENT_ATTENTION: bf16 head dims must be multiples of 8" in r.reason
+    r = plan_cuda_call(C([(1, 1)], d=1, dtype="fp32"), 1, 1, ALL)
+    assert isinstance(r, Support) and "fp32 head dims must be multiples of 4, got 1/1" in r.reason
+    assert plan_cuda_call(C([(3, 3)], d=12, dtype="fp32"), 3, 3, ALL) == SdpaCall("none", ("EFFICIENT_ATTENTION",))
+    assert plan_cuda_call(C([(3, 3)], d=39), 3, 3, ALL) == SdpaCall("none", ("FLASH_ATTENTION",))
 
 
 def test_cuda_backends_declare_and_refuse() -> None:

@@ -70,6 +70,8 @@ def fake_flash_attention_forward(
         (C([(1, 3)], append=True), "append:"),
         (C([(1, 300)], num_splits=2), "splits:"),
         (C([(3, 3)], head_dim=320), "head dims up to 256"),
+        (C([(3, 3)], head_dim=47), "multiple of 8"),
+        (C([(3, 3)], head_dim=1), "multiple of 8"),
     ],
 )
 def test_refusal_reasons(case, reason):

@@ -10,6 +10,7 @@ import pytest
 
 from conformance.cases import covering, space
 from conformance.cases.covering import Strength, coverage, covering_array, measures, uncovered
+from conformance.cases.found import found_cases
 from conformance.cases.suites import DEFAULT, covering_cases, get_suite
 from conformance.cli import main
 
@@ -126,11 +127,11 @@ def test_default_covers_every_pair_and_every_kernel_triple() -> None:
     assert pairs.covered == pairs.possible > 3000 and pairs.line().endswith("(100.0 %)")
     assert kernel.covered == kernel.possible > 17000
     assert all3.covered < all3.possible  # t=3 over all axes is full's job
-    # the sweep cases keep their ids and their order; the covering cases come after them
+    # the sweep cases keep their ids and their order; the covering cases come after them, then the found ones
     sweep_ids = list(dict.fromkeys(c.id for sweep in DEFAULT for c in sweep.cases()))
     assert [c.id for c in cases[: len(sweep_ids)]] == sweep_ids
     added = covering_cases("default")
-    assert [c.id for c in cases[len(sweep_ids) :]] == [c.id for c in added]
+    assert [c.id for c in cases[len(sweep_ids) :]] == [c.id for c in added + found_cases()]
     assert len(added) <= 1700
     # small: the space's canonical batches only
     assert max(k for c in added for _, k in c.requests) <= 1100

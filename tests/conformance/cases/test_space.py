@@ -46,6 +46,14 @@ CONSTRAINT_EXAMPLES = {
         [{"qv": True, "quant": "int8_t1"}],
         [{"qv": True, "quant": "fp8_e4m3"}],
     ),
+    "cp_needs_causal_mask": (
+        [{"cp": (2, 1), "mask": "cw128"}, {"cp": (2, 1), "mask": "none"}],
+        [{"cp": (2, 1), "mask": "causal"}, {"cp": (1, 0), "mask": "cw128"}],
+    ),
+    "cp_without_alibi_or_append": (
+        [{"cp": (2, 1), "alibi": True, "append": False}, {"cp": (2, 1), "alibi": False, "append": True}],
+        [{"cp": (2, 1), "alibi": False, "append": False}, {"cp": (1, 0), "alibi": True, "append": True}],
+    ),
     "v_padded_needs_dv_lt_d": (
         [{"v_padded": True, "dims": (128, 128)}, {"v_padded": True, "dims": (64, 512)}],
         [{"v_padded": True, "dims": (192, 128)}],

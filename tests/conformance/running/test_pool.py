@@ -28,6 +28,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cli import main
 from conformance.records import Status, read_records
 from conformance.running.pool import (
+    FA4_CACHE_ENV,
     FAKE_GPUS_ENV,
     Placement,
     PlacementError,
@@ -136,8 +137,10 @@ def test_workers_go_round_robin_over_the_listed_gpus() -> None:
         "OMP_NUM_THREADS": "2",
         "MKL_NUM_THREADS": "2",
         "TORCHINDUCTOR_COMPILE_THREADS": "2",
+        FA4_CACHE_ENV: "1",  # FA4's persistent kernel cache, shared by the workers
     }
     assert "OMP_NUM_THREADS" not in plan[4].env({"OMP_NUM_THREADS": "5"})  # the caller's own setting wins
+    assert FA4_CACHE_ENV not in plan[4].env({FA4_CACHE_ENV: "0"})
     picked = plan_workers("cuda", 4, (1, 3), gpus_given=True, cpus=12, discover=four, environ={})
     assert [p.gpu for p in picked] == ["1", "3", "1", "3"]
     # indices count the visible GPUs, as cuda:N does: with CUDA_VISIBLE_DEVICES=4,6, --gpus 1 is GPU 6

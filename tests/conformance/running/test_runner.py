@@ -168,6 +168,10 @@ def test_stray_output_does_not_break_the_protocol() -> None:
         )
         assert reply.kind == "ok" and reply.data["ok"], reply
         assert reply.data["result"]["status"] == "pass"
+        # stderr is read by its own thread: the lines may land a moment after the reply on stdout
+        deadline = time.monotonic() + 10
+        while "stray write to fd 1" not in client.stderr_tail() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "stray print" in client.stderr_tail() and "stray write to fd 1" in client.stderr_tail()
         described = client.request({"op": "describe", "backends": ["nonexistent-kernel"], "device": "cpu"}, timeout=60)
         assert "nonexistent-kernel" in described.data["errors"] and described.data["env"]["torch"]
