@@ -266,8 +266,18 @@ def dcp_rank_forward(
 def dcp_forward(
     engine: VllmV1FlashAttention, case: AttentionCase, inputs: CaseInputs, step: Step, kernel: Kernel
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank as a thread of this process; the head shards side by side (reordered tokens)."""
-    results = ThreadGroup(step.dcp).run(lambda r, g: dcp_rank_forward(engine, case, inputs, step, r, g, kernel))
+    """Every rank as a thread of this process; the head shards side by side (reordered tokens).
+
+    The ranks' kernel calls run one at a time (a lock, never held across a collective): a JIT kernel compiled
+    from several threads at once is not safe (FA4 on the H100: SIGABRT in ``dcp3_mixed`` when three ranks met
+    its first call together), and the ranks' calls are independent, so the order changes no result."""
+    lock = threading.Lock()
+
+    def one_at_a_time(call: Any) -> Any:
+        with lock:
+            return kernel(call)
+
+    results = ThreadGroup(step.dcp).run(lambda r, g: dcp_rank_forward(engine, case, inputs, step, r, g, one_at_a_time))
     return torch.cat([o for o, _ in results], dim=1), torch.cat([lse for _, lse in results], dim=0)
 
 

@@ -4,7 +4,7 @@
 
     # why this backend fails what it fails
     [[failure]]
-    pattern = "*_win*-0_*"            # fnmatch glob on the case id
+    pattern = "*_win*-0_*"            # fnmatch glob on the case id, or a list of globs (any matches)
     reason = "window right bound taken as sk, not 0 (FA2 bug)"
     evidence = ["https://github.com/Dao-AILab/flash-attention/issues/895", "reports/h200-fa2.jsonl"]
     statuses = ["fail"]               # optional, default ["fail"]; any of fail/error/crash/timeout
@@ -40,15 +40,22 @@ class LedgerEntry:
     """One known failure of one backend."""
 
     backend: str
+    #: the glob, or the globs joined by " | " when the entry lists several (``patterns``)
     pattern: str
     reason: str
     evidence: tuple[str, ...] = ()
     statuses: tuple[str, ...] = ("fail",)
     source: str = ""
+    #: every glob of the entry (a case id matching any of them matches); empty: ``(pattern,)``
+    patterns: tuple[str, ...] = ()
+
+    def matches_id(self, case_id: str) -> bool:
+        """Whether any of the entry's globs matches ``case_id``."""
+        return any(fnmatch.fnmatchcase(case_id, p) for p in (self.patterns or (self.pattern,)))
 
     def matches(self, result: CheckResult) -> bool:
-        """Same backend, and the glob matches the case id."""
-        return result.backend == self.backend and fnmatch.fnmatchcase(result.case_id, self.pattern)
+        """Same backend, and a glob matches the case id."""
+        return result.backend == self.backend and self.matches_id(result.case_id)
 
     def explains(self, result: CheckResult) -> bool:
         """Matches, and the result's status is one this entry expects."""
@@ -107,7 +114,7 @@ class Ledger:
         unused = [e for i, e in enumerate(self.entries) if i not in used and e.backend in ran]
         if unused and suite_case_ids is not None:
             ids = list(suite_case_ids())
-            unused = [e for e in unused if not any(fnmatch.fnmatchcase(c, e.pattern) for c in ids)]
+            unused = [e for e in unused if not any(e.matches_id(c) for c in ids)]
         verdict.stale = unused
         return verdict
 
@@ -119,9 +126,12 @@ def _entry(backend: str, raw: Any, source: str) -> LedgerEntry:
     unknown = set(raw) - _KEYS
     if unknown:
         raise ValueError(f"{source}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS)})")
-    for key in ("pattern", "reason"):
-        if not isinstance(raw.get(key), str) or not raw[key].strip():
-            raise ValueError(f"{source}: every entry needs a non-empty string {key!r}")
+    if not isinstance(raw.get("reason"), str) or not raw["reason"].strip():
+        raise ValueError(f"{source}: every entry needs a non-empty string 'reason'")
+    pattern = raw.get("pattern")
+    patterns = (pattern,) if isinstance(pattern, str) else tuple(pattern) if isinstance(pattern, list) else ()
+    if not patterns or not all(isinstance(p, str) and p.strip() for p in patterns):
+        raise ValueError(f"{source}: every entry needs 'pattern': a non-empty glob string or a list of them")
     evidence = raw.get("evidence", ())
     evidence = (evidence,) if isinstance(evidence, str) else tuple(str(e) for e in evidence)
     statuses = raw.get("statuses", ["fail"])
@@ -129,7 +139,7 @@ def _entry(backend: str, raw: Any, source: str) -> LedgerEntry:
     bad = [s for s in statuses if s not in _PROBLEMS]
     if bad or not statuses:
         raise ValueError(f"{source}: statuses must be a non-empty subset of {_PROBLEMS}, got {list(statuses)}")
-    return LedgerEntry(backend, raw["pattern"], raw["reason"], evidence, statuses, source)
+    return LedgerEntry(backend, " | ".join(patterns), raw["reason"], evidence, statuses, source, patterns)
 
 
 def load_ledger(directory: Path | str | None = None) -> Ledger:

@@ -105,6 +105,36 @@ def test_planted_interleave_bug_fails(scenario, monkeypatch):
     assert res.status is Status.FAIL and res.stats.error_ratio > 3, res.reason
 
 
+def test_in_process_ranks_call_the_kernel_one_at_a_time(monkeypatch):
+    """FA4 on the H100 aborted (SIGABRT) when three rank threads met its first, JIT-compiled, call together: the
+    in-process group runs the ranks' kernel calls one at a time, and the result stays right."""
+    import threading
+    import time
+
+    from attnfast.sdpa import SdpaCpuBackend
+
+    state = {"active": 0, "most": 0, "calls": 0}
+    guard = threading.Lock()
+
+    class Watched(SdpaCpuBackend):
+        def prepare(self, case, inputs):
+            with guard:
+                state["active"] += 1
+                state["calls"] += 1
+                state["most"] = max(state["most"], state["active"])
+            time.sleep(0.02)  # a compile's worth of overlap, were the calls concurrent
+            try:
+                return super().prepare(case, inputs)
+            finally:
+                with guard:
+                    state["active"] -= 1
+
+    case = next(c for c in DCP if c.scenario == "dcp3_mixed")
+    res = engine_verdict(prepare_context(case, 0, "cpu"), ENGINE, monkeypatch, Watched())
+    assert res.status is Status.PASS, res.reason
+    assert state["calls"] >= 6 and state["most"] == 1, state
+
+
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built in")
 def test_dcp_across_gloo_processes_with_2_3_4_ranks():
     results = run_dcp_worlds(DCP, [2, 3, 4], "sdpa-cpu", "cpu")

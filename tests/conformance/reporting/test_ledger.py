@@ -84,12 +84,32 @@ def test_classify(ledger_dir: Path) -> None:
         ('[[failure]]\npattern = "*"\nreason = "x"\nwhy = "typo"\n', "unknown keys"),
         ('[known]\npattern = "*"\n', "top-level"),
         ("[[failure]\npattern = ", "bad.toml"),
+        ('[[failure]]\npattern = []\nreason = "r"\n', "a list of them"),
+        ('[[failure]]\npattern = ["*_a-*", ""]\nreason = "r"\n', "a list of them"),
     ],
 )
 def test_malformed_ledgers_name_the_file(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "bad.toml").write_text(text)
     with pytest.raises(ValueError, match=message):
         load_ledger(tmp_path)
+
+
+def test_an_entry_may_list_several_globs(tmp_path: Path) -> None:
+    (tmp_path / "kern.toml").write_text(
+        '[[failure]]\npattern = ["*_d80_*_pfvar_ps*", "*_d96_*_dec_ps*"]\nreason = "paged loader"\n'
+    )
+    (entry,) = load_ledger(tmp_path).entries
+    assert entry.patterns == ("*_d80_*_pfvar_ps*", "*_d96_*_dec_ps*") and " | " in entry.pattern
+    verdict = load_ledger(tmp_path).classify(
+        [
+            result("x_d80_bf16_pfvar_ps16nhd-1", "kern", "fail"),
+            result("x_d96_bf16_dec_ps1nhd-2", "kern", "fail"),
+            result("x_d96_bf16_pf1_ps1nhd-3", "kern", "pass"),  # neither glob: not an unexpected pass
+            result("x_d96_bf16_pf1_ps1nhd-4", "kern", "fail"),  # neither glob: unexpected
+        ]
+    )
+    assert len(verdict.known) == 2 and not verdict.unexpected_passes
+    assert [r.case_id for r in verdict.unexpected] == ["x_d96_bf16_pf1_ps1nhd-4"]
 
 
 def test_shipped_ledgers_parse_and_missing_dir_is_empty(tmp_path: Path) -> None:
@@ -114,4 +134,5 @@ def test_committed_ledger_patterns_name_cases_of_the_builtin_suites() -> None:
 
     ids = all_case_ids()
     for entry in load_ledger().entries:
-        assert any(fnmatch.fnmatchcase(c, entry.pattern) for c in ids), (entry.source, entry.pattern)
+        for glob in entry.patterns:  # each glob of a list names a case too
+            assert any(fnmatch.fnmatchcase(c, glob) for c in ids), (entry.source, glob)
