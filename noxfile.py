@@ -11,7 +11,7 @@ the merged run with a baseline results file and fails on a regression::
 
     nox --no-venv -s shard -- 0/4 --suite default --backend fa2 --device cuda   # -> shards/shard-0-of-4.jsonl
     nox --no-venv -s merge -- shards/*.jsonl --out merged.jsonl --report report
-    nox --no-venv -s gate -- reports/h100-2026-11-22/default-h100.jsonl.gz merged.jsonl --out gate.md
+    nox --no-venv -s gate -- reports/h100-2026-11-24/default-h100.jsonl.gz merged.jsonl --out gate.md
 """
 
 from __future__ import annotations

@@ -163,13 +163,16 @@ def stale_padded_cache(inputs: CaseInputs, width: int, keep: list[int]) -> tuple
 
 
 def kvcache_caches(
-    case: AttentionCase, inputs: CaseInputs
+    case: AttentionCase, inputs: CaseInputs, min_width: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, int]:
     """``(k_cache, v_cache, page_table, cache_seqlens, width)`` for a kvcache entry point (FA2/FA3).
 
     Paged: the case's caches (HND memory seen as NHD by a transpose) and block table, ``width`` the
     table's reach in keys.  Contiguous: :func:`stale_padded_cache` of width ``max(kv_lens)``.
     ``cache_seqlens`` (int32, on the device) counts the keys already cached, before any append.
+    ``min_width``: the capacity (keys per sequence) the call needs at least; a contiguous cache is made that
+    wide, a block table gets more columns (repeating its last one: never read, ``cache_seqlens`` bounds the
+    keys and an append writes inside the real blocks).
     """
     keep = case.cached_kv_lens
     if case.paged:
@@ -177,9 +180,12 @@ def kvcache_caches(
         assert k_cache is not None and v_cache is not None and table is not None and case.block_size is not None
         if case.kv_layout == "HND":  # (num_blocks, hk, page, d) memory seen as (num_blocks, page, hk, d)
             k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+        short = -(-min_width // case.block_size) - table.shape[1]
+        if short > 0:
+            table = torch.cat([table, table[:, -1:].expand(-1, short)], dim=1).contiguous()
         width = table.shape[1] * case.block_size
     else:
-        width = max(1, max(case.kv_lens))
+        width = max(1, max(case.kv_lens), min_width)
         k_cache, v_cache = stale_padded_cache(inputs, width, keep)
         table = None
     return k_cache, v_cache, table, torch.tensor(keep, dtype=torch.int32, device=inputs.device), width

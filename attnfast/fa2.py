@@ -141,7 +141,14 @@ def _varlen_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: 
 def _kvcache_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]) -> KernelCall:
     q_len = uniform_q_len(case)
     assert q_len is not None and q_len >= 1, "supports() refuses kvcache cases without one q_len >= 1"
-    k_cache, v_cache, table, cache_seqlens, width = kvcache_caches(case, inputs)
+    # FA2 runs a one-token GQA call (without window or ALiBi, after clamping window sides >= the cache width) as
+    # ngroups query rows of hk heads (seqlenq_ngroups_swapped) and then demands "If key is supplied, it must have
+    # seqlen <= the seqlen of the KV cache" of those ngroups rows: an appending call needs a cache at least
+    # ngroups wide (the fuzzer on the H100: MQA 2/1 appending one token to an empty cache of width 1).  The
+    # capacity changes no result (cache_seqlens bounds the keys), so every one-token GQA append gets it.
+    ngroups = case.num_heads // case.num_kv_heads
+    min_width = ngroups if case.append and q_len == 1 else 1
+    k_cache, v_cache, table, cache_seqlens, width = kvcache_caches(case, inputs, min_width)
     k_new, v_new = padded_new_tokens(inputs, q_len) if case.append else (None, None)
     h, d = case.num_heads, case.head_dim
     kwargs = dict(

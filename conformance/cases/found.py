@@ -19,8 +19,10 @@ from conformance.cases.case import AttentionCase
 __all__ = ["FOUND", "Found", "found_cases"]
 
 #: The campaigns (H100, vLLM 0.24.0 kernels, flash-attn 2.8.3, FA4 from gpu-kit part2; torch 2.11.0+cu130):
-#: ``attnconf fuzz --backend B --device cuda --budget 300s --seed 11 --max-tokens 4096``.
+#: ``attnconf fuzz --backend B --device cuda --budget 300s --seed 11 --max-tokens 4096``, then, after the fixes,
+#: ``--budget 200s --seed 12`` (``seed12/``).
 _CAMPAIGN = "reports/fuzz-h100-2026-11-24/fuzz-{}.jsonl.gz"
+_CAMPAIGN12 = "reports/fuzz-h100-2026-11-24/seed12/fuzz-{}.jsonl.gz"
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,43 @@ FOUND: tuple[Found, ...] = (
         ("fa3-vllm",),
         "adapter: 'We don't support S aux with hdim != hdim_v'; now refused by attnfast/fa3_vllm.py",
         _CAMPAIGN.format("fa3-vllm"),
+    ),
+)
+
+
+FOUND += (
+    Found(
+        _c("appmqa", [(1, 1)], num_heads=2, num_kv_heads=1, head_dim=8, append=True),
+        ("fa2",),
+        "adapter: a one-token GQA append into a cache narrower than the GQA ratio ('If key is supplied, it must "
+        "have seqlen <= the seqlen of the KV cache': FA2 swaps the query groups into rows); fixed in "
+        "attnfast/fa2.py (the cache is made at least that wide)",
+        _CAMPAIGN12.format("fa2"),
+    ),
+    Found(
+        _c("pgdv", [(1, 1)], head_dim=8, head_dim_v=16, kv_layout="NHD", block_size=1),
+        ("fa3-vllm",),
+        "paged KV (page 1) with d 8 < dv 16: output dims 8..15 wrong (error ratio 576); the contiguous twin passes",
+        _CAMPAIGN12.format("fa3-vllm"),
+    ),
+    Found(
+        _c("win136", [(39, 231)], num_heads=3, head_dim=136, window=(154, 0)),
+        ("fa3-vllm",),
+        "a left window (154, 0) with head dim 136 (FA3's 192 template): rows take in keys left of the window "
+        "(error ratio 28; the fa3-vllm windowed-template entry of its ledger)",
+        _CAMPAIGN12.format("fa3-vllm"),
+    ),
+    Found(
+        _c("win200", [(231, 166)], num_heads=5, head_dim=200, head_dim_v=8, v_padded=True, window=(102, 0)),
+        ("fa3-vllm",),
+        "the same through seed 004's padded-V call (d 200: the 256 template), window (102, 0), error ratio 15",
+        _CAMPAIGN12.format("fa3-vllm"),
+    ),
+    Found(
+        _c("fa4vpad", [(18, 33)], head_dim=80, head_dim_v=8, kv_layout="NHD", block_size=1, v_padded=True),
+        ("fa4",),
+        "FA4's non-TMA paged loader with d80 (key tile 144) reached through a padded-V call: wrong output",
+        _CAMPAIGN12.format("fa4"),
     ),
 )
 

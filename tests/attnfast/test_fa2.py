@@ -202,6 +202,19 @@ def test_kvcache_arguments_paged_append():
     assert kw["q"].shape == (2, 2, 4, 64) and kw["num_splits"] == 0  # unset: FA2's heuristic
 
 
+def test_one_token_gqa_append_gets_a_cache_as_wide_as_the_gqa_ratio():
+    """The fuzzer on the H100: MQA 2/1 appending one token to an empty cache raised "If key is supplied, it must
+    have seqlen <= the seqlen of the KV cache" (FA2 swaps the 2 query groups into rows; the cache was 1 wide)."""
+    case = C([(1, 1)], num_heads=2, num_kv_heads=1, head_dim=8, append=True)
+    kw = fa2_plan(case, make_inputs(case)).kwargs
+    assert kw["k_cache"].shape[1] >= 2 and kw["v_cache"].shape[1] >= 2
+    assert kw["cache_seqlens"].tolist() == [0] and kw["k"].shape == (1, 1, 1, 8)
+    wide = C([(1, 1), (1, 5)], num_heads=8, num_kv_heads=1, head_dim=64, append=True)
+    assert fa2_plan(wide, make_inputs(wide)).kwargs["k_cache"].shape[1] == 8
+    plain = C([(1, 5)], num_heads=8, num_kv_heads=1, head_dim=64)  # no append: the cache stays max(kv_lens)
+    assert fa2_plan(plain, make_inputs(plain)).kwargs["k_cache"].shape[1] == 5
+
+
 def test_append_with_padded_v_pads_the_new_tokens_too():
     """The fuzzer on the H100: fa2 with append + v_padded raised "shape '[1, 3, 1, 16]' is invalid for input of
     size 24" (the new tokens' V stayed at head_dim_v while the call had head_dim_v == head_dim)."""

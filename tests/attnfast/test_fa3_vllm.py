@@ -41,7 +41,7 @@ CASES = {
     ),
     "dims_192_128": C([(33, 33), (1, 70)], causal=True, head_dim=192, head_dim_v=128),
     "v_padded": C([(33, 33), (1, 70)], causal=True, head_dim=192, head_dim_v=128, v_padded=True),
-    "v_padded_sinks": C([(33, 33), (1, 0)], head_dim=192, head_dim_v=128, v_padded=True, sinks=True),
+    "v_padded_sinks": C([(33, 33), (1, 70)], head_dim=192, head_dim_v=128, v_padded=True, sinks=True),
     "mla_contig": C([(1, 70), (4, 90)], scale=MLA_SCALE, **MLA),
     "mla_paged64": C([(1, 70), (4, 90)], scale=MLA_SCALE, kv_layout="NHD", block_size=64, **MLA),
     "mla_paged_hnd": C([(1, 70), (2, 9)], scale=MLA_SCALE, kv_layout="HND", block_size=16, **MLA),
