@@ -8,10 +8,12 @@
     reason = "window right bound taken as sk, not 0 (FA2 bug)"
     evidence = ["https://github.com/Dao-AILab/flash-attention/issues/895", "reports/h200-fa2.jsonl"]
     statuses = ["fail"]               # optional, default ["fail"]; any of fail/error/crash/timeout
+    flaky = false                     # optional: true when the bug does not show on every run
 
 A result is *known* when an entry of its backend matches its case id and lists its status; a
 problem no entry explains is *unexpected*.  An entry matching a case that passed is an
-*unexpected pass* (the bug may be fixed: the entry should go), and an entry matching no case of a
+*unexpected pass* (the bug may be fixed: the entry should go) unless the entry says ``flaky = true`` (a
+bug seen on some runs and not others: its passes prove nothing), and an entry matching no case of a
 backend that ran, nor any case of the built-in suites, is *stale* (its pattern no longer names
 anything).  An entry whose cases this run simply did not include (another suite, ``--case``) is
 neither.  The array-api-tests xfail files work the same way.
@@ -31,7 +33,7 @@ from conformance.records import CheckResult, Status
 __all__ = ["DEFAULT_DIR", "Ledger", "LedgerEntry", "LedgerVerdict", "load_ledger"]
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "ledgers"
-_KEYS = {"pattern", "reason", "evidence", "statuses"}
+_KEYS = {"pattern", "reason", "evidence", "statuses", "flaky"}
 _PROBLEMS = [s.value for s in Status if s.is_problem]
 
 
@@ -48,6 +50,8 @@ class LedgerEntry:
     source: str = ""
     #: every glob of the entry (a case id matching any of them matches); empty: ``(pattern,)``
     patterns: tuple[str, ...] = ()
+    #: the failure does not show on every run: a pass of a matching case is not an unexpected pass
+    flaky: bool = False
 
     def matches_id(self, case_id: str) -> bool:
         """Whether any of the entry's globs matches ``case_id``."""
@@ -109,8 +113,8 @@ class Ledger:
                     verdict.unexpected.append(r)
                 else:
                     verdict.known.append((r, entry))
-            elif r.status is Status.PASS and matching:
-                verdict.unexpected_passes.append((r, matching[0][1]))
+            elif r.status is Status.PASS and any(not e.flaky for _, e in matching):
+                verdict.unexpected_passes.append((r, next(e for _, e in matching if not e.flaky)))
         unused = [e for i, e in enumerate(self.entries) if i not in used and e.backend in ran]
         if unused and suite_case_ids is not None:
             ids = list(suite_case_ids())
@@ -139,7 +143,10 @@ def _entry(backend: str, raw: Any, source: str) -> LedgerEntry:
     bad = [s for s in statuses if s not in _PROBLEMS]
     if bad or not statuses:
         raise ValueError(f"{source}: statuses must be a non-empty subset of {_PROBLEMS}, got {list(statuses)}")
-    return LedgerEntry(backend, " | ".join(patterns), raw["reason"], evidence, statuses, source, patterns)
+    flaky = raw.get("flaky", False)
+    if not isinstance(flaky, bool):
+        raise ValueError(f"{source}: 'flaky' must be true or false, got {flaky!r}")
+    return LedgerEntry(backend, " | ".join(patterns), raw["reason"], evidence, statuses, source, patterns, flaky)
 
 
 def load_ledger(directory: Path | str | None = None) -> Ledger:

@@ -112,6 +112,25 @@ def test_an_entry_may_list_several_globs(tmp_path: Path) -> None:
     assert [r.case_id for r in verdict.unexpected] == ["x_d96_bf16_pf1_ps1nhd-4"]
 
 
+def test_a_flaky_entry_makes_no_unexpected_pass(tmp_path: Path) -> None:
+    (tmp_path / "kern.toml").write_text(
+        '[[failure]]\npattern = "*_pg_*"\nreason = "intermittent"\nflaky = true\nstatuses = ["fail", "error"]\n'
+        '[[failure]]\npattern = "*_win_*"\nreason = "steady"\n'
+    )
+    verdict = load_ledger(tmp_path).classify(
+        [
+            result("a_pg_1", "kern", "pass"),  # flaky: its pass says nothing
+            result("a_pg_2", "kern", "error"),
+            result("a_win_3", "kern", "pass"),  # steady: the bug may be fixed
+        ]
+    )
+    assert [r.case_id for r, _ in verdict.known] == ["a_pg_2"]
+    assert [(r.case_id, e.reason) for r, e in verdict.unexpected_passes] == [("a_win_3", "steady")]
+    (tmp_path / "kern.toml").write_text('[[failure]]\npattern = "*"\nreason = "r"\nflaky = "yes"\n')
+    with pytest.raises(ValueError, match="'flaky' must be true or false"):
+        load_ledger(tmp_path)
+
+
 def test_shipped_ledgers_parse_and_missing_dir_is_empty(tmp_path: Path) -> None:
     assert {p.stem for p in DEFAULT_DIR.glob("*.toml")} >= {"sdpa-cpu", "flex-cpu", "fa2", "fa4"}
     load_ledger()  # every shipped file is valid

@@ -130,6 +130,8 @@ def test_cuda_oom_is_recognised_in_its_spellings() -> None:
         "RuntimeError: CUDA error: out of memory",
         "RuntimeError: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
         "DSLRuntimeError: CUDA_ERROR_OUT_OF_MEMORY",
+        "RuntimeError: Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get()).is_good() to be true, "
+        "but got false.  (Could this error message be improved?",
     ]:
         assert is_cuda_oom(rec(Status.ERROR, reason)), reason
     assert not is_cuda_oom(rec(Status.ERROR, "RuntimeError: planted failure"))
