@@ -57,6 +57,7 @@ __all__ = [
     "SdpaCudaCudnnBackend",
     "SdpaCudaEfficientBackend",
     "SdpaCudaFlashBackend",
+    "bias_for_kernel",
     "mask_kind",
     "plan_cuda_call",
 ]
@@ -192,6 +193,18 @@ def plan_cuda_call(case: AttentionCase, sq: int, sk: int, allowed: tuple[str, ..
     return SdpaCall(kind, tuple(takers), expand_kv=grouped)
 
 
+def bias_for_kernel(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``bias`` (fp32, ``(h, sq, sk)``) in the dtype the kernel takes.  Below fp32 each row is first shifted by
+    its largest finite entry (a softmax does not change under a per-row constant; the LSE is derived apart, in
+    fp32): ALiBi's ``-slope * distance`` reaches tens where a request has many more queries than keys, and bf16
+    rounds 12 to a step of 0.0625, which the fuzzer saw as an error 4x the baseline's on (27, 2) with GQA 9/3
+    (sdpa-cuda on the H100).  Shifted, the keys that carry the weight sit near 0, where bf16 is fine."""
+    if dtype == torch.float32:
+        return bias
+    top = bias.amax(dim=-1, keepdim=True)
+    return torch.where(torch.isfinite(top), bias - top, bias).to(dtype)
+
+
 @dataclass
 class _Prepared:
     """Everything one SDPA call needs, built in ``prepare``."""
@@ -265,7 +278,7 @@ class _SdpaBase(Backend):
         elif plan.mask == "bool":
             kwargs["attn_mask"] = bias[0] > -math.inf
         elif plan.mask == "bias":
-            kwargs["attn_mask"] = bias.to(self._bias_dtype(case))[None]
+            kwargs["attn_mask"] = bias_for_kernel(bias, self._bias_dtype(case))[None]
         call = _Prepared(
             seq.q0,
             sq,

@@ -6,6 +6,8 @@ test runs only where CUDA is present.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import assume, given, settings
@@ -19,6 +21,7 @@ from attnfast.sdpa import (
     SdpaCudaCudnnBackend,
     SdpaCudaEfficientBackend,
     SdpaCudaFlashBackend,
+    bias_for_kernel,
     mask_kind,
     plan_cuda_call,
 )
@@ -174,3 +177,22 @@ def test_sdpa_cuda_random_cases(case: AttentionCase) -> None:
     backend = SdpaCudaBackend()
     assume(backend.supports(case, "cuda").ok)
     check_backend(backend, case, device="cuda")
+
+
+def test_a_low_precision_bias_is_shifted_per_row_first() -> None:
+    """The fuzzer on the H100: ALiBi on (27, 2) with GQA 9/3, sdpa-cuda, error 4x the baseline's: the bf16 bias
+    rounded -slope * 25 to steps of 0.0625.  Shifted by each row's top, the softmax is the fp32 one to bf16 noise."""
+    from attnfast._torch_common import score_bias
+
+    case = AttentionCase(requests=((27, 2),), num_heads=9, num_kv_heads=3, head_dim=8, dtype="bf16", alibi=True)
+    inputs = make_inputs(case)
+    bias = score_bias(case, inputs, 27, 2)
+    exact = torch.softmax(bias, dim=-1)
+    shifted = torch.softmax(bias_for_kernel(bias, torch.bfloat16).float(), dim=-1)
+    plain = torch.softmax(bias.to(torch.bfloat16).float(), dim=-1)
+    assert (shifted - exact).abs().max() < 4e-3 < (plain - exact).abs().max()
+    assert bias_for_kernel(bias, torch.float32) is bias  # fp32 (CPU MATH): untouched
+    masked = torch.tensor([[[-math.inf, -math.inf], [0.5, -math.inf]]])
+    assert torch.equal(
+        bias_for_kernel(masked, torch.bfloat16).float(), torch.tensor([[[-math.inf] * 2, [0.0, -math.inf]]])
+    )
