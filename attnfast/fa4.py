@@ -49,12 +49,16 @@ ENTRY = "flash_attn.cute.flash_attn_varlen_func"
 SM90_DV_PAIRS = {(192, 128)}
 
 
+def fa4_causal_window(case: AttentionCase) -> tuple[int | None, int | None]:
+    """The case's FA4 window with causal's right side 0 applied, as FA4 sets it before it normalises."""
+    left, right = fa4_window(case)
+    return left, 0 if case.causal else right
+
+
 def fa4_sm90_local(case: AttentionCase) -> tuple[bool, bool]:
     """(causal, local) as FA4 sees the case after its own window normalisation (``interface.py``): causal
     plus an unbounded left side is causal; any other window, causal or not, is local."""
-    left, right = fa4_window(case)
-    if case.causal:
-        right = 0
+    left, right = fa4_causal_window(case)
     if left is None and right is None:
         return case.causal, False
     if left is None and right == 0:
@@ -207,9 +211,7 @@ def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:
     lengths, block tables, the scale and the page size among non-tile sizes are runtime arguments."""
     case = case.padded_v_call()
     causal, local = fa4_sm90_local(case)
-    left, right = fa4_window(case)
-    right = 0 if case.causal else right  # FA4: causal sets the right side to 0 before it normalises
-    tile_n = fa4_sm90_tile_n(case)
+    left, right = fa4_causal_window(case)
     return (
         "fa4-fwd",
         case.dtype,
@@ -221,9 +223,8 @@ def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:
         local and left is not None,
         local and right is not None,
         case.paged,
-        case.paged and case.block_size != tile_n,
+        case.paged and case.block_size != fa4_sm90_tile_n(case),  # the tile follows from dims and mask above
         case.sinks,
         bool(case.softcap),
         (case.num_splits or 1) > 1,
-        tile_n,
     )

@@ -42,20 +42,23 @@ class LedgerEntry:
     """One known failure of one backend."""
 
     backend: str
-    #: the glob, or the globs joined by " | " when the entry lists several (``patterns``)
-    pattern: str
+    #: every glob of the entry: a case id matching any of them matches
+    patterns: tuple[str, ...]
     reason: str
     evidence: tuple[str, ...] = ()
     statuses: tuple[str, ...] = ("fail",)
     source: str = ""
-    #: every glob of the entry (a case id matching any of them matches); empty: ``(pattern,)``
-    patterns: tuple[str, ...] = ()
     #: the failure does not show on every run: a pass of a matching case is not an unexpected pass
     flaky: bool = False
 
+    @property
+    def pattern(self) -> str:
+        """The glob, or the globs joined by " | " (for reports)."""
+        return " | ".join(self.patterns)
+
     def matches_id(self, case_id: str) -> bool:
         """Whether any of the entry's globs matches ``case_id``."""
-        return any(fnmatch.fnmatchcase(case_id, p) for p in (self.patterns or (self.pattern,)))
+        return any(fnmatch.fnmatchcase(case_id, p) for p in self.patterns)
 
     def matches(self, result: CheckResult) -> bool:
         """Same backend, and a glob matches the case id."""
@@ -113,8 +116,10 @@ class Ledger:
                     verdict.unexpected.append(r)
                 else:
                     verdict.known.append((r, entry))
-            elif r.status is Status.PASS and any(not e.flaky for _, e in matching):
-                verdict.unexpected_passes.append((r, next(e for _, e in matching if not e.flaky)))
+            elif r.status is Status.PASS:
+                steady = next((e for _, e in matching if not e.flaky), None)
+                if steady is not None:
+                    verdict.unexpected_passes.append((r, steady))
         unused = [e for i, e in enumerate(self.entries) if i not in used and e.backend in ran]
         if unused and suite_case_ids is not None:
             ids = list(suite_case_ids())
@@ -146,7 +151,7 @@ def _entry(backend: str, raw: Any, source: str) -> LedgerEntry:
     flaky = raw.get("flaky", False)
     if not isinstance(flaky, bool):
         raise ValueError(f"{source}: 'flaky' must be true or false, got {flaky!r}")
-    return LedgerEntry(backend, " | ".join(patterns), raw["reason"], evidence, statuses, source, patterns, flaky)
+    return LedgerEntry(backend, patterns, raw["reason"], evidence, statuses, source, flaky)
 
 
 def load_ledger(directory: Path | str | None = None) -> Ledger:

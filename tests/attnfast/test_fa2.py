@@ -215,6 +215,21 @@ def test_one_token_gqa_append_gets_a_cache_as_wide_as_the_gqa_ratio():
     assert fa2_plan(plain, make_inputs(plain)).kwargs["k_cache"].shape[1] == 5
 
 
+def test_kvcache_caches_widen_a_paged_table_to_min_width():
+    """The paged side of ``min_width``: extra block-table columns repeat the last real one (never read:
+    cache_seqlens bounds the keys), so the table reaches at least ``min_width`` keys."""
+    from attnfast._fa_common import kvcache_caches
+
+    case = C([(1, 20), (1, 3)], kv_layout="NHD", block_size=16, append=True)
+    inputs = make_inputs(case)
+    _, _, table, seqlens, width = kvcache_caches(case, inputs, min_width=40)
+    real = inputs.block_table
+    assert table.shape == (2, 3) and width == 48 and seqlens.tolist() == [19, 2]
+    assert torch.equal(table[:, : real.shape[1]], real)
+    assert torch.equal(table[:, real.shape[1] :], real[:, -1:].expand(-1, 3 - real.shape[1]))
+    assert kvcache_caches(case, inputs)[2] is real  # wide enough already: the case's own table
+
+
 def test_append_with_padded_v_pads_the_new_tokens_too():
     """The fuzzer on the H100: fa2 with append + v_padded raised "shape '[1, 3, 1, 16]' is invalid for input of
     size 24" (the new tokens' V stayed at head_dim_v while the call had head_dim_v == head_dim)."""
