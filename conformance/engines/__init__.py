@@ -1,11 +1,27 @@
 """Engine replays (issue: the five seed engine backends in ``../shared/seeds/``, end to end).
 
-One module per engine backend, each an :class:`~conformance.engines.base.Engine` (the protocol and how a
-replay is judged: :mod:`conformance.engines.base`).  ``attnconf run --suite engines`` runs every engine's
-scenarios on the backends named with ``--backend``; a case's ``engine`` field names the module here.
+One sub-package per engine backend (its scenarios, metadata builder, runner and engine module, one concern per
+module), each engine an :class:`~conformance.engines.base.Engine` (the protocol and how a replay is judged:
+:mod:`conformance.engines.base`); the framework the engines share stays here: :mod:`~conformance.engines.base`,
+:mod:`~conformance.engines.calls` (call cases, paged caches, block managers) and :mod:`~conformance.engines.merge`
+(``merge_attn_states``, also an engine of its own).  ``attnconf run --suite engines`` runs every engine's scenarios
+on the backends named with ``--backend``; a case's ``engine`` field names the entry of :data:`ENGINES`.
 
-To add an engine: one module with an ``Engine`` subclass (its ``cases``, ``plan``, ``forward``, and a
-``reference`` if the layer is not plain attention over the full KV) and one line in :data:`ENGINES`.
+=====================  ======  ==========================================================
+sub-package            seed    engine (``ENGINES`` name)
+=====================  ======  ==========================================================
+``vllm_diff/``         000     vLLM V0 differential attention (``vllm_diff``)
+``vllm_v1/``           001     vLLM V1 FlashAttention, vendor fork, with DCP (``vllm_v1_fa``)
+``vllm_v0/``           002     vLLM V0 FlashAttention (``vllm_v0_fa``)
+``sglang/``            003     SGLang FlashAttention (``sglang_fa``)
+``vllm_mla/``          004     vLLM MLA prefill (``vllm_mla_prefill``)
+=====================  ======  ==========================================================
+
+Imports go one way: an engine's modules import the shared framework and modules of their own sub-package, never
+another engine's, and none imports this package's ``__init__`` (``tests/conformance/engines/test_layout.py``
+finds any cycle).  To add an engine: a sub-package with an ``Engine`` subclass (its ``cases``, ``plan``,
+``forward``, and a ``reference`` if the layer is not plain attention over the full KV) and one line in
+:data:`ENGINES`.
 """
 
 from __future__ import annotations
@@ -22,11 +38,11 @@ __all__ = ["ENGINES", "Engine", "engine_cases", "get_engine"]
 
 #: registry name -> "module:class", the seed each replays in the comment.
 ENGINES: dict[str, str] = {
-    "vllm_diff": "conformance.engines.vllm_diff:VllmDifferentialAttention",  # seed 000
-    "vllm_v1_fa": "conformance.engines.vllm_v1_fa:VllmV1FlashAttention",  # seed 001
-    "vllm_v0_fa": "conformance.engines.vllm_v0_fa:VllmV0FlashAttention",  # seed 002
-    "sglang_fa": "conformance.engines.sglang_fa:SGLangFlashAttention",  # seed 003
-    "vllm_mla_prefill": "conformance.engines.vllm_mla_prefill:VllmMLAPrefill",  # seed 004
+    "vllm_diff": "conformance.engines.vllm_diff.attention:VllmDifferentialAttention",  # seed 000
+    "vllm_v1_fa": "conformance.engines.vllm_v1.fa:VllmV1FlashAttention",  # seed 001
+    "vllm_v0_fa": "conformance.engines.vllm_v0.fa:VllmV0FlashAttention",  # seed 002
+    "sglang_fa": "conformance.engines.sglang.fa:SGLangFlashAttention",  # seed 003
+    "vllm_mla_prefill": "conformance.engines.vllm_mla.prefill:VllmMLAPrefill",  # seed 004
     "merge": "conformance.engines.merge:MergeStates",  # merge_attn_states / merge_state as a mode of its own
 }
 

@@ -24,7 +24,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.suites import get_suite
 from conformance.engines import ENGINES, get_engine
 from conformance.engines.merge import MergeStates, merge_attn_states, merge_many_attn_states
-from conformance.engines.vllm_mla_prefill import SCENARIOS, VllmMLAPrefill
+from conformance.engines.vllm_mla import SCENARIOS, VllmMLAPrefill
 from conformance.records import Status
 from conformance.verdict.check import check_backend, prepare_context
 from tests.conformance.engines.recorder import Recorder, engine_verdict
@@ -169,7 +169,7 @@ class _MergeWithoutLse(VllmMLAPrefill):
     """Planted: context and new-token results averaged instead of merged by LSE."""
 
     def _forward(self, case, inputs, kernel, pad):
-        import conformance.engines.vllm_mla_prefill as mod
+        import conformance.engines.vllm_mla.prefill as mod
 
         real = mod.merge_attn_states
         mod.merge_attn_states = lambda a, la, b, lb: ((a.float() + b.float()).div(2).to(a.dtype), torch.maximum(la, lb))

@@ -1,4 +1,4 @@
-"""Seed 003 (SGLang's FlashAttention backend) replayed: ``conformance.engines.sglang_fa`` and ``sglang_local``.
+"""Seed 003 (SGLang's FlashAttention backend) replayed: ``conformance.engines.sglang`` (``fa``, ``local``, ...).
 
 * every scenario passes the layer verdict on ``sdpa-cpu`` and ``flex-cpu`` (``sliding_window_decode`` carries a
   soft-cap, which SDPA cannot express: unsupported there with the adapter's reason, passed on flex);
@@ -27,8 +27,11 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.suites import get_suite
 from conformance.engines import get_engine
 from conformance.engines.base import Call
-from conformance.engines.sglang_fa import FINDINGS, SCENARIOS, SGLangFlashAttention, Step
-from conformance.engines.sglang_local import (
+from conformance.engines.sglang import (
+    FINDINGS,
+    SCENARIOS,
+    SGLangFlashAttention,
+    Step,
     check_call_metadata,
     effective_chunk_size,
     make_local_attention_virtual_batches,

@@ -1,4 +1,4 @@
-"""Seed 002 replayed (vLLM V0 FlashAttention backend, ``conformance.engines.vllm_v0_fa``).
+"""Seed 002 replayed (vLLM V0 FlashAttention backend, ``conformance.engines.vllm_v0``).
 
 * every scenario passes the verdict on the CPU backends, and every call ``forward`` makes is one ``plan`` lists;
 * the metadata is V0's (prefills first, ``query_start_loc``, seq / context lens, block tables, slot mappings with
@@ -22,8 +22,9 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import make_inputs
 from conformance.engines import get_engine
 from conformance.engines.base import Call, Request
-from conformance.engines.vllm_v0_fa import DECODER, ENCODER_ONLY, SCENARIOS, VllmV0FlashAttention
-from conformance.engines.vllm_v0_fa_metadata import PAD_SLOT_ID, Seq, build_metadata, check_metadata
+from conformance.engines.vllm_v0 import SCENARIOS, VllmV0FlashAttention
+from conformance.engines.vllm_v0.metadata import PAD_SLOT_ID, Seq, build_metadata, check_metadata
+from conformance.engines.vllm_v0.scenarios import DECODER, ENCODER_ONLY
 from conformance.records import Status
 from conformance.verdict.check import check_backend, prepare_context
 from tests.conformance.engines.recorder import Recorder, engine_verdict

@@ -1,4 +1,4 @@
-"""Seed 001's decode context parallelism: ``conformance/engines/vllm_v1_dcp.py``.
+"""Seed 001's decode context parallelism: ``conformance/engines/vllm_v1/dcp.py``.
 
 * the placement (``get_dcp_local_seq_lens``, the DCP slot mapping) agrees with the rule "token ``t`` on rank
   ``(t // interleave) % world``", every token on exactly one rank;
@@ -17,15 +17,16 @@ import pytest
 import torch
 
 from attnref import merge_many
-from conformance.engines.vllm_v1_dcp import (
+from conformance.engines.vllm_v1 import (
+    SCENARIOS,
     ThreadGroup,
+    VllmV1FlashAttention,
     correct_attn_out,
+    context_kv_lens,
     cp_lse_ag_out_rs,
-    dcp_slot,
-    main,
-    run_dcp_worlds,
+    get_dcp_local_seq_lens,
 )
-from conformance.engines.vllm_v1_fa import SCENARIOS, VllmV1FlashAttention, get_dcp_local_seq_lens
+from conformance.engines.vllm_v1.dcp_dist import main, run_dcp_worlds
 from conformance.records import Status
 from conformance.verdict.check import prepare_context
 from tests.conformance.engines.recorder import engine_verdict
@@ -58,7 +59,7 @@ def test_every_token_has_one_slot_on_its_rank(case, world):
     for b, kv in enumerate(step.kv_lens):
         local = {r: [] for r in range(world)}
         for t in range(kv):
-            slots = [dcp_slot(ENGINE, step, b, t, r) for r in range(world)]
+            slots = [ENGINE.slot(step, b, t, r) for r in range(world)]
             owners = [r for r, s in enumerate(slots) if s >= 0]
             assert owners == [t // step.interleave % world]
             local[owners[0]].append(slots[owners[0]])
@@ -102,6 +103,73 @@ def test_planted_interleave_bug_fails(scenario, monkeypatch):
     ctx = prepare_context(case, 0, "cpu")
     res = engine_verdict(ctx, _InterleaveIgnored(), monkeypatch)
     print(f"\n_InterleaveIgnored on {scenario}: {res.status.value}, error ratio {res.stats.error_ratio:.3g}")
+    assert res.status is Status.FAIL and res.stats.error_ratio > 3, res.reason
+
+
+@pytest.mark.parametrize("case", DCP, ids=[c.scenario for c in DCP])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_builder_dcp_context_lengths_and_their_bound(case, world):
+    """The builder's ``dcp_context_kv_lens`` are each rank's share of every context (counted token by token from
+    the rule), and ``max_dcp_context_kv_len`` is the seed's ``ceil(max_seq_len / (world * interleave)) *
+    interleave``, which covers every one of them."""
+    step = ENGINE.step(case, world=world)
+    inter = step.interleave
+    want_bound = -(-max(step.kv_lens) // (world * inter)) * inter
+    for rank in range(world):
+        meta = ENGINE.builder(step, rank).build(0, ENGINE.common_metadata(case, step, rank, "cpu"))
+        shares = [sum(1 for t in range(k - q) if t // inter % world == rank) for q, k in zip(step.q_lens, step.kv_lens)]
+        assert meta.dcp_context_kv_lens.tolist() == shares
+        assert meta.max_dcp_context_kv_len == want_bound >= max(shares)
+        assert context_kv_lens(meta, rank) == shares
+
+
+class _PlantedBuild:
+    """The runner's builder with one field of what ``build`` returns recomputed by ``plant(builder, common)``."""
+
+    def __init__(self, builder, field, plant):
+        self.builder, self.field, self.plant = builder, field, plant
+
+    def build(self, common_prefix_len, common):
+        meta = self.builder.build(common_prefix_len, common)
+        setattr(meta, self.field, self.plant(self.builder, common))
+        return meta
+
+
+class _BoundWithoutInterleave(VllmV1FlashAttention):
+    """``max_dcp_context_kv_len`` as ``ceil(max_seq_len / world)``: the interleave left out of the partitions."""
+
+    def builder(self, step, rank=0):
+        def bound(b, common):
+            return -(-common.max_seq_len // b.dcp_world_size)
+
+        return _PlantedBuild(super().builder(step, rank), "max_dcp_context_kv_len", bound)
+
+
+class _ContextIsSeqLens(VllmV1FlashAttention):
+    """``dcp_context_kv_lens`` from ``seq_lens`` (the query lengths not subtracted): the context call reads the
+    step's new keys too, unmasked."""
+
+    def builder(self, step, rank=0):
+        def lens(b, common):
+            return get_dcp_local_seq_lens(common.seq_lens, b.dcp_world_size, b.dcp_rank, b.interleave)
+
+        return _PlantedBuild(super().builder(step, rank), "dcp_context_kv_lens", lens)
+
+
+@pytest.mark.parametrize("scenario", ["dcp3_mixed", "dcp4_interleave16"])
+def test_a_bound_short_of_a_local_context_is_refused_naming_the_field(scenario, monkeypatch):
+    """The seed passes ``max_dcp_context_kv_len`` as the context call's ``max_seqlen_k``: a kernel bounds its key
+    loop and splits by it, so one shorter than a rank's local context would drop keys (here 30 < 32 and 75 < 80)."""
+    case = next(c for c in DCP if c.scenario == scenario)
+    res = engine_verdict(prepare_context(case, 0, "cpu"), _BoundWithoutInterleave(), monkeypatch)
+    assert res.status is Status.ERROR, res.reason
+    assert "max_dcp_context_kv_len" in res.reason and "longest local context" in res.reason, res.reason
+
+
+def test_the_context_call_reads_the_builders_lengths(monkeypatch):
+    case = next(c for c in DCP if c.scenario == "dcp3_mixed")
+    res = engine_verdict(prepare_context(case, 0, "cpu"), _ContextIsSeqLens(), monkeypatch)
+    print(f"\n_ContextIsSeqLens on dcp3_mixed: {res.status.value}, error ratio {res.stats.error_ratio:.3g}")
     assert res.status is Status.FAIL and res.stats.error_ratio > 3, res.reason
 
 
@@ -163,7 +231,7 @@ def test_script_prints_one_verdict_per_run(monkeypatch, capsys):
                  single_status="pass", single_error_ratio=0.3, max_abs_vs_single=0.0, failed_checks=[])
         ]  # fmt: skip
 
-    monkeypatch.setattr("conformance.engines.vllm_v1_dcp.run_dcp_worlds", fake)
+    monkeypatch.setattr("conformance.engines.vllm_v1.dcp_dist.run_dcp_worlds", fake)
     assert main(["--world", "2", "--backend", "fa3-vllm", "--device", "cuda", "--scenario", "dcp2_decode"]) == 0
     assert seen == dict(cases=["dcp2_decode"], worlds=[2], backend="fa3-vllm", device="cuda")
     assert capsys.readouterr().out.startswith("PASS dcp2_decode world=2 fa3-vllm cuda: error ratio 0.300")

@@ -1,4 +1,4 @@
-"""Decode context parallelism through the kernel's own cp arguments: ``conformance/engines/vllm_v1_dcp_kernel.py``.
+"""Decode context parallelism through the kernel's own cp arguments: ``conformance/engines/vllm_v1/dcp_kernel.py``.
 
 * the plan: one causal call per rank over its interleave-1 share of every key, with ``cp_world`` / ``cp_rank``, the
   shares adding up to the step's keys; the forward hands the kernel ``cp_tot_seqused_k = seq_lens``;
@@ -22,9 +22,9 @@ import attnfast._torch_common as torch_common
 import attnfast.sdpa as sdpa_module
 from attnfast.registry import get_backend
 from conformance.engines.base import backend_kernel
-from conformance.engines.vllm_v1_dcp import ThreadGroup, dcp_rank_forward, main
-from conformance.engines.vllm_v1_fa import SCENARIOS, Scenario, VllmV1FlashAttention
-from conformance.engines.vllm_v1_scenarios import _r
+from conformance.engines.vllm_v1 import SCENARIOS, Scenario, ThreadGroup, VllmV1FlashAttention, dcp_rank_forward
+from conformance.engines.vllm_v1.dcp_dist import main
+from conformance.engines.vllm_v1.scenarios import _r
 from conformance.records import Status
 from conformance.verdict.check import compare, prepare_context
 from conformance.verdict.tolerance import resolve
@@ -178,7 +178,7 @@ def test_script_kernel_cp_selects_those_scenarios(monkeypatch, capsys):
             for c in cases for w in worlds
         ]  # fmt: skip
 
-    monkeypatch.setattr("conformance.engines.vllm_v1_dcp.run_dcp_worlds", fake)
+    monkeypatch.setattr("conformance.engines.vllm_v1.dcp_dist.run_dcp_worlds", fake)
     argv = ["--world", "2", "--world", "3", "--backend", "fa3-vllm", "--device", "cuda", "--kernel-cp"]
     assert main(argv) == 0
     assert seen == dict(cases=["dcpk2_spec", "dcpk3_extend"], worlds=[2, 3])

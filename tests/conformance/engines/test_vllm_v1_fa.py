@@ -1,4 +1,4 @@
-"""Seed 001 (vLLM V1 FlashAttention, vendor fork) replayed: ``conformance/engines/vllm_v1_fa.py``.
+"""Seed 001 (vLLM V1 FlashAttention, vendor fork) replayed: ``conformance/engines/vllm_v1/fa.py``.
 
 * every scenario passes the verdict on sdpa-cpu and flex-cpu, and every call the forward makes is planned;
 * the runner and builder pieces: reorder, decode/prefill split, block tables (shared prompt, kernel blocks),
@@ -22,7 +22,7 @@ from attnfast.registry import get_backend
 from attnref import quantize_int8_per_token_head
 from conformance.cases.case import AttentionCase
 from conformance.engines import get_engine
-from conformance.engines.vllm_v1_fa import (
+from conformance.engines.vllm_v1 import (
     SCENARIOS,
     CommonAttentionMetadata,
     FlashAttentionMetadataBuilder,

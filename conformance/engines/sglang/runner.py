@@ -1,5 +1,5 @@
 """Seed ``003``'s forward side: ``forward_extend`` / ``forward_decode`` of SGLang's FlashAttention backend, as
-:class:`SGLangForwardRunner`, the base of :class:`~conformance.engines.sglang_fa.SGLangFlashAttention`.
+:class:`SGLangForwardRunner`, the base of :class:`~conformance.engines.sglang.fa.SGLangFlashAttention`.
 
 * **The calls** (:meth:`SGLangForwardRunner._plan_calls`): which metadata each ``flash_attn_with_kvcache`` call
   reads (the page table, the encoder table, the virtual batches, the top-k verify's prefix and expand halves or its
@@ -25,11 +25,11 @@ from attnref import expand_descale, gather_kv, write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs, QuantTensors
 
-from .base import Call, Kernel, call_inputs
-from .calls import STALE, call_case, contiguous_call, prefix_sums
-from .merge import merge_attn_states
-from .sglang_local import check_call_metadata
-from .sglang_metadata import (
+from ..base import Call, Kernel, call_inputs
+from ..calls import STALE, call_case, contiguous_call, prefix_sums
+from ..merge import merge_attn_states
+from .local import check_call_metadata
+from .metadata import (
     ENCODER_FIELDS,
     LOCAL_FIELDS,
     MAIN_FIELDS,

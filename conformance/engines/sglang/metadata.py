@@ -1,5 +1,5 @@
 """Seed ``003``'s metadata side: SGLang's memory pool and ``init_forward_metadata`` (eager path), as
-:class:`SGLangMetadataBuilder`, the base of :class:`~conformance.engines.sglang_runner.SGLangForwardRunner`.
+:class:`SGLangMetadataBuilder`, the base of :class:`~conformance.engines.sglang.runner.SGLangForwardRunner`.
 
 * **The pool and the ForwardBatch** (:meth:`SGLangMetadataBuilder._step`, a :class:`Step`): ``req_to_token``
   (request x position -> token slot ``page * page_size + offset``, pages handed out in a shuffled order, one spare;
@@ -8,11 +8,11 @@
 * **The builder** (:meth:`~SGLangMetadataBuilder.init_forward_metadata`, written from the seed):
   ``cache_seqlens_int32``, ``cu_seqlens_q``, ``cu_seqlens_k``, the page table ``req_to_token[:, :max_seq_len_k]``
   strided to pages, per mode (EXTEND, MIXED, DECODE, TARGET_VERIFY); the local attention's virtual batches
-  (:mod:`conformance.engines.sglang_local`), the top-k verify's expand table from the custom mask
+  (:mod:`conformance.engines.sglang.local`), the top-k verify's expand table from the custom mask
   (:meth:`~SGLangMetadataBuilder._expand_metadata`) and its sliding-window form
   (:meth:`~SGLangMetadataBuilder._swa_spec_metadata`), the encoder page table;
 * **Validation** (:meth:`~SGLangMetadataBuilder.check_metadata`): every table the step's calls may read, through
-  :func:`~conformance.engines.sglang_local.check_call_metadata` (``ValueError`` naming SGLang's field).
+  :func:`~conformance.engines.sglang.local.check_call_metadata` (``ValueError`` naming SGLang's field).
 
 The methods are the engine's (planted bugs and the findings' fixes override them one at a time); the engine supplies
 :meth:`~SGLangMetadataBuilder.scenario`, ``check`` and the calls (``_plan_calls``).
@@ -27,10 +27,10 @@ import torch
 
 from conformance.cases.case import AttentionCase
 
-from .base import Engine
-from .calls import hand_out_blocks, prefix_sums, token_slots
-from .sglang_local import VirtualBatches, check_call_metadata, make_local_attention_virtual_batches
-from .sglang_scenarios import Scenario, tree_paths
+from ..base import Engine
+from ..calls import hand_out_blocks, prefix_sums, token_slots
+from .local import VirtualBatches, check_call_metadata, make_local_attention_virtual_batches
+from .scenarios import Scenario, tree_paths
 
 __all__ = [
     "ENCODER_FIELDS",
@@ -108,7 +108,7 @@ class SGLangMetadataBuilder(Engine):
 
     @abc.abstractmethod
     def scenario(self, case: AttentionCase) -> Scenario:
-        """The :class:`~conformance.engines.sglang_scenarios.Scenario` ``case`` names."""
+        """The :class:`~conformance.engines.sglang.scenarios.Scenario` ``case`` names."""
 
     @abc.abstractmethod
     def _plan_calls(self, case: AttentionCase, st: Step) -> None:

@@ -1,4 +1,4 @@
-"""Seed ``003``'s scenarios: the SGLang forward steps :class:`~conformance.engines.sglang_fa.SGLangFlashAttention`
+"""Seed ``003``'s scenarios: the SGLang forward steps :class:`~conformance.engines.sglang.fa.SGLangFlashAttention`
 replays, one ``engines``-suite case each (case ids come from these tables: keep names and fields stable).
 
 A :class:`Scenario` is one forward step of the backend: SGLang's forward mode, the requests, and what an
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import Request
+from ..base import Request
 
 __all__ = ["FINDINGS", "SCENARIOS", "Scenario", "tree_paths"]
 

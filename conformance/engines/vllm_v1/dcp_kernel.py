@@ -1,6 +1,6 @@
 """Decode context parallelism through the kernel's own context-parallel arguments: one call per rank.
 
-Seed ``001``'s DCP (:mod:`conformance.engines.vllm_v1_dcp`) splits each rank's work in two calls: the all-gathered
+Seed ``001``'s DCP (:mod:`conformance.engines.vllm_v1.dcp`) splits each rank's work in two calls: the all-gathered
 query heads over the rank's share of the *context*, unmasked, and the rank's own heads over the step's *new* tokens,
 causal, merged by LSE.  vLLM's FA3 fork can do it in one: ``flash_attn_varlen_func(..., causal=True,
 cp_world_size=W, cp_rank=r, cp_tot_seqused_k=seq_lens)`` reads the rank's keys (``seqused_k``, its share of
@@ -14,34 +14,33 @@ Per rank (:func:`kernel_cp_rank_forward`), with the same runner, cache and build
 
 1. the cache write of the step's new tokens through the DCP slot mapping (every token on rank ``t % W``: the
    kernel's rule is interleave 1, so ``cp_kv_cache_interleave_size`` must be 1; a scenario asking for kernel cp
-   with another interleave is rejected by :class:`~conformance.engines.vllm_v1_scenarios.Scenario`);
+   with another interleave is rejected by :class:`~conformance.engines.vllm_v1.scenarios.Scenario`);
 2. ``query_across_dcp = all_gather(query, dim=1)``;
 3. one call: all gathered heads, the shared block table, ``seqused_k = get_dcp_local_seq_lens(seq_lens, W, r,
    interleave)``, ``cp_tot_seqused_k = seq_lens``, causal, with LSE;
-4. ``cp_lse_ag_out_rs``: the LSE-corrected all-gather / reduce-scatter keeps the rank's heads.
+4. ``cp_lse_ag_out_rs`` (:mod:`conformance.engines.vllm_v1.collectives`): the LSE-corrected all-gather /
+   reduce-scatter keeps the rank's heads.
 
 No second merge: the step's new tokens are already in the one call.  :func:`kernel_cp_calls` lists the calls for
 ``plan``; backends that do not declare the ``cp`` feature refuse them (``cp: not declared by this adapter``), so the
-replay is ``unsupported`` on them.  Across processes: ``python -m conformance.engines.vllm_v1_dcp --kernel-cp``.
+replay is ``unsupported`` on them.  Across processes: ``python -m conformance.engines.vllm_v1.dcp_dist --kernel-cp``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from .base import Call, Kernel
-from .calls import PagedKV, call_case, paged_call
-from .vllm_v1_metadata import get_dcp_local_seq_lens
-
-if TYPE_CHECKING:
-    from .vllm_v1_fa import VllmV1FlashAttention
-    from .vllm_v1_runner import Step
+from ..base import Call, Kernel
+from ..calls import PagedKV, call_case, paged_call
+from .collectives import cp_lse_ag_out_rs
+from .metadata import get_dcp_local_seq_lens
+from .runner import Step, VllmV1Runner
 
 __all__ = ["kernel_cp_calls", "kernel_cp_rank_forward"]
 
@@ -65,7 +64,7 @@ def kernel_cp_calls(case: AttentionCase, step: Step) -> list[tuple[str, Attentio
 
 
 def kernel_cp_rank_forward(
-    engine: VllmV1FlashAttention,
+    engine: VllmV1Runner,
     case: AttentionCase,
     inputs: CaseInputs,
     step: Step,
@@ -75,8 +74,6 @@ def kernel_cp_rank_forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One rank's forward (see the module docstring): output ``(tokens, h / world, d)`` and LSE ``(h / world,
     tokens)`` of its heads, tokens in the reordered order."""
-    from .vllm_v1_dcp import cp_lse_ag_out_rs
-
     dev = inputs.q.device
     world = step.dcp
     heads = case.num_heads // world

@@ -12,7 +12,7 @@ chunked prefix; each runs on the adapter under test.  What it checks, per scenar
   prefix, the extend lengths' prefix sums otherwise), ``cu_seqlens_k`` (passed as ``cu_seqlens_k_new``), and the
   page table ``req_to_token[:, :max_seq_len_k]`` strided to pages (``[:, ::page_size] // page_size``); modes
   EXTEND, MIXED (decodes and prefill chunks in one extend call), DECODE, TARGET_VERIFY;
-* chunked local attention through virtual batches (:mod:`conformance.engines.sglang_local`; causal, no
+* chunked local attention through virtual batches (:mod:`conformance.engines.sglang.local`; causal, no
   ``cu_seqlens_k_new``); the layer's reference is attention with the case's ``chunk``;
 * sliding windows: the layer value is already the model's window minus one and goes to the kernel as ``(w, 0)``
   (:meth:`SGLangFlashAttention.window_size`); sinks and soft-cap are forwarded to every call;
@@ -42,7 +42,7 @@ chunked prefix; each runs on the adapter under test.  What it checks, per scenar
   a q rounded differently from the one the reference reads;
 * ``num_splits = 1`` for deterministic inference (the case's ``num_splits``), else 0 (the heuristic).
 
-Every paged call's metadata is checked first (:func:`~conformance.engines.sglang_local.check_call_metadata`,
+Every paged call's metadata is checked first (:func:`~conformance.engines.sglang.local.check_call_metadata`,
 ``ValueError`` naming the field).  The forward returns the layer output and the LSE the kernel (or the merge)
 computed; SGLang asks for the LSE only where it merges, the replay checks it everywhere.
 
@@ -58,11 +58,11 @@ pools (``full_to_swa_index_mapping``), FA4 (``fa_impl_ver``), fp8 with MLA (head
 fp8 cache cast to q's dtype without a scale).
 
 Where it lives: this module is the engine, :class:`SGLangFlashAttention` (cases and their checks, the top-k tree's
-reference).  Its base classes hold the backend: :class:`~conformance.engines.sglang_runner.SGLangForwardRunner`
+reference).  Its base classes hold the backend: :class:`~conformance.engines.sglang.runner.SGLangForwardRunner`
 the forward (the calls, the pool write, the kernel calls, the merges, the layer's hooks) and
-:class:`~conformance.engines.sglang_metadata.SGLangMetadataBuilder` the pool and ``init_forward_metadata``;
-:mod:`conformance.engines.sglang_scenarios` the :data:`SCENARIOS` and :data:`FINDINGS` tables;
-:mod:`conformance.engines.sglang_local` the virtual batches and the metadata checks.  Their public names are
+:class:`~conformance.engines.sglang.metadata.SGLangMetadataBuilder` the pool and ``init_forward_metadata``;
+:mod:`conformance.engines.sglang.scenarios` the :data:`SCENARIOS` and :data:`FINDINGS` tables;
+:mod:`conformance.engines.sglang.local` the virtual batches and the metadata checks.  Their public names are
 re-exported here.
 """
 
@@ -75,11 +75,11 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.cases.sweep import MLA_SCALE
 
-from .base import call_inputs
-from .calls import call_case, prefix_sums
-from .sglang_metadata import KCall, SGLangMetadataBuilder, SGLMetadata, Step
-from .sglang_runner import SGLangForwardRunner
-from .sglang_scenarios import FINDINGS, SCENARIOS, Scenario, tree_paths
+from ..base import call_inputs
+from ..calls import call_case, prefix_sums
+from .metadata import KCall, SGLangMetadataBuilder, SGLMetadata, Step
+from .runner import SGLangForwardRunner
+from .scenarios import FINDINGS, SCENARIOS, Scenario, tree_paths
 
 __all__ = [
     "FINDINGS",

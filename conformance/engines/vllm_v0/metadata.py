@@ -36,8 +36,8 @@ from itertools import accumulate
 
 import torch
 
-from .base import Request
-from .calls import token_slots
+from ..base import Request
+from ..calls import token_slots
 
 __all__ = ["PAD_SLOT_ID", "Part", "Seq", "V0Metadata", "build_metadata", "check_metadata"]
 

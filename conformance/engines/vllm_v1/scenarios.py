@@ -1,4 +1,4 @@
-"""Seed ``001``'s scenarios: the engine steps :class:`~conformance.engines.vllm_v1_fa.VllmV1FlashAttention`
+"""Seed ``001``'s scenarios: the engine steps :class:`~conformance.engines.vllm_v1.fa.VllmV1FlashAttention`
 replays, one ``engines``-suite case each (case ids come from these tables: keep names and fields stable).
 
 A :class:`Scenario` is one step's requests in the caller's (scheduler's) order plus what an ``AttentionCase``
@@ -6,9 +6,9 @@ cannot say: the shared prompt and who shares it, the speculative-decode threshol
 block manager's block size, DCP world and interleave, encoder attention, and what the cascade heuristic decides.
 :data:`SCENARIOS` groups them: the decode/prefill split over layouts, block sizes, sinks, windows and spec decode;
 cascade, chosen and declined by each rule of
-:func:`~conformance.engines.vllm_v1_metadata.use_cascade_attention`; decode context parallel, as the seed does it
+:func:`~conformance.engines.vllm_v1.metadata.use_cascade_attention`; decode context parallel, as the seed does it
 (context and new tokens in two calls) and through the kernel's own cp arguments (``kernel_cp``: one call per rank,
-:mod:`conformance.engines.vllm_v1_dcp_kernel`); int8 types 1 and 2.
+:mod:`conformance.engines.vllm_v1.dcp_kernel`); int8 types 1 and 2.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import Request
+from ..base import Request
 
 __all__ = ["SCENARIOS", "Scenario"]
 

@@ -30,9 +30,9 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.cases.sweep import MLA_SCALE
 
-from .base import Engine, EngineRun, Kernel, Request
-from .calls import call_case, contiguous_call
-from .merge import merge_attn_states
+from ..base import Engine, EngineRun, Kernel, Request
+from ..calls import call_case, contiguous_call
+from ..merge import merge_attn_states
 
 __all__ = ["VllmMLAPrefill"]
 

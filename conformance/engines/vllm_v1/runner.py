@@ -1,5 +1,5 @@
 """Seed ``001``'s runner side: the cache layout and its allocation, and what vLLM's model runner does for the
-builder, as :class:`VllmV1Runner`, the base of :class:`~conformance.engines.vllm_v1_fa.VllmV1FlashAttention`.
+builder, as :class:`VllmV1Runner`, the base of :class:`~conformance.engines.vllm_v1.fa.VllmV1FlashAttention`.
 
 * **Cache layout** (the backend's ``get_kv_cache_shape`` / ``get_kv_cache_stride_order``, ``kernel_block_size``):
   :func:`allocate_kv_cache` allocates ``shape[order]`` and views it back in the logical order, as
@@ -7,8 +7,8 @@ builder, as :class:`VllmV1Runner`, the base of :class:`~conformance.engines.vllm
 * **The step** (:meth:`VllmV1Runner.step`, a :class:`Step`): the reorder, the block manager's tables (shuffled
   blocks; a shared prompt in the same physical blocks of every sharer; manager blocks split into kernel blocks),
   the common prefix (leading blocks shared by all, capped by the fewest computed tokens) and the cascade decision
-  (:func:`~conformance.engines.vllm_v1_metadata.use_cascade_attention`); the slot mapping (:meth:`~VllmV1Runner.slot`,
-  DCP slots in :mod:`conformance.engines.vllm_v1_dcp`); the builder's inputs (:meth:`~VllmV1Runner.common_metadata`,
+  (:func:`~conformance.engines.vllm_v1.metadata.use_cascade_attention`); the slot mapping (:meth:`~VllmV1Runner.slot`,
+  DCP's in :meth:`~VllmV1Runner._dcp_slot`); the builder's inputs (:meth:`~VllmV1Runner.common_metadata`,
   :meth:`~VllmV1Runner.builder`).
 * **The cache writes**: ``reshape_and_cache_flash`` (int8: ``_int8`` / ``_mix``) of the cached context before the
   step (:meth:`~VllmV1Runner.make_cache`) and of the step's new tokens (:meth:`~VllmV1Runner.write_cache`).
@@ -30,9 +30,9 @@ from attnref import quantize, write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from .base import Engine
-from .calls import STALE, cu_seqlens
-from .vllm_v1_metadata import (
+from ..base import Engine
+from ..calls import STALE, cu_seqlens
+from .metadata import (
     NUM_SMS,
     CommonAttentionMetadata,
     FlashAttentionMetadataBuilder,
@@ -40,7 +40,7 @@ from .vllm_v1_metadata import (
     reorder_batch,
     use_cascade_attention,
 )
-from .vllm_v1_scenarios import Scenario
+from .scenarios import Scenario
 
 __all__ = [
     "KERNEL_BLOCK_SIZES",
@@ -174,7 +174,7 @@ class VllmV1Runner(Engine):
 
     @abc.abstractmethod
     def scenario(self, case: AttentionCase) -> Scenario:
-        """The :class:`~conformance.engines.vllm_v1_scenarios.Scenario` ``case`` names."""
+        """The :class:`~conformance.engines.vllm_v1.scenarios.Scenario` ``case`` names."""
 
     # ------------------------------------------------------------------ runner: reorder, blocks, cascade decision
     def _num_common_prefix_blocks(self, rows: list[list[int]], owned: list[int]) -> int:
@@ -259,9 +259,18 @@ class VllmV1Runner(Engine):
         bs = step.block_size
         if step.dcp == 1:
             return step.table[b][pos // bs] * bs + pos % bs
-        from .vllm_v1_dcp import dcp_slot
+        return self._dcp_slot(step, b, pos, rank)
 
-        return dcp_slot(self, step, b, pos, rank)
+    def _dcp_slot(self, step: Step, b: int, pos: int, rank: int) -> int:
+        """vLLM's DCP slot (``compute_slot_mapping``): a virtual block spans ``block_size * world`` tokens; the
+        token at offset ``o`` in it lives on :meth:`_dcp_owner` at local offset ``o // (world * interleave) *
+        interleave + o % interleave`` of the rank's block; -1 on every other rank."""
+        bs, world, inter = step.block_size, step.dcp, step.interleave
+        offset = pos % (bs * world)
+        if self._dcp_owner(offset, world, inter) != rank:
+            return -1
+        local = offset // (world * inter) * inter + offset % inter
+        return step.table[b][pos // (bs * world)] * bs + local
 
     def _dcp_owner(self, offset: int, world: int, interleave: int) -> int:
         """DCP rank of the token at ``offset`` in its virtual block (vLLM: ``offset // interleave % world``)."""

@@ -12,7 +12,8 @@ the builder call, and the fork's :class:`FlashAttentionMetadataBuilder` (written
   the DCP local context lengths).
 
 The runner side that fills these in (block tables, slot mapping, the common prefix) is
-:mod:`conformance.engines.vllm_v1_runner`; the forward that reads them, :mod:`conformance.engines.vllm_v1_fa`.
+:mod:`conformance.engines.vllm_v1.runner`; the forwards that read them, :mod:`conformance.engines.vllm_v1.fa` and,
+for the DCP fields, :mod:`conformance.engines.vllm_v1.dcp`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .calls import cu_seqlens
+from ..calls import cu_seqlens
 
 __all__ = [
     "NUM_SMS",
@@ -272,6 +273,8 @@ class FlashAttentionMetadataBuilder:
             meta.dcp_context_kv_lens = get_dcp_local_seq_lens(
                 context, self.dcp_world_size, self.dcp_rank, self.interleave
             )
+            # The seed's bound on any rank's local context, ceil(L / (N * I)) * I of the longest sequence (no
+            # GPU->CPU sync for the real maximum): the context call's max_seqlen_k (dcp.context_kv_lens checks it).
             parts = self.dcp_world_size * self.interleave
             meta.max_dcp_context_kv_len = cdiv(common.max_seq_len, parts) * self.interleave
         elif meta.use_cascade:

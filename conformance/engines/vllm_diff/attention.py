@@ -37,12 +37,15 @@ tables (``cu_seqlens_q`` + ``seqused_k``).  Not modelled: the cross-layer shared
 (``forward_with_kv_cache_only``: ``q.unsqueeze(1)`` with per-sequence block tables, consistent only for
 decodes), ALiBi (the seed passes H slopes to calls of H/2 heads), fp8 caches, CUDA-graph padding, and V0's
 sliding-window slot padding / cyclic blocks (never read within one step).
+
+Where it lives: this module is the engine, :class:`VllmDifferentialAttention` (the layer's parameters, the builder,
+the calls, the combination, the oracle); :mod:`conformance.engines.vllm_diff.metadata` the builder's fields and
+their checks, :mod:`conformance.engines.vllm_diff.scenarios` the :data:`SCENARIOS` table.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -53,28 +56,18 @@ from attnref import AttnResult
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from .base import Engine, Kernel, Request
-from .calls import STALE, PagedKV, call_case, contiguous_call, cu_seqlens, hand_out_blocks, paged_call, token_slots
+from ..base import Engine, Kernel
+from ..calls import STALE, PagedKV, call_case, contiguous_call, cu_seqlens, hand_out_blocks, paged_call, token_slots
+from .metadata import DiffMetadata, diffs, validate_metadata
+from .scenarios import SCENARIOS
 
-__all__ = ["DiffMetadata", "DiffParams", "VllmDifferentialAttention", "layer_params", "validate_metadata"]
+__all__ = ["DiffParams", "VllmDifferentialAttention", "layer_params"]
 
 SUPPORTED_HEAD_SIZES = (32, 64, 96, 128, 160, 192, 224, 256)  # FlashAttentionBackend.get_supported_head_sizes
 RMS_EPS = 1e-5  # the model's subln = nn.RMSNorm(2 * head_dim, eps=1e-5)
 PARAM_SEED = 0  # the run seed in the parameter generator's formula (see the module docstring)
 #: the four calls: name -> (query group, key group, value group)
 PAIRS = {"attn11": (0, 0, 0), "attn12": (0, 0, 1), "attn21": (1, 1, 0), "attn22": (1, 1, 1)}
-
-#: scenario -> (requests, prompts first as V0 packs them; heads (H, Hk); block size; window)
-SCENARIOS: dict[str, tuple[tuple[Request, ...], tuple[int, int], int, tuple[int | None, int | None]]] = {
-    "prefill": ((Request(37), Request(64), Request(5)), (8, 8), 16, (None, None)),
-    # a prefix-cache hit (and a chunk of a longer prompt): every prompt read through its block table
-    "prefix_cached": ((Request(24, cached=40), Request(16, cached=33), Request(9)), (8, 4), 16, (None, None)),
-    # per call 4 query heads on 1 kv head; seq lens across block boundaries
-    "decode": ((Request(1, cached=49), Request(1, cached=16), Request(1, cached=128)), (8, 2), 32, (None, None)),
-    "mixed": ((Request(30), Request(12), Request(1, cached=39), Request(1, cached=76)), (8, 8), 16, (None, None)),
-    # per call 8 query heads on 2 kv heads; sliding window 48 (FA window (47, 0))
-    "gqa": ((Request(70), Request(1, cached=90), Request(1, cached=20)), (16, 4), 16, (47, 0)),
-}
 
 
 @dataclass(frozen=True)
@@ -121,73 +114,6 @@ def _combine_lowp(case: AttentionCase, p: DiffParams, attn1: torch.Tensor, attn2
     """The seed's combination in the activation dtype (the baseline's; the engine runs it as overridable steps)."""
     attn = attn1 - _lambda_full(p, attn1.dtype) * attn2
     return _merge_heads(_subln(attn, p.subln_weight) * (1 - p.lambda_init))
-
-
-@dataclass
-class DiffMetadata:
-    """What ``DifferentialFlashAttentionMetadataBuilder.build`` hands the impl (device tensors), plus the block
-    manager's per-sequence ``blocks`` and the cache's ``num_blocks``.  ``block_tables`` rows are padded with 0
-    (``make_tensor_with_pad``); a prompt without a prefix-cache hit has an empty row."""
-
-    num_prefills: int
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    query_start_loc: torch.Tensor  # int32 (b + 1,)
-    seq_start_loc: torch.Tensor  # int32 (b + 1,)
-    seq_lens: torch.Tensor  # int32 (b,)
-    block_tables: torch.Tensor  # int32 (b, max_blocks)
-    slot_mapping: torch.Tensor  # int64 (num_tokens,): the step's new tokens
-    prefix_cache_hit: bool
-    blocks: list[list[int]]
-    num_blocks: int
-
-
-def _diffs(cu: Sequence[int]) -> list[int]:
-    return [int(b) - int(a) for a, b in zip(cu, cu[1:])]
-
-
-def validate_metadata(meta: DiffMetadata, *, num_tokens: int, block_size: int) -> None:
-    """Raise ``ValueError`` naming the field when the metadata cannot describe a step of ``num_tokens`` tokens."""
-    qsl = [int(x) for x in meta.query_start_loc.tolist()]
-    seq = [int(x) for x in meta.seq_lens.tolist()]
-    b, np_ = len(seq), meta.num_prefills
-    if len(qsl) != b + 1 or qsl[0] != 0 or any(x > y for x, y in zip(qsl, qsl[1:])) or qsl[-1] != num_tokens:
-        raise ValueError(
-            f"query_start_loc must be non-decreasing from 0 to the {num_tokens} query tokens with one entry per "
-            f"sequence plus one ({b + 1}), got {qsl}"
-        )
-    qls = _diffs(qsl)
-    for i, (ql, sl) in enumerate(zip(qls, seq)):
-        if sl < ql:
-            raise ValueError(f"seq_lens[{i}] = {sl} is shorter than the {ql} query tokens query_start_loc gives it")
-        if i >= np_ and ql != 1:
-            raise ValueError(f"query_start_loc gives decode {i} {ql} query tokens; V0 decodes have 1")
-    if not 0 <= np_ <= b or qsl[np_] != meta.num_prefill_tokens or meta.num_decode_tokens != num_tokens - qsl[np_]:
-        raise ValueError(
-            f"num_prefills ({np_}), num_prefill_tokens ({meta.num_prefill_tokens}) and num_decode_tokens "
-            f"({meta.num_decode_tokens}) must match query_start_loc {qsl}"
-        )
-    ssl = [int(x) for x in meta.seq_start_loc.tolist()]
-    if not meta.prefix_cache_hit and ssl[: np_ + 1] != qsl[: np_ + 1]:
-        raise ValueError(f"seq_start_loc {ssl} must equal query_start_loc {qsl} over the prompts (no cached context)")
-    table = meta.block_tables
-    if table.dim() != 2 or table.shape[0] != b:
-        raise ValueError(f"block_tables must have one row per sequence ({b}), got shape {tuple(table.shape)}")
-    for i in range(0 if meta.prefix_cache_hit else np_, b):  # the sequences read through the cache
-        need = -(-seq[i] // block_size)
-        if need > table.shape[1]:
-            raise ValueError(
-                f"block_tables has {table.shape[1]} columns; sequence {i} needs {need} blocks of {block_size} "
-                f"for seq_lens[{i}] = {seq[i]}"
-            )
-        row = [int(x) for x in table[i, :need].tolist()]
-        if any(not 0 <= x < meta.num_blocks for x in row):
-            raise ValueError(f"block_tables[{i}] = {row} holds a block outside the cache's {meta.num_blocks}")
-    slots = meta.slot_mapping
-    if slots.numel() != num_tokens or bool(((slots < -1) | (slots >= meta.num_blocks * block_size)).any()):
-        raise ValueError(
-            f"slot_mapping must hold one slot per query token ({num_tokens}) in [-1, {meta.num_blocks * block_size})"
-        )
 
 
 def _is_decode(ql: int, kl: int) -> bool:
@@ -276,14 +202,14 @@ class VllmDifferentialAttention(Engine):
     def _calls(self, case: AttentionCase, meta: DiffMetadata) -> list[tuple[str, AttentionCase]]:
         """The calls of the four pairs, in the seed's order, each call's requests read from the metadata."""
         np_ = meta.num_prefills
-        qls, seq = _diffs(meta.query_start_loc.tolist()), [int(x) for x in meta.seq_lens.tolist()]
+        qls, seq = diffs(meta.query_start_loc.tolist()), [int(x) for x in meta.seq_lens.tolist()]
         half = dict(num_heads=case.num_heads // 2, num_kv_heads=case.num_kv_heads // 2)
         parts = []
         if np_:
             if meta.prefix_cache_hit:  # V0 FlashAttention's prefix path: paged, seqused_k
                 parts.append(("prefill", call_case(case, list(zip(qls[:np_], seq[:np_])), **half)))
             else:  # flash_attn_varlen_func over the new keys: cu_seqlens_k = seq_start_loc
-                kls = _diffs(meta.seq_start_loc.tolist()[: np_ + 1])
+                kls = diffs(meta.seq_start_loc.tolist()[: np_ + 1])
                 contiguous = dict(kv_layout="contiguous", block_size=None, **half)
                 parts.append(("prefill", call_case(case, list(zip(qls[:np_], kls)), **contiguous)))
         if meta.num_decode_tokens:  # flash_attn_with_kvcache: block_tables, cache_seqlens = seq_lens

@@ -37,7 +37,7 @@ prompt, see *cascade*).  What it follows in the seed, and what it checks:
   (``flash_attn_with_kvcache``, causal, window, sinks) into the two halves of the output, or **cascade**
   (``cascade_attention``: all tokens against the shared prefix as one sequence, no mask, ``block_table[:1]``; each
   request against its suffix ``block_table[:, prefix // bs:]``, causal; merged by LSE with
-  :func:`~conformance.engines.merge.merge_attn_states`), or **DCP** (:mod:`conformance.engines.vllm_v1_dcp`).
+  :func:`~conformance.engines.merge.merge_attn_states`), or **DCP** (:mod:`conformance.engines.vllm_v1.dcp`).
   Encoder attention (``_forward_encoder_attention``): one bidirectional varlen call on q/k/v, no cache, no sinks.
 * **Cascade decision**: the runner's common prefix (leading block-table blocks shared by every request, capped by
   the smallest ``num_computed_tokens``, rounded down to the block size) and the seed's
@@ -67,12 +67,15 @@ block size as ``key_cache.shape[-2]`` (right for its HND view; the replay reads 
 
 Where it lives: this module is the engine, :class:`VllmV1FlashAttention` (cases and checks, the shared prompt,
 the calls, the forward composition: two calls, cascade, encoder).  Its base class
-:class:`~conformance.engines.vllm_v1_runner.VllmV1Runner` holds the runner side and the cache (layout and
+:class:`~conformance.engines.vllm_v1.runner.VllmV1Runner` holds the runner side and the cache (layout and
 allocation, the step, block tables, slot mapping, the cascade decision, the cache writes);
-:mod:`conformance.engines.vllm_v1_metadata` the seed's functions (:func:`use_cascade_attention`,
+:mod:`conformance.engines.vllm_v1.metadata` the seed's functions (:func:`use_cascade_attention`,
 :func:`reorder_batch`, :func:`split_decodes_and_prefills`) and :class:`FlashAttentionMetadataBuilder`;
-:mod:`conformance.engines.vllm_v1_scenarios` the :data:`SCENARIOS` table; :mod:`conformance.engines.vllm_v1_dcp`
-the DCP forward.  Their public names are re-exported here.
+:mod:`conformance.engines.vllm_v1.scenarios` the :data:`SCENARIOS` table; :mod:`conformance.engines.vllm_v1.dcp`
+the DCP forward (its collectives in :mod:`~conformance.engines.vllm_v1.collectives`, the kernel-cp variant in
+:mod:`~conformance.engines.vllm_v1.dcp_kernel`, the run across processes in
+:mod:`~conformance.engines.vllm_v1.dcp_dist`).  The package's ``__init__`` lists them in import order and re-exports
+their public names.
 """
 
 from __future__ import annotations
@@ -88,51 +91,19 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.cases.quant_inputs import QuantTensors
 
-from .base import Call, Kernel, call_inputs
-from .calls import PagedKV, call_case, contiguous_call, cu_seqlens, paged_call
-from .merge import merge_attn_states
-from .vllm_v1_metadata import (  # ``name as name``: kept importable from here, unused in this module
-    NUM_SMS as NUM_SMS,
-    CommonAttentionMetadata,
-    DecodeMetadata as DecodeMetadata,
-    FlashAttentionMetadata,
-    FlashAttentionMetadataBuilder,
-    PrefillMetadata as PrefillMetadata,
-    cdiv as cdiv,
-    get_dcp_local_seq_lens as get_dcp_local_seq_lens,
-    reorder_batch,
-    split_decodes_and_prefills,
-    use_cascade_attention,
-)
-from .vllm_v1_runner import (
-    KERNEL_BLOCK_SIZES as KERNEL_BLOCK_SIZES,
-    NUM_LAYERS as NUM_LAYERS,
+from ..base import Call, Kernel, call_inputs
+from ..calls import PagedKV, call_case, contiguous_call, cu_seqlens, paged_call
+from ..merge import merge_attn_states
+from .dcp import dcp_calls, dcp_forward
+from .runner import (
     KVCache,
     Step,
     VllmV1Runner,
-    allocate_kv_cache,
-    get_kv_cache_shape,
-    get_kv_cache_stride_order,
     kernel_block_size,
 )
-from .vllm_v1_scenarios import SCENARIOS, Scenario
+from .scenarios import SCENARIOS, Scenario
 
-__all__ = [
-    "CommonAttentionMetadata",
-    "FlashAttentionMetadata",
-    "FlashAttentionMetadataBuilder",
-    "KVCache",
-    "SCENARIOS",
-    "Scenario",
-    "VllmV1FlashAttention",
-    "allocate_kv_cache",
-    "get_kv_cache_shape",
-    "get_kv_cache_stride_order",
-    "kernel_block_size",
-    "reorder_batch",
-    "split_decodes_and_prefills",
-    "use_cascade_attention",
-]
+__all__ = ["VllmV1FlashAttention"]
 
 
 class VllmV1FlashAttention(VllmV1Runner):
@@ -239,8 +210,6 @@ class VllmV1FlashAttention(VllmV1Runner):
         if self.scenario(case).encoder:
             return [("encoder (bidirectional varlen)", call_case(case, case.requests, causal=False))]
         if step.dcp > 1:
-            from .vllm_v1_dcp import dcp_calls
-
             return dcp_calls(case, step)
         reqs = list(zip(step.q_lens, step.kv_lens))
         if step.common_prefix_len:
@@ -327,8 +296,6 @@ class VllmV1FlashAttention(VllmV1Runner):
             ((label, ccase),) = self.calls(case, step)
             return kernel(contiguous_call(label, ccase, inputs.q, inputs.k, inputs.v))
         if step.dcp > 1:
-            from .vllm_v1_dcp import dcp_forward
-
             out, lse = dcp_forward(self, case, inputs, step, kernel)
         else:
             out, lse = self._forward_step(case, inputs, step, kernel)
