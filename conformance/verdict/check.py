@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,13 +30,11 @@ from conformance.verdict.baseline import baseline
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs, make_inputs
 from conformance.records import CheckResult, ErrorStats, Status, Timing
+from conformance.verdict.compare import CHECKS, compare, compare_details
 from conformance.verdict.reference import reference
-from conformance.verdict.tolerance import Tolerance, resolve
+from conformance.verdict.tolerance import resolve
 
-__all__ = ["CaseContext", "check_backend", "compare", "prepare_context", "repro_command"]
-
-#: Fixed order of the sub-checks in ``failed_checks`` and in the failure text.
-CHECKS = ("nonfinite", "max_error", "mean_error", "cosine", "lse", "masked_rows")
+__all__ = ["CHECKS", "CaseContext", "check_backend", "compare", "prepare_context", "repro_command"]
 
 
 @dataclass
@@ -183,7 +180,9 @@ def check_backend(
     problem = _shape_problem(ctx, result)
     if problem:
         return finish(Status.FAIL, problem)
-    stats, details = _compare(ctx.ref, ctx.base, result, tol)
+    stats, details, base_nonfinite = compare_details(ctx.ref, ctx.base, result, tol)
+    if base_nonfinite:
+        extra["baseline_nonfinite"] = base_nonfinite
     if stats.failed_checks:
         return finish(Status.FAIL, " | ".join(details), stats)
     timing = None
@@ -205,176 +204,3 @@ def _shape_problem(ctx: CaseContext, result: KernelOutput) -> str:
     if result.lse is not None and tuple(result.lse.shape) != want_lse:
         return f"shape: lse {tuple(result.lse.shape)} != reference {want_lse} (h, total_q)"
     return ""
-
-
-def compare(
-    ref: AttnResult, base: tuple[torch.Tensor, torch.Tensor], kernel_out: KernelOutput, tol: Tolerance
-) -> ErrorStats:
-    """Error statistics of ``kernel_out`` against ``ref``, judged with ``tol`` (resolved: no None field).
-
-    ``worst`` is the (token, head, dim) of the largest ratio ``|out-ref| / allowed``; ``error_ratio``
-    is that ratio (``max|out-ref| / (factor * max|base-ref| + atol)`` when rtol is 0), so passing
-    needs <= 1; ``max_rel`` is ``max |out-ref| / max(|ref|, atol)``.  Baseline entries that are not
-    finite are left out of the baseline's error (an overflowing baseline must not allow everything).
-    """
-    return _compare(ref, base, kernel_out, tol)[0]
-
-
-def _masked_max(x: torch.Tensor, keep: torch.Tensor) -> float:
-    return float(torch.where(keep, x, torch.zeros_like(x)).max()) if x.numel() else 0.0
-
-
-def _cosine(o: torch.Tensor, r: torch.Tensor) -> float:
-    """Cosine similarity of the flattened tensors in fp64 (fp32 sums lose the 1e-6 it must resolve); NaN if ref is 0."""
-    o64, r64 = o.double().flatten(), r.double().flatten()
-    r_norm, o_norm = float(r64.norm()), float(o64.norm())
-    if r_norm == 0:
-        return math.nan
-    return float(o64 @ r64) / (r_norm * o_norm) if o_norm else 0.0
-
-
-def _compare(ref: AttnResult, base, kernel_out: KernelOutput, tol: Tolerance) -> tuple[ErrorStats, list[str]]:
-    missing = tol.missing()
-    if missing:
-        raise ValueError(f"tol must be resolved (conformance.verdict.tolerance.resolve); unset fields: {missing}")
-    r = ref.out
-    ct, dev = r.dtype, r.device
-    if tuple(kernel_out.out.shape) != tuple(r.shape):
-        got = tuple(kernel_out.out.shape)
-        raise ValueError(f"kernel out must have the reference's shape {tuple(r.shape)}, got {got}")
-    o = kernel_out.out.to(dev, ct)
-    _, h, dv = r.shape
-    n = r.numel()
-
-    def where_out(flat: int) -> str:
-        return f"(token {flat // (h * dv)}, head {(flat // dv) % h}, dim {flat % dv})"
-
-    berr = (base[0].to(dev, ct) - r).abs()
-    bfin = torch.isfinite(berr)
-    b_max = _masked_max(berr, bfin)
-    b_mean = float(torch.where(bfin, berr, 0.0).sum()) / max(n, 1)
-    finite = torch.isfinite(o)
-    err = torch.where(finite, (o - r).abs(), math.inf)
-    allowed_max = tol.factor * b_max + tol.atol
-    allowed = allowed_max + tol.rtol * r.abs()
-    ratio = err / allowed.clamp_min(torch.finfo(ct).tiny)
-    worst_flat = int(ratio.argmax()) if n else 0
-    error_ratio = float(ratio.max()) if n else 0.0
-    over = int((ratio > 1).sum())
-    mismatch_frac = over / n if n else 0.0
-    max_abs = float(err.max()) if n else 0.0
-    mean_abs = float(err.mean()) if n else 0.0
-    max_rel = float((err / r.abs().clamp_min(max(tol.atol, torch.finfo(ct).tiny))).max()) if n else 0.0
-    nonfinite = int((~finite & torch.isfinite(r)).sum())
-    cosine = _cosine(o, r) if not nonfinite else math.nan
-    mean_allowed = tol.mean_factor * b_mean + tol.mean_atol
-
-    details: dict[str, str] = {}
-    if nonfinite:
-        first = int(torch.nonzero((~finite & torch.isfinite(r)).flatten())[0])
-        details["nonfinite"] = (
-            f"nonfinite: {nonfinite} NaN/Inf outputs where the reference is finite, first at {where_out(first)}"
-        )
-    if mismatch_frac > tol.max_mismatch_frac:
-        w = worst_flat
-        rel = f" + rtol {tol.rtol:g} x |ref| {float(r.flatten()[w].abs()):.1e}" if tol.rtol else ""
-        details["max_error"] = (
-            f"max_error: |out-ref| {float(err.flatten()[w]):.1e} at {where_out(w)} "
-            f"> allowed {float(allowed.flatten()[w]):.1e} "
-            f"({tol.factor:g} x baseline {b_max:.1e} + atol {tol.atol:.1e}{rel}); error ratio {error_ratio:.2f}; "
-            f"{over} of {n} elements over ({mismatch_frac:.2%}, allowed {tol.max_mismatch_frac:.2%})"
-        )
-    if not mean_abs <= mean_allowed:
-        details["mean_error"] = (
-            f"mean_error: mean|out-ref| {mean_abs:.1e} > allowed {mean_allowed:.1e} "
-            f"({tol.mean_factor:g} x baseline mean {b_mean:.1e} + mean_atol {tol.mean_atol:.1e}); "
-            f"ratio {mean_abs / mean_allowed:.2f}"
-        )
-    if cosine < tol.min_cosine:  # NaN (skipped) compares False
-        details["cosine"] = f"cosine: similarity {cosine:.6f} < min_cosine {tol.min_cosine:g}"
-
-    masked_notes: list[str] = []
-    zero_rows = (r == 0).all(dim=-1)  # (total_q, h): fully masked rows, output exactly 0
-    row_err = err.amax(dim=-1) if dv else torch.zeros_like(zero_rows, dtype=ct)
-    bad_rows = zero_rows & (row_err > tol.atol)
-    if bool(bad_rows.any()):
-        t, hh = (int(x) for x in torch.nonzero(bad_rows)[0])
-        masked_notes.append(
-            f"{int(bad_rows.sum())} fully masked rows not 0, first at (token {t}, head {hh}) "
-            f"with max|out| {float(row_err[t, hh]):.1e} > atol {tol.atol:.1e}"
-        )
-
-    lse_max_abs = lse_allowed = None
-    if kernel_out.lse is not None:
-        lse_max_abs, lse_allowed, lse_detail, masked_lse = _compare_lse(ref.lse, base[1], kernel_out.lse, tol)
-        if lse_detail:
-            details["lse"] = lse_detail
-        if masked_lse:
-            masked_notes.append(masked_lse)
-    if masked_notes:
-        details["masked_rows"] = "masked_rows: " + "; ".join(masked_notes)
-
-    failed = [c for c in CHECKS if c in details]
-    stats = ErrorStats(
-        max_abs=max_abs,
-        max_rel=max_rel,
-        mean_abs=mean_abs,
-        worst=(worst_flat // (h * dv), (worst_flat // dv) % h, worst_flat % dv) if n else (-1, -1, -1),
-        mismatch_frac=mismatch_frac,
-        error_ratio=error_ratio,
-        baseline_max_abs=b_max,
-        baseline_mean_abs=b_mean,
-        allowed_max_abs=allowed_max,
-        cosine=cosine,
-        nonfinite=nonfinite,
-        lse_max_abs=lse_max_abs,
-        lse_allowed=lse_allowed,
-        failed_checks=tuple(failed),
-    )
-    return stats, [details[c] for c in failed]
-
-
-def _compare_lse(ref_lse: torch.Tensor, base_lse: torch.Tensor, kernel_lse: torch.Tensor, tol: Tolerance):
-    """(max abs error, allowed at the worst row, 'lse' failure text or '', masked-row note or '')."""
-    ct, dev = ref_lse.dtype, ref_lse.device
-    if tuple(kernel_lse.shape) != tuple(ref_lse.shape):
-        got = tuple(kernel_lse.shape)
-        raise ValueError(f"kernel lse must have the reference's shape {tuple(ref_lse.shape)}, got {got}")
-    total_q = ref_lse.shape[1]
-
-    def where_row(flat: int) -> str:
-        return f"(token {flat % total_q}, head {flat // total_q})"
-
-    lk = kernel_lse.to(dev, ct)
-    live = torch.isfinite(ref_lse)
-    masked_note = ""
-    bad_masked = ~live & (lk != ref_lse)  # the reference's only non-finite value is -inf
-    if bool(bad_masked.any()):
-        first = int(torch.nonzero(bad_masked.flatten())[0])
-        masked_note = (
-            f"{int(bad_masked.sum())} rows with reference LSE -inf have another kernel LSE, "
-            f"first at {where_row(first)}: "
-            f"{float(lk.flatten()[first])} (adapters must return -inf, SEMANTICS.md section 4)"
-        )
-    if not bool(live.any()):
-        return 0.0, tol.lse_atol, "", masked_note
-    lb = base_lse.to(dev, ct)
-    b_err = (lb - ref_lse).abs()
-    b_max = _masked_max(b_err, live & torch.isfinite(b_err))
-    diff = torch.where(live, torch.where(torch.isfinite(lk), (lk - ref_lse).abs(), math.inf), 0.0)
-    safe_ref = torch.where(live, ref_lse, 0.0)
-    allowed = tol.lse_factor * b_max + tol.lse_atol + tol.lse_rtol * safe_ref.abs()
-    ratio = diff / allowed.clamp_min(torch.finfo(ct).tiny)
-    w = int(ratio.argmax())
-    max_abs = float(diff.max())
-    allowed_w = float(allowed.flatten()[w])
-    detail = ""
-    if float(ratio.flatten()[w]) > 1:
-        detail = (
-            f"lse: |lse-ref| {float(diff.flatten()[w]):.1e} at {where_row(w)} > allowed {allowed_w:.1e} "
-            f"({tol.lse_factor:g} x baseline {b_max:.1e} + lse_atol {tol.lse_atol:.1e} "
-            f"+ lse_rtol {tol.lse_rtol:g} x |lse| {float(safe_ref.flatten()[w].abs()):.1e}); "
-            f"kernel {float(lk.flatten()[w]):.6g} vs reference {float(ref_lse.flatten()[w]):.6g}; "
-            f"{int((ratio > 1).sum())} of {int(live.sum())} rows over"
-        )
-    return max_abs, allowed_w, detail, masked_note

@@ -9,12 +9,17 @@ fp32 reference, ``base`` the same-dtype baseline (:mod:`conformance.verdict.base
 holds everywhere (or on all but ``max_mismatch_frac`` of the elements), and
 
 * ``mean|out - ref| <= mean_factor * mean|base - ref| + mean_atol``;
-* no NaN/Inf where the reference is finite;
+* no NaN/Inf where the reference is finite, in the output or in the LSE, whatever the tolerance
+  (an infinite ``atol`` or ``lse_atol`` switches a bound off, never this);
 * cosine similarity of the flattened outputs >= ``min_cosine`` (skipped when ``ref`` is all 0);
 * LSE, on rows whose reference LSE is finite:
   ``|lse - lse_ref| <= lse_factor * max|lse_base - lse_ref| + lse_atol + lse_rtol * |lse_ref|``;
 * fully masked rows (reference LSE ``-inf``): kernel LSE exactly ``-inf``; rows whose reference
   output is exactly 0: ``|out| <= atol``.
+
+``max|base - ref|`` and ``mean|base - ref|`` (and the LSE's) are taken over the baseline elements
+that are finite: a baseline that overflowed never widens a bound (one inf would otherwise switch the
+max-error check off), and the record counts those elements (:mod:`conformance.verdict.compare`).
 
 Scaling by the baseline rather than fixing atol/rtol is what lets one rule judge bf16 decode and
 fp16 long prefill alike: a kernel may be a few times as far from the exact answer as plain
