@@ -7,7 +7,14 @@ import pytest
 from conformance.cases.case import FEATURES, AttentionCase
 from conformance.cases.suites import get_suite, suite_names
 
-SIZES = {"smoke": (80, 150), "default": (1500, 4000), "full": (10000, 40000), "perf": (20, 200), "engines": (10, 2000)}
+SIZES = {
+    "smoke": (80, 150),
+    "default": (1500, 4000),
+    "full": (10000, 40000),
+    "perf": (20, 200),
+    "engines": (10, 2000),
+    "models": (300, 3000),
+}
 
 
 @pytest.mark.parametrize("name", suite_names())
