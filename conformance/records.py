@@ -4,6 +4,11 @@ A results file is JSON lines: one ``header`` record (environment, suite, backend
 ``result`` record per (case, backend), appended as soon as it is known.  Every record carries
 ``schema``; readers ignore keys they do not know and fill missing ones with defaults, so files
 written by older and newer versions stay readable.
+
+Two readers: :func:`load_results` is strict (a missing, unreadable or empty file, or lines that are not
+records unless allowed, raise :class:`ResultsFileError` naming the file and the reason; skipped lines are
+kept with their numbers) and serves whatever decides from a file (compare, report, a gate);
+:func:`read_records` skips what it cannot read without a word (``--resume``, which repairs the file anyway).
 """
 
 from __future__ import annotations
@@ -12,12 +17,25 @@ import dataclasses
 import enum
 import gzip
 import json
-from collections.abc import Iterator
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Status", "ErrorStats", "Timing", "CheckResult", "Header", "read_records", "append_record", "SCHEMA"]
+__all__ = [
+    "Status",
+    "ErrorStats",
+    "Timing",
+    "CheckResult",
+    "Header",
+    "ResultsFile",
+    "ResultsFileError",
+    "SkippedLine",
+    "load_results",
+    "read_records",
+    "append_record",
+    "SCHEMA",
+]
 
 SCHEMA = 1
 
@@ -138,6 +156,9 @@ class Header:
     env: dict[str, Any]
     argv: list[str] = field(default_factory=list)
     started: str = ""
+    #: what makes the records one sweep (suite, selection, seed, device, resolved tolerance): the format is in
+    #: :mod:`conformance.running.outfile`; empty in files written before it existed (and by ``fuzz``)
+    sweep: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": "header", "schema": SCHEMA, **dataclasses.asdict(self)}
@@ -158,28 +179,129 @@ def append_record(path: Path, record: CheckResult | Header) -> None:
 
 
 def read_records(path: Path) -> tuple[list[Header], list[CheckResult]]:
-    """Every header and result of a JSONL file (``.jsonl.gz`` too); a truncated last line (killed
-    writer) is skipped."""
+    """Every header and result of a JSONL file (``.jsonl.gz`` too), lenient: a line that is not a record
+    (a truncated last line of a killed writer, say) is skipped without a word.  Readers that decide something
+    from a file (compare, report, a gate) use :func:`load_results`, which counts and names what it skipped."""
+    scanned = _scan(Path(path))
+    return list(scanned.headers), list(scanned.results)
+
+
+class ResultsFileError(ValueError):
+    """A results file that cannot be used; ``str()`` is one line naming the file and the reason."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class SkippedLine:
+    """A non-blank line of a results file that is not a record this version can read."""
+
+    line: int  # 1-based
+    reason: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ResultsFile:
+    """What :func:`load_results` read: the records, and every line it skipped (with its line number)."""
+
+    path: Path
+    headers: tuple[Header, ...]
+    results: tuple[CheckResult, ...]
+    skipped: tuple[SkippedLine, ...] = ()
+    #: records of a ``type`` this version does not know (a newer writer's): ignored, as the format promises
+    other_records: int = 0
+
+    def skipped_summary(self, shown: int = 3) -> str:
+        """``2 lines skipped (line 4: not JSON; line 9: ...)``; empty when nothing was skipped."""
+        if not self.skipped:
+            return ""
+        listed = "; ".join(str(s) for s in self.skipped[:shown])
+        more = f"; +{len(self.skipped) - shown} more" if len(self.skipped) > shown else ""
+        n = len(self.skipped)
+        return f"{n} line{'s' if n != 1 else ''} skipped ({listed}{more})"
+
+
+def load_results(
+    path: Path | str, *, allow_skipped: bool = False, need_header: bool = True, need_results: bool = True
+) -> ResultsFile:
+    """Read a results file strictly; :class:`ResultsFileError` (one line: the file and the reason) when it is
+    missing, unreadable (not UTF-8 text or a broken gzip stream), empty or holds no records, holds lines that
+    are not records (unless ``allow_skipped``: they are then counted in :attr:`ResultsFile.skipped`), has no
+    header line (``need_header``) or no result record (``need_results``).
+
+    Lenient where the format promises it: unknown keys are ignored and missing ones take their defaults, so
+    records of a newer schema keep loading, and records of an unknown ``type`` are counted, not refused.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ResultsFileError(path, "no such file")
+    if path.is_dir():
+        raise ResultsFileError(path, "is a directory, not a results file")
+    try:
+        scanned = _scan(path)
+    except OSError as exc:
+        raise ResultsFileError(path, f"cannot be read: {exc.strerror or exc}") from None
+    if not scanned.headers and not scanned.results:
+        what = "empty file" if path.stat().st_size == 0 else "holds no records"
+        if scanned.skipped:
+            what += f": {scanned.skipped_summary()}"
+        raise ResultsFileError(path, what + " (not a results file of attnconf run)")
+    if scanned.skipped and not allow_skipped:
+        raise ResultsFileError(path, scanned.skipped_summary())
+    if need_header and not scanned.headers:
+        raise ResultsFileError(path, "no header line (not a results file of attnconf run)")
+    if need_results and not scanned.results:
+        raise ResultsFileError(path, "no result records (only a header: the run recorded nothing)")
+    return scanned
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _scan(path: Path) -> ResultsFile:
+    """Every line of ``path``, parsed; gzip by content (``.jsonl.gz`` or not).  OSError propagates; a
+    file that is not UTF-8 text or not a complete gzip stream is a :class:`ResultsFileError`."""
+    with open(path, "rb") as fh:
+        gzipped = fh.read(2) == _GZIP_MAGIC
     headers: list[Header] = []
     results: list[CheckResult] = []
-    for line in _lines(path):
-        kind = line.get("type")
-        if kind == "header":
-            headers.append(Header.from_json(line))
-        elif kind == "result":
-            results.append(CheckResult.from_json(line))
-    return headers, results
-
-
-def _lines(path: Path) -> Iterator[dict[str, Any]]:
-    # committed reports are gzipped JSONL (reports/ stays small); the runner writes plain JSONL
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for raw in fh:
-            raw = raw.strip()
-            if not raw:
-                continue
-            try:
-                yield json.loads(raw)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill; the runner rewrites it on --resume
+    skipped: list[SkippedLine] = []
+    other = 0
+    try:
+        with (gzip.open if gzipped else open)(path, "rt", encoding="utf-8", newline="") as fh:
+            raws = list(fh)
+    except UnicodeDecodeError as exc:
+        hint = "" if gzipped else "; a gzipped file starts with 1f 8b"
+        raise ResultsFileError(path, f"not UTF-8 text (byte {exc.start}: {exc.reason}{hint})") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise ResultsFileError(path, f"not a complete gzip file ({exc})") from None
+    for n, raw in enumerate(raws, 1):
+        text = raw.strip()
+        if not text:
+            continue
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:
+            cut = n == len(raws) and not raw.endswith("\n")
+            skipped.append(SkippedLine(n, "not JSON" + (" (the last line, cut short)" if cut else "")))
+            continue
+        kind = line.get("type") if isinstance(line, dict) else None
+        if kind is None:
+            skipped.append(SkippedLine(n, "not a record (a JSON object with a 'type' field)"))
+            continue
+        try:
+            if kind == "header":
+                headers.append(Header.from_json(line))
+            elif kind == "result":
+                results.append(CheckResult.from_json(line))
+            else:
+                other += 1
+        except (KeyError, TypeError, ValueError) as exc:
+            skipped.append(SkippedLine(n, f"a {kind} record this version cannot read ({type(exc).__name__}: {exc})"))
+    return ResultsFile(path, tuple(headers), tuple(results), tuple(skipped), other)

@@ -49,6 +49,7 @@ from conformance.fuzz.group import FuzzGroup, fuzz_role, group_failures, label, 
 from conformance.fuzz.shrink import ShrinkResult, failure_kind, shrink
 from conformance.records import CheckResult, Header, Status, append_record, read_records
 from conformance.running.env import refused_features
+from conformance.running.outfile import move_aside
 from conformance.running.runner import RunConfig, UsageError, _check_names, _describe, _record, repair_tail
 from conformance.running.worker import WorkerClient
 
@@ -444,8 +445,7 @@ def run_fuzz(config: FuzzConfig) -> FuzzSummary:
             camp.db = _open_db(config.db)
         config.out.parent.mkdir(parents=True, exist_ok=True)
         if not config.resume and config.out.exists():
-            backup = config.out.with_name(config.out.stem + ".prev" + config.out.suffix)
-            config.out.replace(backup)
+            backup = move_aside(config.out)  # numbered, never overwritten: no run deletes earlier results
             print(f"attnconf fuzz: moved the existing {config.out} to {backup}", file=sys.stderr)
         run_info = {
             "device": config.device,

@@ -39,7 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=Path("fuzz.jsonl"),
-        help="results file (default fuzz.jsonl); without --resume an existing one moves to NAME.prev.jsonl",
+        help="results file (default fuzz.jsonl); without --resume an existing one moves to the first free "
+        "numbered backup NAME.1.jsonl, NAME.2.jsonl, ...",
     )
     f.add_argument(
         "--resume",

@@ -16,8 +16,12 @@ Records are joined by (case id, backend family), so ``fa2`` 2.8.3 in the old fil
 * capability changes (supported <-> unsupported) and cases present in only one file.
 
 A comparison *regressed* when there is a new failure, an error-ratio or performance regression, or
-a lost capability; ``attnconf compare`` then exits 1.  Cases only in the old file do not count
-(a partial rerun is legitimate) but are listed.
+a lost capability; ``attnconf compare`` then exits 1.
+
+:func:`compare_files` first checks that the files may be compared at all
+(:mod:`conformance.reporting.compare_inputs`: readable, one suite, one tolerance, NEW holding every pair of
+OLD) and raises :class:`CompareRefused` otherwise (``attnconf compare`` exits 2).  What a comparison leaves out
+by request (``allow_subset``, ``only_new_families``, ``allow_skipped``) is counted in its summary and JSON.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.records import CheckResult, Header, Status, read_records
+from conformance.records import CheckResult, Header, Status
+from conformance.reporting.compare_inputs import CompareRefused, check_inputs
 
-__all__ = ["Comparison", "Pair", "compare_files", "compare_results", "render_markdown"]
+__all__ = ["CompareRefused", "Comparison", "Pair", "compare_files", "compare_results", "render_markdown"]
 
 Key = tuple[str, str]
 MAX_ROWS = 200  # per section of the Markdown summary; the counts are always complete
@@ -74,6 +79,16 @@ class Comparison:
     margin_auto: bool = True
     ratio_threshold: float = 2.0
     ratio_floor: float = 0.5
+    #: what the comparison left out by request: OLD pairs NEW lacks (allow_subset), OLD families outside
+    #: NEW's backends (only_new_families), lines of each file that were not records (allow_skipped)
+    not_in_new: list[Key] = field(default_factory=list)
+    outside_scope: dict[str, int] = field(default_factory=dict)
+    old_skipped: list[str] = field(default_factory=list)
+    new_skipped: list[str] = field(default_factory=list)
+    old_suite: str = ""
+    new_suite: str = ""
+    tolerance: str = ""
+    notes: list[str] = field(default_factory=list)
 
     @property
     def regressed(self) -> bool:
@@ -169,13 +184,33 @@ def compare_results(
     return cmp
 
 
-def compare_files(old: Path | str, new: Path | str, **kwargs: float | None) -> Comparison:
-    """:func:`compare_results` on two JSONL files, with their sources and package versions."""
-    old_h, old_r = read_records(Path(old))
-    new_h, new_r = read_records(Path(new))
-    cmp = compare_results(old_r, new_r, **kwargs)  # type: ignore[arg-type]
+def compare_files(
+    old: Path | str,
+    new: Path | str,
+    *,
+    allow_skipped: bool = False,
+    allow_subset: bool = False,
+    only_new_families: bool = False,
+    **kwargs: float | None,
+) -> Comparison:
+    """:func:`compare_results` on two results files, with their sources and package versions;
+    :class:`CompareRefused` when they may not be compared (:func:`check_inputs`)."""
+    from conformance.reporting.compare_inputs import suite_of, tolerance_of
+
+    ins = check_inputs(
+        old, new, allow_skipped=allow_skipped, allow_subset=allow_subset, only_new_families=only_new_families
+    )
+    cmp = compare_results(ins.old_results, ins.new_results, **kwargs)  # type: ignore[arg-type]
     cmp.old_source, cmp.new_source = str(old), str(new)
-    cmp.old_versions, cmp.new_versions = _versions(old_h, old_r), _versions(new_h, new_r)
+    old_h, new_h = list(ins.old.headers), list(ins.new.headers)
+    cmp.old_versions, cmp.new_versions = _versions(old_h, ins.old_results), _versions(new_h, ins.new_results)
+    cmp.not_in_new, cmp.outside_scope, cmp.notes = ins.not_in_new, ins.outside_scope, ins.notes
+    for name in cmp.outside_scope:
+        cmp.old_versions.pop(name, None)  # listed on their own line, not as families the new run lost
+    cmp.old_skipped = [str(s) for s in ins.old.skipped]
+    cmp.new_skipped = [str(s) for s in ins.new.skipped]
+    cmp.old_suite, cmp.new_suite = suite_of(old_h[0]), suite_of(new_h[0])
+    cmp.tolerance = tolerance_of(new_h[0])[1]
     return cmp
 
 
@@ -209,6 +244,24 @@ def render_markdown(cmp: Comparison) -> str:
         f"performance margin {margin}."
     )
     out += ["", scope]
+    if cmp.old_suite:
+        out.append(f"Suite `{cmp.old_suite}` in both; tolerance: {cmp.tolerance} in both.")
+    if cmp.not_in_new:
+        out.append(
+            f"Not compared: {len(cmp.not_in_new)} (case, family) pairs of the old file that the new one lacks "
+            "(accepted with --allow-subset)."
+        )
+    if cmp.outside_scope:
+        listed = ", ".join(f"{f} ({n} records)" for f, n in sorted(cmp.outside_scope.items()))
+        out.append(f"Outside the comparison (--only-new-families: families the new run was not asked for): {listed}.")
+    for label, skipped in (("old", cmp.old_skipped), ("new", cmp.new_skipped)):
+        if skipped:
+            first = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+            n = len(skipped)
+            out.append(
+                f"Skipped {n} line{'s' * (n != 1)} of the {label} file (accepted with --allow-skipped): {first}."
+            )
+    out.extend(cmp.notes)
     if cmp.compared_errors:
         out.append(
             f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs have the same "

@@ -7,7 +7,10 @@ kernel), feature x backend matrix, unexpected failures, ledger-known failures, u
 and stale ledger entries, the declared capability matrix, error-ratio histograms, performance.
 
 Several files are merged (shards of one sweep, or runs on several machines); when two records
-share (case id, backend), the one read last wins.
+share (case id, backend), the one read last wins.  Files are read by :func:`conformance.records.load_results`:
+a missing or unreadable file, or one without any record, is a :class:`conformance.records.ResultsFileError`;
+lines that are not records are skipped and kept in :attr:`RunSet.files` (``attnconf report`` counts them on
+stderr and exits 2 when the files hold no result at all).
 """
 
 from __future__ import annotations
@@ -26,10 +29,10 @@ from typing import Any
 from conformance.cases.case import FEATURES, AttentionCase
 from conformance.running.env import refused_features
 from conformance.reporting.engine_table import engine_sections
+from conformance.reporting.model_table import model_sections
 from conformance.reporting.fuzz_table import fuzz_findings
-from conformance.reporting.ledger import Ledger, LedgerEntry, load_ledger
-from conformance.records import CheckResult, Header, Status, read_records
-from conformance.cases.suites import all_case_ids
+from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases, load_ledger
+from conformance.records import CheckResult, Header, ResultsFile, Status, load_results
 
 __all__ = ["RunSet", "build_context", "load_runs", "write_report"]
 
@@ -68,14 +71,19 @@ class RunSet:
     sources: list[str] = field(default_factory=list)
     headers: list[Header] = field(default_factory=list)
     results: list[CheckResult] = field(default_factory=list)
+    #: each file as read, with the lines it skipped
+    files: list[ResultsFile] = field(default_factory=list)
 
 
 def load_runs(paths: Iterable[Path | str]) -> RunSet:
-    """Read results files; a later record of the same (case id, backend) replaces an earlier one."""
+    """Read results files; a later record of the same (case id, backend) replaces an earlier one.
+    :class:`conformance.records.ResultsFileError` for a missing or unreadable file or one without records."""
     runs = RunSet()
     latest: dict[tuple[str, str], CheckResult] = {}
     for path in paths:
-        headers, results = read_records(Path(path))
+        read = load_results(path, allow_skipped=True, need_header=False, need_results=False)
+        runs.files.append(read)
+        headers, results = read.headers, read.results
         runs.sources.append(str(path))
         runs.headers.extend(headers)
         for r in results:
@@ -226,7 +234,7 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
         for f in FEATURES
         if f in cells
     ]
-    verdict = ledger.classify(results, suite_case_ids=all_case_ids)
+    verdict = ledger.classify(results, suite_case_ids=builtin_suite_cases)
     caps = _capabilities(backends, infos)
     cap_backends = [b for b in backends if b in caps]
     capability = [
@@ -295,6 +303,7 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
             {"backend": e.backend, "pattern": e.pattern, "reason": e.reason, "source": e.source} for e in verdict.stale
         ],
         "engines": engine_sections(results, backends),
+        "models": model_sections(results, backends),
         "fuzz": fuzz_findings(runs.sources),
         "cap_backends": cap_backends,
         "capability": capability,
@@ -329,12 +338,18 @@ def _environment(html: bool):
 
 
 def write_report(
-    paths: Sequence[Path | str], out_dir: Path | str, ledger_dir: Path | str | None = None
-) -> tuple[Path, Path]:
-    """Write ``report.md`` (with its PNGs beside it) and ``report.html`` to ``out_dir``."""
+    paths: Sequence[Path | str] | RunSet,
+    out_dir: Path | str,
+    ledger_dir: Path | str | None = None,
+    *,
+    with_context: bool = False,
+):
+    """Write ``report.md`` (with its PNGs beside it) and ``report.html`` to ``out_dir``; returns their paths
+    (and, ``with_context``, the :func:`build_context` data too)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ctx = build_context(load_runs(paths), load_ledger(ledger_dir))
+    runs = paths if isinstance(paths, RunSet) else load_runs(paths)
+    ctx = build_context(runs, load_ledger(ledger_dir))
     for name, png in ctx.pop("_pngs").items():
         if png:
             (out_dir / name).write_bytes(png)
@@ -342,4 +357,4 @@ def write_report(
     html = out_dir / "report.html"
     md.write_text(_environment(False).get_template("report.md.j2").render(**ctx), encoding="utf-8")
     html.write_text(_environment(True).get_template("report.html.j2").render(**ctx), encoding="utf-8")
-    return md, html
+    return (md, html, ctx) if with_context else (md, html)

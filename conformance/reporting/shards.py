@@ -175,11 +175,14 @@ def _selection(h: Header, shard: tuple[int, int]) -> list[str] | None:
     if len(argv) < 2 or argv[1] != "run":
         return None
     from conformance.cli import build_parser
-    from conformance.running.runner import UsageError, select_cases
+    from conformance.running.selection import select_cases, selection_kwargs
+    from conformance.running.usage import UsageError
 
     try:
         args = build_parser().parse_args(argv[1:])
-        cases = select_cases(args.suite, tuple(args.case), args.case_json, shard if shard[1] > 1 else None, args.limit)
+        shard_arg = shard if shard[1] > 1 else None
+        chosen = selection_kwargs(args)
+        cases = select_cases(args.suite, tuple(args.case), args.case_json, shard_arg, args.limit, **chosen)
     except (SystemExit, UsageError, OSError, ValueError, KeyError, TypeError):
         return None  # a flag this version lacks, a suite it does not know, a --case-json file not here
     return [c.id for c in cases]
@@ -354,12 +357,20 @@ def _header(parts: list[ShardPart], n: int, missing_shards: tuple[int, ...], dup
         "sources": sources,
     }
     started = min((p.header.started for p in parts if p.header.started), default=first.started)
+    # the sweep identity of the whole sweep: one shard's, less what only that shard had (its i/n, its case count
+    # and ids); compare reads suite, tolerance and seed from it
+    sweep = dict(first.sweep)
+    if sweep:
+        sweep["selection"] = {**sweep.get("selection", {}), "shard": None}
+        sweep["cases"] = run["cases"]
+        sweep["case_ids_sha256"] = None
     return Header(
         suite=first.suite,
         backends=first.backends,
         env={**first.env, "run": run, "merge": merge},
         argv=argv,
         started=started,
+        sweep=sweep,
     )
 
 

@@ -1,3 +1,5 @@
 """Running sweeps: the crash-isolated worker process (:mod:`.worker`), the resumable runner that
-writes JSONL (:mod:`.runner`), its parallel workers and their GPU placement (:mod:`.pool`) and the
-environment header of a run (:mod:`.env`)."""
+writes JSONL (:mod:`.runner`, its pieces in :mod:`.pairs`), its parallel workers and their GPU placement
+(:mod:`.pool`), the environment header of a run (:mod:`.env`), case selection (:mod:`.selection`), the
+results file's sweep identity, resume checks and backups (:mod:`.outfile`), the end-of-run summary and exit
+status (:mod:`.outcome`) and usage errors (:mod:`.usage`)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,93 @@ def test_help_exits_0() -> None:
     assert main(["--help"]) == 0
 
 
+def test_version(capsys: pytest.CaptureFixture) -> None:
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"attnconf {version('attnconf')}"
+
+
+CASE = {"requests": [[1, 1]], "num_heads": 2, "num_kv_heads": 1, "head_dim": 16}
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--timeout", "0"], "argument --timeout: must be a finite number of seconds > 0, got '0'"),
+        (["--timeout", "-5"], "--timeout: must be"),
+        (["--timeout", "nan"], "--timeout: must be"),
+        (["--timeout", "soon"], "--timeout: must be a number"),
+        (["--limit", "0"], "argument --limit: must be an integer >= 1, got '0'"),
+        (["--limit", "-2"], "--limit: must be an integer >= 1"),
+        (["--seed", "-1"], "argument --seed: must be an integer in [0, 4294967296), got '-1'"),
+        (["--seed", str(2**32)], "--seed: must be an integer in"),
+        (["--jobs", "0"], "--jobs"),
+        (["--shard", "2/2"], "--shard i/n needs 0 <= i < n"),
+        (["--case-json", "@/no/such/cases.json"], "--case-json @/no/such/cases.json: cannot read: No such file"),
+        (["--case-json", "{not json"], "--case-json is not JSON"),
+        (["--case-json", json.dumps({**CASE, "num_heads": None})], "field 'num_heads' must be int"),
+        (["--case-json", json.dumps({"requests": [[1, 1]]})], "missing field 'num_heads', 'num_kv_heads', 'head_dim'"),
+        (["--case-json", json.dumps({**CASE, "num_head": 2})], "unknown field 'num_head'"),
+        (["--case-json", json.dumps([CASE, {**CASE, "head_dim": -1}])], "--case-json item 1: invalid AttentionCase"),
+        (["--case-json", json.dumps({**CASE, "requests": [[1]]})], "field 'requests' must be a list of"),
+        (["--suite", "smoke", "--feature", "paged,pagd"], "unknown feature 'pagd'; features are prefill, decode"),
+        (["--case-json", json.dumps(CASE), "--exclude", "x*"], "filter a suite: give --suite too"),
+        (["--suite", "smoke", "--case", "*paged*"], "no case selected"),
+        (["--suite", "smoke", "--ledger-dir", "/no/such/ledgers"], "--ledger-dir /no/such/ledgers: no such directory"),
+        (["--suite", "smoke", "--out", "FILE/r.jsonl"], "cannot create its directory"),
+        (["--suite", "smoke", "--out", "DIR"], "is a directory"),
+        (["--suite", "smoke", "--json", "FILE/s.json"], "--json FILE/s.json: cannot create its directory"),
+    ],
+)
+def test_run_usage_errors_are_one_line(extra: list[str], says: str, tmp_path: Path, capsys) -> None:
+    (tmp_path / "FILE").write_text("a file, not a directory\n")
+    (tmp_path / "DIR").mkdir()
+    extra = [str(tmp_path / e) if e.startswith(("FILE", "DIR")) else e for e in extra]
+    says = says.replace("FILE", str(tmp_path / "FILE"))
+    if "--out" not in extra:
+        extra += ["--out", str(tmp_path / "r.jsonl")]
+    if "--suite" not in extra and "--case-json" not in extra:
+        extra += ["--suite", "smoke"]
+    if "--ledger-dir" not in extra:  # an empty ledger: these errors do not depend on the packaged one
+        (tmp_path / "ledgers").mkdir()
+        extra += ["--ledger-dir", str(tmp_path / "ledgers")]
+    assert main(["run", "--backend", "sdpa-cpu", "--no-progress", *extra]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_run_read_only_out_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    out = tmp_path / "r.jsonl"
+    out.write_text("precious\n")
+    out.chmod(0o444)
+    if os.geteuid() == 0:  # root may write it anyway: let access() answer as it does for everyone else
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == out else real(p, mode))
+    assert main(["run", "--suite", "smoke", "--backend", "sdpa-cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: not writable" in err and "Traceback" not in err and out.read_text() == "precious\n"
+
+
+def test_cases_by_feature_and_exclusion(capsys: pytest.CaptureFixture) -> None:
+    smoke = get_suite("smoke")
+    assert main(["cases", "--suite", "smoke", "--case", "*paged*", "--json"]) == 2  # ids do not say "paged"
+    assert "select modes with --feature" in capsys.readouterr().err
+    assert main(["cases", "--suite", "smoke", "--feature", "paged,hnd", "--feature", "qv", "--json"]) == 0
+    listed = [c["id"] for c in json.loads(capsys.readouterr().out)]
+    wanted = [c.id for c in smoke if {"paged", "hnd"} <= c.features() or "qv" in c.features()]
+    assert listed == wanted and 0 < len(wanted) < len(smoke)
+    argv = ["cases", "--suite", "smoke", "--feature", "paged", "--exclude-feature", "gqa", "--exclude", "*_fp8*"]
+    assert main([*argv, "--json"]) == 0
+    listed = [c["id"] for c in json.loads(capsys.readouterr().out)]
+    wanted = [c.id for c in smoke if "paged" in c.features() and "gqa" not in c.features() and "_fp8" not in c.id]
+    assert listed == wanted and wanted
+    assert main(["cases", "--suite", "smoke", "--feature", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown feature 'bogus'" in err and "paged" in err
+
+
 def test_python_dash_m_conformance() -> None:
     res = subprocess.run(
         [sys.executable, "-m", "conformance", "cases", "--suite", "smoke", "--case", "*_sink-*"],
@@ -89,9 +177,14 @@ def test_run_without_backend_uses_every_available_backend_of_the_device(tmp_path
     from conformance.cli import main
     from conformance.records import read_records
 
+    from attnfast.registry import runnable_names
+
     out = tmp_path / "auto.jsonl"
     assert main(["run", "--suite", "smoke", "--limit", "1", "--out", str(out), "--no-progress"]) == 0
     headers, results = read_records(out)
-    expected = {"sdpa-cpu", "flex-cpu"} if not torch.cuda.is_available() else None
-    if expected is not None:
+    if not torch.cuda.is_available():
+        # the built-in CPU backends plus whatever entry-point backends this environment has installed
+        # (e.g. examples/attnfast_example_backend, which .ci/run installs)
+        expected = set(runnable_names("cpu"))
+        assert {"sdpa-cpu", "flex-cpu"} <= expected
         assert {r.backend for r in results} == expected and headers[0].env["device"] == "cpu"

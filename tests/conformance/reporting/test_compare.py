@@ -11,7 +11,7 @@ from conformance.cases.case import AttentionCase
 from conformance.verdict.check import check_backend, prepare_context
 from conformance.cli import main
 from conformance.reporting.compare import compare_results, render_markdown
-from conformance.records import CheckResult, ErrorStats, Status, Timing, append_record
+from conformance.records import CheckResult, ErrorStats, Header, Status, Timing, append_record
 from tests.conformance.fakes import ExactBackend, WindowOffByOneBackend
 
 WINDOW_CASES = [
@@ -19,9 +19,19 @@ WINDOW_CASES = [
     AttentionCase(requests=((8, 8),), num_heads=2, num_kv_heads=2, head_dim=8, causal=True, window=(3, None)),
 ]
 
+#: what `attnconf run --case-json` writes (custom cases, default tolerance); compare refuses a file without one
+HEADER = Header(
+    suite="custom",
+    backends={"fake": {"name": "fake", "family": "fake"}},
+    env={"run": {"seed": 0}},
+    sweep={"suite": None, "seed": 0, "tol": []},
+)
+
 
 def test_planted_window_bug_regresses_identical_runs_do_not(tmp_path: Path) -> None:
     old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    for path in (old, new):
+        append_record(path, HEADER)
     for case in WINDOW_CASES:
         ctx = prepare_context(case)
         append_record(old, check_backend(ctx, ExactBackend()))

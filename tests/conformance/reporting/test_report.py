@@ -124,8 +124,9 @@ def ledger_dir(tmp_path: Path) -> Path:
     d.mkdir()
     (d / "kern.toml").write_text(
         '[[failure]]\npattern = "*_win3-0*"\nreason = "KNOWN-WINDOW-BUG"\nevidence = "issue 895"\n'
-        '[[failure]]\npattern = "*_causal-*"\nreason = "was broken once"\n'
-        '[[failure]]\npattern = "*_nothing_*"\nreason = "STALE-ONE"\n'
+        'glob_reason = "a test ledger"\n'
+        '[[failure]]\npattern = "*_causal-*"\nreason = "was broken once"\nglob_reason = "a test ledger"\n'
+        '[[failure]]\npattern = "*_nothing_*"\nreason = "STALE-ONE"\nglob_reason = "a test ledger"\n'
     )
     return d
 

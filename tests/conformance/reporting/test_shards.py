@@ -242,3 +242,29 @@ def test_merge_then_gate_against_a_baseline(shards: list[Path], tmp_path: Path, 
     assert main(["compare", str(baseline), str(merged)]) == 1
     text = capsys.readouterr().out
     assert "REGRESSED" in text and "## New failures (1)" in text and f"| {bad[1].case_id} | pass | fail |" in text
+
+
+def test_merged_header_keeps_the_sweep_identity_less_the_shard(tmp_path: Path) -> None:
+    import dataclasses
+
+    tol = [{"factor": 3.0}]
+    paths = []
+    for i in range(N):
+        h = header(i)
+        sweep = {
+            "schema": 1,
+            "suite": "smoke",
+            "selection": {"case": [], "shard": [i, N], "limit": LIMIT},
+            "cases": h.env["run"]["cases"],
+            "case_ids_sha256": f"sha-{i}",
+            "seed": 0,
+            "device": "cuda",
+            "tol": tol,
+        }
+        paths.append(write(tmp_path / f"t{i}.jsonl", dataclasses.replace(h, sweep=sweep), *results(i)))
+    out = tmp_path / "merged.jsonl"
+    assert main(["merge", *map(str, paths), "--out", str(out)]) == 0
+    (h,), _ = read_records(out)
+    assert h.sweep["suite"] == "smoke" and h.sweep["tol"] == tol and h.sweep["seed"] == 0
+    assert h.sweep["selection"]["shard"] is None and h.sweep["cases"] == N * LIMIT
+    assert h.sweep["case_ids_sha256"] is None  # one shard's ids are not the sweep's

@@ -114,9 +114,34 @@ def test_kill_mid_sweep_then_resume_loses_and_duplicates_nothing(tmp_path: Path)
     assert all(r.status is Status.PASS for r in results)
 
 
+def test_ctrl_c_mid_sweep_exits_130_and_says_how_to_resume(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    args = ["run", "--case-json", case_file(tmp_path, tiny_cases(8)), "--backend", f"{HERE}:SlowExactBackend"]
+    args += ["--out", str(out), "--no-progress", "--jobs", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conformance", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out.exists() and out.read_text().count('"type": "result"') >= 2):
+        time.sleep(0.02)
+    assert proc.poll() is None, "the sweep finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends the parent (the workers have their own session)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted (Ctrl-C)" in err
+    assert f"resume with: attnconf {' '.join(args)} --resume" in err
+    _, kept = read_records(out)
+    assert 2 <= len(kept) < 8 and out.read_text().endswith("\n")
+    assert all(r.status is Status.PASS for r in kept)
+
+
 def test_crash_timeout_and_error_are_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
-    out.write_text("an earlier sweep\n")  # a fresh run keeps it as r.prev.jsonl
+    out.write_text("an earlier sweep\n")  # a fresh run keeps it as r.1.jsonl
     t0 = time.monotonic()
     res = attnconf(
         "run",
@@ -155,7 +180,12 @@ def test_crash_timeout_and_error_are_recorded_and_the_sweep_goes_on(tmp_path: Pa
     assert "planted failure" in error.reason
     assert exact.extra["tolerance"]["factor"] == 3 and exact.repro.endswith("--tol factor=3")  # override applied
     assert "crash 1" in res.stderr and "worker starts: 3" in res.stderr
-    assert (tmp_path / "r.prev.jsonl").read_text() == "an earlier sweep\n"
+    # the end of the run names each unexpected problem with its repro (no ledger entry covers these fakes)
+    assert "UNEXPECTED: 3 problem(s)" in res.stderr and "exit 1: 3 unexpected problem(s)" in res.stderr
+    for status, backend in [("crash", "fake-crashing"), ("timeout", "fake-hanging"), ("error", "fake-raising")]:
+        assert f"{status:<7} {backend}  {results[0].case_id}" in res.stderr
+    assert "repro: attnconf run --backend tests.conformance.fakes:HangingBackend" in res.stderr
+    assert (tmp_path / "r.1.jsonl").read_text() == "an earlier sweep\n"
     assert time.monotonic() - t0 < 60
 
 

@@ -1,0 +1,105 @@
+"""The machine-readable summary of ``attnconf compare --json`` (:func:`to_json`), and of its refusals.
+
+Keys (schema 1): ``exit_status`` (0 no regression, 1 regressed, 2 refused), ``verdict`` (``no regression``,
+``regressed``, ``refused``), ``refusal`` (``{"file", "reason"}`` or null); for a comparison also ``old`` and
+``new`` (path, suite, family versions, skipped lines), ``tolerance``, ``compared`` ((case, family) pairs in
+both), ``not_compared`` (pairs NEW lacks, pairs in one file only, families in one file only, families outside
+``--only-new-families``), ``counts`` per category, ``regressions`` (new failures, error-ratio, performance,
+capabilities lost: one object per pair with case id, family, statuses, error ratios, reason, repro),
+``fixed``, ``changed_failures``, ``perf_improvements``, ``capability_gained``, ``numerics``, ``rules``.
+Every list is complete (the Markdown summary caps its tables).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conformance.reporting.compare import Comparison, Pair
+
+__all__ = ["SCHEMA", "refusal_json", "to_json"]
+
+SCHEMA = 1
+
+
+def _pair_json(p: Pair) -> dict[str, object]:
+    return {
+        "case_id": p.key[0],
+        "family": p.key[1],
+        "old_status": p.old.status.value,
+        "new_status": p.new.status.value,
+        "old_ratio": p.old.stats.error_ratio if p.old.stats is not None else None,
+        "new_ratio": p.new.stats.error_ratio if p.new.stats is not None else None,
+        "reason": " ".join(p.new.reason.split())[:300],
+        "repro": p.new.repro,
+    }
+
+
+def _perf_json(p: Pair, slowdown: float) -> dict[str, object]:
+    to, tn = p.old.timing, p.new.timing
+    assert to is not None and tn is not None
+    return {**_pair_json(p), "old_median_ms": to.median_ms, "new_median_ms": tn.median_ms, "slowdown": slowdown}
+
+
+def refusal_json(path: str, reason: str) -> dict[str, object]:
+    """The summary of a comparison refused before it began (exit 2)."""
+    return {"schema": SCHEMA, "exit_status": 2, "verdict": "refused", "refusal": {"file": path, "reason": reason}}
+
+
+def to_json(cmp: Comparison) -> dict[str, object]:
+    """The summary of a comparison (module docstring)."""
+    categories = {
+        "new_failures": [_pair_json(p) for p in cmp.new_failures],
+        "ratio_regressions": [_pair_json(p) for p in cmp.ratio_regressions],
+        "perf_regressions": [_perf_json(p, x) for p, x in cmp.perf_regressions],
+        "capability_lost": [_pair_json(p) for p in cmp.capability_lost],
+        "fixed": [_pair_json(p) for p in cmp.fixed],
+        "changed_failures": [_pair_json(p) for p in cmp.changed_failures],
+        "perf_improvements": [_perf_json(p, x) for p, x in cmp.perf_improvements],
+        "capability_gained": [_pair_json(p) for p in cmp.capability_gained],
+    }
+    return {
+        "schema": SCHEMA,
+        "exit_status": 1 if cmp.regressed else 0,
+        "verdict": "regressed" if cmp.regressed else "no regression",
+        "refusal": None,
+        "old": {
+            "path": cmp.old_source,
+            "suite": cmp.old_suite,
+            "versions": cmp.old_versions,
+            "skipped_lines": cmp.old_skipped,
+        },
+        "new": {
+            "path": cmp.new_source,
+            "suite": cmp.new_suite,
+            "versions": cmp.new_versions,
+            "skipped_lines": cmp.new_skipped,
+        },
+        "tolerance": cmp.tolerance,
+        "compared": cmp.common,
+        "not_compared": {
+            "not_in_new": len(cmp.not_in_new),
+            "only_in_old": [list(k) for k in cmp.only_old],
+            "only_in_new": [list(k) for k in cmp.only_new],
+            "families_only_old": cmp.families_only_old,
+            "families_only_new": cmp.families_only_new,
+            "outside_scope": cmp.outside_scope,
+        },
+        "counts": {name: len(items) for name, items in categories.items()},
+        "regressions": {
+            k: categories[k] for k in ("new_failures", "ratio_regressions", "perf_regressions", "capability_lost")
+        },
+        "fixed": categories["fixed"],
+        "changed_failures": categories["changed_failures"],
+        "perf_improvements": categories["perf_improvements"],
+        "capability_gained": categories["capability_gained"],
+        "numerics": {"compared": cmp.compared_errors, "identical": cmp.identical_errors},
+        "rules": {
+            "ratio_threshold": cmp.ratio_threshold,
+            "ratio_floor": cmp.ratio_floor,
+            "perf_margin": cmp.margin,
+            "perf_margin_auto": cmp.margin_auto,
+        },
+        "duplicates": cmp.duplicates,
+        "notes": cmp.notes,
+    }

@@ -1,0 +1,235 @@
+"""What a sweep came to: counts and timings (:class:`RunSummary`), the problems sorted against the ledger, the
+end-of-run listing a CI log can act on, the ``--json`` summary, and the exit status.
+
+**Exit status** of ``attnconf run`` (:attr:`RunSummary.exit_code`): 0 when every problem (fail, error, crash,
+timeout) of the selected (case, backend) pairs is explained by a known-failure ledger entry
+(:mod:`conformance.reporting.ledger`); 1 when some problem is unexpected; with ``strict`` (``--strict``) also
+1 on any known problem and on any unexpected pass (a steady ledger entry whose case passed: the bug may be
+fixed); 130 when interrupted (Ctrl-C).  Pairs recorded by an earlier run of a resumed file count too, so the
+status describes the whole sweep.  Without a ledger (``finish`` not called) every problem counts.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.records import CheckResult, Status
+
+__all__ = ["LIST_MAX", "RunSummary", "resume_command", "short_reason"]
+
+#: Unexpected problems (and unexpected passes) listed at the end of a run; the ``--json`` summary has all.
+LIST_MAX = 50
+SUMMARY_SCHEMA = 1
+
+
+def short_reason(reason: str, limit: int = 300) -> str:
+    """The first line of a reason, at most ``limit`` characters."""
+    line = (reason or "").strip().splitlines()[0] if (reason or "").strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def resume_command(argv: list[str] | tuple[str, ...]) -> str:
+    """The command line that resumes the run ``argv`` (``attnconf run ...``): the same, plus ``--resume``."""
+    argv = list(argv) or ["attnconf", "run"]
+    return shlex.join(argv if "--resume" in argv else [*argv, "--resume"])
+
+
+def _entry_json(entry: Any) -> dict[str, Any]:
+    return {
+        "backend": getattr(entry, "backend", ""),
+        "source": getattr(entry, "source", ""),
+        "reason": getattr(entry, "reason", ""),
+    }
+
+
+def _problem_json(r: CheckResult) -> dict[str, Any]:
+    return {
+        "case_id": r.case_id,
+        "backend": r.backend,
+        "status": r.status.value,
+        "reason": short_reason(r.reason),
+        "repro": r.repro,
+    }
+
+
+@dataclass
+class RunSummary:
+    """Counts of one sweep; ``exit_code`` is the run command's exit status."""
+
+    out: Path
+    counts: Counter = field(default_factory=Counter)
+    written: int = 0
+    skipped: int = 0
+    problems: int = 0
+    worker_starts: int = 0
+    harness_s: list[float] = field(default_factory=list)
+    kernel_s: list[float] = field(default_factory=list)
+    roundtrip_s: list[float] = field(default_factory=list)
+    #: per worker reply: the parent's round trip minus the worker's own time (IPC, JSON, thread hand-offs)
+    overhead_s: list[float] = field(default_factory=list)
+    #: per worker reply: how long the worker waited for that request after its previous reply
+    idle_s: list[float] = field(default_factory=list)
+    #: per check reply: the worker's phases (``context_s`` only from the first backend of a case)
+    phases_s: dict[str, list[float]] = field(default_factory=dict)
+    #: the parent's time writing, fsync'ing and counting records (per batch of records that arrived together)
+    parent_s: float = 0.0
+    workers: int = 0
+    wall_s: float = 0.0
+    #: pairs whose CUDA OOM under a shared GPU was deferred and run again alone
+    oom_retries: int = 0
+    #: the final record of every selected pair there is one of (a resumed file's earlier ones included)
+    results: list[CheckResult] = field(default_factory=list)
+    #: Ctrl-C ended the run: the records that arrived are in the file, the pairs in flight are not
+    interrupted: bool = False
+    #: set by :meth:`finish`: problems no ledger entry explains, (problem, entry) explained, (pass, entry)
+    unexpected: list[CheckResult] | None = None
+    known: list[tuple[CheckResult, Any]] = field(default_factory=list)
+    unexpected_passes: list[tuple[CheckResult, Any]] = field(default_factory=list)
+    #: passes of a case an entry matches at a version past the entry's range (the defect is fixed there)
+    fixed: list[tuple[CheckResult, Any]] = field(default_factory=list)
+    strict: bool = False
+
+    def finish(self, ledger: Any, strict: bool = False) -> None:
+        """Sort the problems against ``ledger`` (a :class:`conformance.reporting.ledger.Ledger`)."""
+        verdict = ledger.classify(self.results)
+        self.unexpected = list(verdict.unexpected)
+        self.known = list(verdict.known)
+        self.unexpected_passes = list(verdict.unexpected_passes)
+        self.fixed = list(getattr(verdict, "fixed", ()))
+        self.strict = strict
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        if self.unexpected is None:
+            return 1 if self.problems else 0
+        if self.unexpected or (self.strict and (self.known or self.unexpected_passes)):
+            return 1
+        return 0
+
+    def unexpected_problems(self) -> list[CheckResult]:
+        """The problems no ledger entry explains (every problem before :meth:`finish`)."""
+        if self.unexpected is not None:
+            return self.unexpected
+        return [r for r in self.results if r.status.is_problem]
+
+    def known_by_entry(self) -> list[tuple[Any, list[CheckResult]]]:
+        """The known problems grouped by the ledger entry that explains them, most first."""
+        groups: dict[int, tuple[Any, list[CheckResult]]] = {}
+        for result, entry in self.known:
+            groups.setdefault(id(entry), (entry, []))[1].append(result)
+        return sorted(groups.values(), key=lambda g: (-len(g[1]), getattr(g[0], "backend", "")))
+
+    def text(self) -> str:
+        def med(xs: list[float]) -> str:
+            return f"{statistics.median(xs) * 1e3:.2f} ms" if xs else "n/a"
+
+        counts = ", ".join(f"{s.value} {self.counts.get(s.value, 0)}" for s in Status)
+        parent = f"{self.parent_s / self.written * 1e3:.2f} ms" if self.written else "n/a"
+        phases = ", ".join(f"{k.removesuffix('_s')} {med(v)}" for k, v in self.phases_s.items())
+        return (
+            f"{self.written} records written to {self.out} ({self.skipped} already there) in {self.wall_s:.1f} s "
+            f"by {self.workers} worker(s): {counts}\n"
+            f"median per record: harness {med(self.harness_s)}, kernel {med(self.kernel_s)}, "
+            f"parent round trip {med(self.roundtrip_s)}, overhead (round trip - worker time) "
+            f"{med(self.overhead_s)}, worker idle before a request {med(self.idle_s)}; "
+            f"parent bookkeeping {parent} per record; worker starts: {self.worker_starts}"
+            + (f"; CUDA OOM retried alone: {self.oom_retries}" if self.oom_retries else "")
+            + "\n"
+            f"median worker phases: {phases or 'n/a'} (context: inputs + reference + baseline of a new case)"
+        )
+
+    def listing(self) -> str:
+        """The end of a run: every unexpected problem (status, backend, case, one-line reason, repro), the known
+        ones counted per ledger entry, unexpected passes, and what the exit status is and why."""
+        lines: list[str] = []
+        unexpected = self.unexpected_problems()
+        if unexpected:
+            lines.append(f"UNEXPECTED: {len(unexpected)} problem(s) no ledger entry explains:")
+            for r in unexpected[:LIST_MAX]:
+                lines.append(f"  {r.status.value:<7} {r.backend}  {r.case_id}  {short_reason(r.reason, 200)}")
+                if r.repro:
+                    lines.append(f"          repro: {r.repro}")
+            if len(unexpected) > LIST_MAX:
+                lines.append(f"  ... and {len(unexpected) - LIST_MAX} more (all of them in the --json summary)")
+        groups = self.known_by_entry()
+        if groups:
+            lines.append(f"known: {len(self.known)} problem(s) explained by {len(groups)} ledger entr(ies):")
+            for entry, results in groups:
+                statuses = Counter(r.status.value for r in results)
+                shown = ", ".join(f"{s} {n}" for s, n in sorted(statuses.items()))
+                lines.append(
+                    f"  {len(results):>5}  {getattr(entry, 'backend', '')}  {getattr(entry, 'source', '')} ({shown}): "
+                    f"{short_reason(getattr(entry, 'reason', ''), 160)}"
+                )
+        if self.unexpected_passes:
+            lines.append(
+                f"unexpected passes: {len(self.unexpected_passes)} case(s) a steady ledger entry expects to fail "
+                "passed (fixed? the entry may be stale):"
+            )
+            for r, entry in self.unexpected_passes[:LIST_MAX]:
+                lines.append(f"  {r.backend}  {r.case_id}  ({getattr(entry, 'source', '')})")
+        if self.fixed:
+            lines.append(
+                f"fixed: {len(self.fixed)} pass(es) of cases a ledger entry describes, at versions past its range"
+            )
+        lines.append(self.verdict_line())
+        return "\n".join(lines)
+
+    def verdict_line(self) -> str:
+        code = self.exit_code
+        if self.interrupted:
+            return f"exit {code}: interrupted"
+        if self.unexpected is None:
+            return f"exit {code}: {self.problems} problem(s)" if self.problems else f"exit {code}: no problem"
+        n_unexp = len(self.unexpected)
+        known = f"{len(self.known)} known" + (
+            f", {len(self.unexpected_passes)} unexpected pass(es)" if self.unexpected_passes else ""
+        )
+        if n_unexp:
+            return f"exit {code}: {n_unexp} unexpected problem(s) ({known})"
+        if code:
+            return f"exit {code}: no unexpected problem, but --strict fails on {known}"
+        tail = "; --strict would fail on them" if self.known or self.unexpected_passes else ""
+        return f"exit {code}: no unexpected problem ({known}{tail})"
+
+    def to_json(self, argv: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+        """The ``--json`` summary (schema in the README, section "Running")."""
+        unexpected = self.unexpected_problems()
+        return {
+            "schema": SUMMARY_SCHEMA,
+            "command": "run",
+            "argv": list(argv),
+            "out": str(self.out),
+            "exit_status": self.exit_code,
+            "strict": self.strict,
+            "interrupted": self.interrupted,
+            "resume_command": resume_command(argv) if self.interrupted else None,
+            "wall_s": round(self.wall_s, 3),
+            "pairs": len(self.results),
+            "written": self.written,
+            "already_recorded": self.skipped,
+            "counts": {s.value: self.counts_all().get(s.value, 0) for s in Status},
+            "unexpected": [_problem_json(r) for r in unexpected],
+            "known": [
+                {**_entry_json(entry), "count": len(results), "cases": [[r.case_id, r.status.value] for r in results]}
+                for entry, results in self.known_by_entry()
+            ],
+            "unexpected_passes": [
+                {"case_id": r.case_id, "backend": r.backend, "entry": _entry_json(e)} for r, e in self.unexpected_passes
+            ],
+        }
+
+    def counts_all(self) -> Counter:
+        """Statuses of every selected pair with a record (this run's and a resumed file's earlier ones)."""
+        return Counter(r.status.value for r in self.results)
+
+    def write_json(self, path: Path, argv: list[str] | tuple[str, ...] = ()) -> None:
+        path.write_text(json.dumps(self.to_json(argv), indent=1, allow_nan=True) + "\n", encoding="utf-8")

@@ -1,0 +1,306 @@
+"""The pieces of a sweep: what it was asked (:class:`RunConfig`), the backends' description, one worker request
+per (case, backend) pair, the record of each reply, the results file writer, the progress bar and the bookkeeping
+of a record (:mod:`conformance.running.runner` drives them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections import Counter
+from collections.abc import Hashable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any
+
+from conformance.cases.case import AttentionCase
+from conformance.records import CheckResult, Status
+from conformance.running.outcome import RunSummary
+from conformance.running.pool import Placement, PlacementError, parse_gpus, plan_workers
+from conformance.running.usage import UsageError
+from conformance.running.worker import Reply, WorkerClient
+
+__all__ = ["RunConfig", "is_cuda_oom"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything ``attnconf run`` was asked to do."""
+
+    backends: tuple[str, ...]
+    suite: str | None = None
+    device: str = "cpu"
+    out: Path = Path("results.jsonl")
+    resume: bool = False
+    shard: tuple[int, int] | None = None
+    timeout: float = 300.0
+    seed: int = 0
+    case_patterns: tuple[str, ...] = ()
+    case_json: str | None = None
+    time: bool = False
+    tol: tuple[str, ...] = ()
+    tol_file: str | None = None
+    limit: int | None = None
+    progress: bool = True
+    argv: tuple[str, ...] = ()
+    #: workers at once (None: what the machine sustains, :func:`conformance.running.pool.default_jobs`)
+    jobs: int | None = 1
+    #: ``--gpus`` text (``all`` or ``0,1,...``); None: every visible GPU for ``--device cuda``, else none
+    gpus: str | None = None
+    #: ``--exclude`` globs, ``--feature`` / ``--exclude-feature`` groups (``"paged,window"``)
+    exclude: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+    exclude_features: tuple[str, ...] = ()
+    #: ``--model`` names (registry models, :mod:`conformance.models`)
+    models: tuple[str, ...] = ()
+    #: ``--strict``: known failures and unexpected passes fail the run too
+    strict: bool = False
+    #: ``--ledger-dir``: known-failure ledgers (None: conformance/ledgers)
+    ledger_dir: Path | None = None
+    #: ``--json``: the machine-readable summary goes here
+    summary_json: Path | None = None
+
+
+def _check_names(specs: tuple[str, ...]) -> None:
+    """Unknown registry names fail here, before a worker starts (``module:Class`` is checked there)."""
+    from attnfast.registry import available_names
+
+    known = available_names()
+    unknown = [s for s in specs if ":" not in s and s not in known]
+    if unknown:
+        raise UsageError(
+            f"unknown backend {', '.join(map(repr, unknown))}; --backend must be one of {known} or module:Class"
+        )
+
+
+def _describe(client: WorkerClient, config: RunConfig) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
+    reply = client.request(
+        {"op": "describe", "backends": list(config.backends), "device": config.device},
+        timeout=max(120.0, config.timeout),
+    )
+    if reply.kind != "ok" or not reply.data.get("ok"):
+        raise UsageError(f"the worker could not describe the backends: {reply.reason or reply.data.get('error')}")
+    errors = reply.data.get("errors", {})
+    if errors:
+        raise UsageError("; ".join(f"{spec}: {msg}" for spec, msg in errors.items()))
+    infos = reply.data["backends"]
+    names = [infos[s]["name"] for s in config.backends]
+    if len(set(names)) != len(names):
+        raise UsageError(f"two --backend values name the same backend: {names}")
+    return reply.data["env"], infos, list(reply.data.get("jit", []))
+
+
+def _compile_keys(
+    client: WorkerClient, config: RunConfig, units: list[list[_Pair]], jit: list[str]
+) -> dict[str, tuple[Hashable, ...]]:
+    """Each case's compile keys, ``(spec, key)`` for its pairs of JIT backends (the worker computes them:
+    the parent imports no adapter).  Empty when no backend JIT-compiles or the worker could not tell."""
+    if not jit or not units:
+        return {}
+    reply = client.request(
+        {"op": "keys", "backends": jit, "cases": [u[0].request["case"] for u in units], "device": config.device},
+        timeout=max(120.0, config.timeout),
+    )
+    if reply.kind != "ok" or not reply.data.get("ok"):
+        return {}  # a scheduling hint only: the sweep runs without it
+    keys: dict[str, tuple[Hashable, ...]] = {}
+    for unit, row in zip(units, reply.data["keys"]):
+        specs = {p.spec for p in unit}
+        keys[unit[0].case.id] = tuple((s, k) for s, k in zip(jit, row) if k is not None and s in specs)
+    return keys
+
+
+def _record(reply: Reply, case: AttentionCase, spec: str, info: dict[str, str], config: RunConfig) -> CheckResult:
+    """The record of one request: the worker's verdict, or one the parent writes for it."""
+    from conformance.verdict.check import repro_command
+
+    # Rebuilt here rather than taken from the worker's record: a `module:Class` backend is only
+    # reachable by its import path, and tolerance overrides change the verdict, so both belong in it.
+    repro = repro_command(case, spec, config.device, config.seed)
+    repro += "".join(f" --tol {shlex.quote(t)}" for t in config.tol)
+    repro += f" --tol-file {shlex.quote(config.tol_file)}" if config.tol_file else ""
+    if reply.kind == "ok" and reply.data.get("ok"):
+        result = CheckResult.from_json(reply.data["result"])
+        timing = {"roundtrip_s": reply.wall_s}
+        if "worker_s" in reply.data:
+            timing["worker_s"] = reply.data["worker_s"]
+        return replace(result, extra={**result.extra, **timing}, repro=repro)
+    if reply.kind == "ok":
+        status, reason = (
+            Status.ERROR,
+            "harness error (inputs or reference), not the kernel: " + str(reply.data.get("error")),
+        )
+        if reply.data.get("traceback"):
+            reason += "\n" + reply.data["traceback"]
+    else:
+        status, reason = (Status.CRASH if reply.kind == "crash" else Status.TIMEOUT), reply.reason
+    return CheckResult(
+        case_id=case.id,
+        backend=info["name"],
+        family=info.get("family", ""),
+        status=status,
+        case=case.to_json(),
+        reason=reason,
+        version=info.get("version", ""),
+        device=config.device,
+        seed=config.seed,
+        repro=repro,
+        elapsed_s=reply.wall_s,
+    )
+
+
+def _progress(config: RunConfig, total: int):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[counts]}"),
+        console=console,
+        disable=not config.progress or total == 0,
+    )
+
+
+_COLORS = {
+    "pass": "green",
+    "fail": "red",
+    "unsupported": "yellow",
+    "error": "magenta",
+    "crash": "bold red",
+    "timeout": "bold magenta",
+}
+
+
+#: Statuses whose record timed a kernel call (the harness/kernel medians are taken over these).
+_RAN = (Status.PASS, Status.FAIL, Status.ERROR)
+
+#: How a CUDA out-of-memory error reads: torch's OutOfMemoryError (``torch.cuda.OutOfMemoryError``), its
+#: older RuntimeError text, the runtime's and driver's error names, cuBLAS/cuDNN allocation failures, and
+#: cuDNN's SDPA graph failing to execute (``mha_graph.execute(...).is_good()``: on the H100 once in three
+#: ``default`` runs with 12 workers on the GPU, for a case that passed alone and in the other two runs).
+_CUDA_OOM = re.compile(
+    r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|cudaErrorMemoryAllocation"
+    r"|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
+    r"|mha_graph\.execute\(.*\)\.is_good\(\)",
+    re.IGNORECASE,
+)
+
+
+def is_cuda_oom(record: CheckResult) -> bool:
+    """Whether ``record`` is an ``error`` whose reason is a CUDA out-of-memory error (kernel or harness)."""
+    return record.status is Status.ERROR and bool(_CUDA_OOM.search(record.reason or ""))
+
+
+def _counts_text(counts: Counter) -> str:
+    return " ".join(f"[{_COLORS[s.value]}]{s.value} {counts.get(s.value, 0)}[/]" for s in Status)
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """One (case, backend) to run, with the worker request that runs it."""
+
+    case: AttentionCase
+    spec: str
+    request: dict[str, Any]
+
+
+def _units(config: RunConfig, cases: list[AttentionCase], todo: set[tuple[str, str]]) -> list[list[_Pair]]:
+    """The pairs still to run, grouped by case (cases outer, backends inner)."""
+    units = []
+    for case in cases:
+        case_json = case.to_json()
+        units.append(
+            [
+                _Pair(
+                    case,
+                    spec,
+                    {
+                        "op": "check",
+                        "case": case_json,
+                        "backend": spec,
+                        "seed": config.seed,
+                        "device": config.device,
+                        "tol": list(config.tol),
+                        "tol_file": config.tol_file,
+                        "time": config.time,
+                    },
+                )
+                for spec in config.backends
+                if (case.id, spec) in todo
+            ]
+        )
+    return [u for u in units if u]
+
+
+def _retry_units(deferred: list[_Pair]) -> list[list[_Pair]]:
+    """The deferred pairs grouped by case, in the order they were deferred (one reference per case)."""
+    by_case: dict[str, list[_Pair]] = {}
+    for pair in deferred:
+        by_case.setdefault(pair.case.id, []).append(pair)
+    return list(by_case.values())
+
+
+def _placements(config: RunConfig) -> list[Placement]:
+    try:
+        gpus = parse_gpus(config.gpus) if config.gpus is not None else None
+        return plan_workers(config.device, config.jobs, gpus, gpus_given=config.gpus is not None, timed=config.time)
+    except PlacementError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _timing_warning(config: RunConfig, placements: list[Placement]) -> str | None:
+    """A warning when ``--time`` runs more workers than devices: timed kernels would share a device."""
+    devices = max(1, len({p.gpu for p in placements}))
+    if not config.time or len(placements) <= devices:
+        return None
+    return (
+        f"--time with {len(placements)} workers on {devices} device(s): timed kernels share a device with "
+        "other workers' work (--jobs auto gives one worker per device with --time)"
+    )
+
+
+class _Writer:
+    """The results file, open for the whole run: lines appended as records arrive, fsync'ed per batch."""
+
+    def __init__(self, fh: IO[str]) -> None:
+        self.fh = fh
+
+    def write(self, record: CheckResult) -> None:
+        # The line format of conformance.records.append_record, without its open and fsync per record.
+        self.fh.write(json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n")
+
+    def sync(self) -> None:
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+
+def _account(summary: RunSummary, record: CheckResult, reply: Reply) -> None:
+    summary.written += 1
+    summary.results.append(record)
+    summary.counts[record.status.value] += 1
+    summary.problems += record.status.is_problem
+    if reply.kind != "ok":
+        return
+    if "worker_s" in reply.data:
+        summary.overhead_s.append(reply.wall_s - reply.data["worker_s"])
+    if "idle_s" in reply.data:
+        summary.idle_s.append(reply.data["idle_s"])
+    for name, seconds in reply.data.get("phases", {}).items():
+        summary.phases_s.setdefault(name, []).append(seconds)
+    if reply.data.get("ok") and record.status in _RAN:
+        summary.harness_s.append(record.harness_s)
+        summary.kernel_s.append(record.kernel_s)
+        summary.roundtrip_s.append(reply.wall_s)
+
+
+def _close_all(clients: list[WorkerClient]) -> None:
+    for client in clients:
+        client.close_input()  # all of them first, so they exit together
+    for client in clients:
+        client.close()
