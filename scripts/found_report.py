@@ -44,7 +44,7 @@ def main() -> None:
             cells.append(f"{backend}: {status.get((f.case.id, backend), 'not run')}")
         entries = []
         for backend in f.backends:
-            entry = next((e for e in ledger.for_backend(backend) if e.matches_id(f.case.id)), None)
+            entry = next((e for e in ledger.for_backend(backend) if e.matches_case(f.case)), None)
             if entry is not None:
                 entries.append(f"`{entry.source}`: {entry.reason}")
         fix = "; ".join(entries) if entries else "adapter fix (see the finding)"

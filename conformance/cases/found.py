@@ -173,6 +173,28 @@ FOUND += (
 )
 
 
+FOUND += (
+    Found(
+        # Not the shrinker's end (it went on to d160, then d80: the other two loader entries), but its third step,
+        # still failing at d208: request (257, 65) of the original, page 1, one head (the path of the minimal record).
+        _c(
+            "fa4pg208",
+            [(257, 65)],
+            head_dim=208,
+            head_dim_v=152,
+            dtype="fp16",
+            kv_layout="NHD",
+            block_size=1,
+            v_padded=True,
+        ),
+        ("fa4",),
+        "FA4's non-TMA paged loader with d208 (key tile 80) through a padded-V call: wrong output (error ratio 100.6 "
+        "on the original; d256, the same tile, is right)",
+        _CAMPAIGN12.format("fa4"),
+    ),
+)
+
+
 def found_cases() -> tuple[AttentionCase, ...]:
     """The cases of :data:`FOUND`, in order."""
     return tuple(f.case for f in FOUND)

@@ -27,7 +27,7 @@ __all__ = ["ENGINES_FILE", "PAGE_SIZE_KEYS", "builtin_registry", "load_registry"
 
 ENGINES_FILE = "engines.toml"
 #: The page sizes the ``models`` suite uses (``data/engines.toml`` [page_sizes]).
-PAGE_SIZE_KEYS = ("vllm_fa", "flashmla", "sglang")
+PAGE_SIZE_KEYS = ("vllm_fa", "flashmla", "sglang", "fa2_kvcache")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 _MODEL_FIELDS = {f.name for f in fields(ModelConfig)} - {"source_file"}
 _MLA_FIELDS = {f.name for f in fields(MLA)}

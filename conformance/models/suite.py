@@ -4,16 +4,16 @@ Per model, per layer kind (global / sliding / chunked; MLA models: ``mla-prefill
 absorbed) and per tensor-parallel size in :attr:`~conformance.models.registry.ModelConfig.suite_tps` (TP 1 and
 the TP the model is commonly served at; one rank's heads), the batches an engine step holds:
 
-* ``dec``: decode-heavy, seven decodes with contexts from 17 to 32k keys (48k keys in all)
-* ``pf``: prefill (4096, 1000 and 37 tokens)
+* ``dec``: decode-heavy, seven decodes with contexts from 17 to 32k keys (48k keys in all), on each engine's pages
+* ``pf``: prefill (4096, 1000 and 37 tokens), paged (vLLM) and over contiguous K/V (no block table)
 * ``cpmix``: chunked prefill mixed with decodes (a 2048-token chunk over 8k done keys, a 512-token prefill and
   three decodes); MLA prefill runs the prefill part alone (``chunk``)
 * ``spec``: speculative decode, 4 query tokens (3 drafts + 1) per request
 
-over the engines' paged caches (``data/engines.toml``: vLLM FA block 16, SGLang page 1, FlashMLA block 64; the
-MLA prefill is contiguous, as engines up-project the latent cache first) in bf16, and with an fp8 e4m3 cache
-(q quantized too, as vLLM's FA3 path does) where the model's ``kv_cache_dtypes`` offer it.  Seven cases per
-(model, layer kind, TP).
+over the engines' paged caches (``data/engines.toml``: vLLM FA block 16, SGLang page 1, FlashMLA block 64, FA2's
+``flash_attn_with_kvcache`` 256; the MLA prefill is contiguous, as engines up-project the latent cache first) in
+bf16, and with an fp8 e4m3 cache (q quantized too, as vLLM's FA3 path does) where the model's ``kv_cache_dtypes``
+offer it.  Nine cases per (model, layer kind, TP).
 
 A case records its model in ``batch_name``: ``<model>@<layer kind>.tp<k>.<batch>`` (the case id shows it, the
 content hash ignores it, so the shapes of a model's cases are the same cases as any suite's, only named).
@@ -146,13 +146,22 @@ def _layer_cases(model: ModelConfig, layer: str, tp: int, lengths: str, pages: d
     runs = [
         ("dec", vllm, "none"),
         ("dec", sglang, "none"),
+        # flash_attn_with_kvcache's paged decode (FA2 takes pages divisible by 256 only)
+        ("dec", pages["fa2_kvcache"], "none"),
         ("pf", vllm, "none"),
+        # a varlen prefill over contiguous K/V (prefill-only and training-style callers; no block table)
+        ("pf", None, "none"),
         ("cpmix", vllm, "none"),
         ("spec", vllm, "none"),
     ]
     if "fp8_e4m3" in model.kv_cache_dtypes:
         runs += [("dec", vllm, "fp8_e4m3"), ("cpmix", vllm, "fp8_e4m3")]
-    return [_case(model, layer, tp, b, lengths, block_size=bs, quant=q, **base) for b, bs, q in runs]
+    return [
+        _case(
+            model, layer, tp, b, lengths, **{**base, "kv_layout": "NHD" if bs else "contiguous"}, block_size=bs, quant=q
+        )
+        for b, bs, q in runs
+    ]
 
 
 def _mla_cases(model: ModelConfig, tp: int, lengths: str, pages: dict[str, int]) -> list[AttentionCase]:

@@ -1,22 +1,34 @@
-"""Known failures: one TOML ledger per backend, each entry with its evidence.
+"""Known failures: one TOML ledger per backend, each entry a predicate of its cause with its evidence.
 
 ``conformance/ledgers/<backend>.toml`` (or the files of another directory, ``--ledger-dir``)::
 
     # why this backend fails what it fails
     [[failure]]
-    pattern = "*_win*-0_*"            # fnmatch glob on the case id, or a list of globs (any matches)
-    reason = "window right bound taken as sk, not 0 (FA2 bug)"
-    evidence = ["https://github.com/Dao-AILab/flash-attention/issues/895", "reports/h200-fa2.jsonl"]
+    reason = "non-TMA paged loader, d80/d96 without a mask: wrong output"
+    evidence = ["reports/<run>.jsonl.gz: ...", "https://github.com/<owner>/<repo>/issues/<n>"]
     statuses = ["fail"]               # optional, default ["fail"]; any of fail/error/crash/timeout
+    versions = ">=4.0.0b36"           # optional: PEP 440 specifiers the record's version must meet
     flaky = false                     # optional: true when the bug does not show on every run
+    partial = "why"                   # optional: the bug shows on some cases of the predicate only, by a rule
+                                      # inside it nobody knows yet (passes prove nothing; say why)
+    [failure.when]                    # the cause, as conditions on the case (ledger_predicate.py)
+    head_dim = [80, 96]
+    fa4_sm90_paged_loader = "non_tma"
+    no_features = ["causal", "window"]
 
-A result is *known* when an entry of its backend matches its case id and lists its status; a
-problem no entry explains is *unexpected*.  An entry matching a case that passed is an
-*unexpected pass* (the bug may be fixed: the entry should go) unless the entry says ``flaky = true`` (a
-bug seen on some runs and not others: its passes prove nothing), and an entry matching no case of a
-backend that ran, nor any case of the built-in suites, is *stale* (its pattern no longer names
-anything).  An entry whose cases this run simply did not include (another suite, ``--case``) is
-neither.  The array-api-tests xfail files work the same way.
+Several ``[[failure.when]]`` tables are OR'd.  ``pattern`` (an fnmatch glob on the case id, or a list of them)
+is still read, but only with ``glob_reason = "..."`` saying why no predicate can say it; an entry needs a
+``when`` or a ``pattern``.  Field names are checked when the file loads (``attnconf ledger fields``).
+
+A result is *known* when an entry of its backend matches its case, its version is in the entry's ``versions``
+and the entry lists its status; a problem no entry explains is *unexpected*.  A pass of a case an entry
+matches at a version in range is an *unexpected pass* (the bug may be fixed: narrow ``versions`` or drop the
+entry) unless the entry says ``flaky = true`` or ``partial = "..."`` (the predicate is the envelope of the
+cause: every failure inside it is of that cause, but not every case inside it fails); a pass at a version past the range (an upper bound excludes it)
+is *fixed* ("fixed in <version>"); a failure at a version outside the range is unexpected (the entry does not
+claim it).  A record whose version is not a PEP 440 version (older runs wrote 'not installed' for vLLM's fork)
+is judged on its case alone.  An entry matching no case of a backend that ran, nor any case of the built-in
+suites, is *stale*; an entry whose cases this run simply did not include is neither.
 """
 
 from __future__ import annotations
@@ -24,16 +36,23 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from conformance._toml import TOMLDecodeError, load_toml_file
-from conformance.records import CheckResult, Status
+from packaging.specifiers import SpecifierSet
 
-__all__ = ["DEFAULT_DIR", "Ledger", "LedgerEntry", "LedgerVerdict", "load_ledger"]
+from conformance._toml import TOMLDecodeError, load_toml_file
+from conformance.cases.case import AttentionCase
+from conformance.records import CheckResult, Status
+from conformance.reporting.ledger_fields import CaseView, case_view
+from conformance.reporting.ledger_predicate import Predicate, parse_predicate, parse_version, parse_versions
+from conformance.reporting.ledger_predicate import version_side as _version_side
+
+__all__ = ["DEFAULT_DIR", "Ledger", "LedgerEntry", "LedgerVerdict", "builtin_suite_cases", "load_ledger"]
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "ledgers"
-_KEYS = {"pattern", "reason", "evidence", "statuses", "flaky"}
+_KEYS = {"pattern", "glob_reason", "when", "versions", "reason", "evidence", "statuses", "flaky", "partial"}
 _PROBLEMS = [s.value for s in Status if s.is_problem]
 
 
@@ -42,7 +61,7 @@ class LedgerEntry:
     """One known failure of one backend."""
 
     backend: str
-    #: every glob of the entry: a case id matching any of them matches
+    #: every glob of the entry: a case id matching any of them matches (empty for a predicate-only entry)
     patterns: tuple[str, ...]
     reason: str
     evidence: tuple[str, ...] = ()
@@ -50,19 +69,55 @@ class LedgerEntry:
     source: str = ""
     #: the failure does not show on every run: a pass of a matching case is not an unexpected pass
     flaky: bool = False
+    #: the cause as conditions on the case (None: globs only)
+    predicate: Predicate | None = None
+    #: the kernel versions the entry applies to (None: every version)
+    versions: SpecifierSet | None = None
+    #: why the entry needs id globs
+    glob_reason: str = ""
+    #: the bug shows on some cases of the predicate only (the rule inside it unknown): why; passes prove nothing
+    partial: str = ""
+
+    @property
+    def claims_passes(self) -> bool:
+        """Whether a pass of a matching case contradicts the entry (neither flaky nor partial)."""
+        return not (self.flaky or self.partial)
 
     @property
     def pattern(self) -> str:
-        """The glob, or the globs joined by " | " (for reports)."""
-        return " | ".join(self.patterns)
+        """What the entry matches, in one line (for reports): the predicate, the globs, the version range."""
+        parts = [self.predicate.text()] if self.predicate is not None else []
+        parts += list(self.patterns)
+        text = " | ".join(parts)
+        return f"{text} [versions {self.versions}]" if self.versions is not None else text
 
     def matches_id(self, case_id: str) -> bool:
-        """Whether any of the entry's globs matches ``case_id``."""
+        """Whether any of the entry's globs matches ``case_id`` (a predicate needs the case: :meth:`matches_case`)."""
         return any(fnmatch.fnmatchcase(case_id, p) for p in self.patterns)
 
+    def matches_view(self, view: CaseView | None, case_id: str) -> bool:
+        if self.matches_id(case_id):
+            return True
+        return self.predicate is not None and view is not None and self.predicate.holds(view)
+
+    def matches_case(self, case: AttentionCase) -> bool:
+        """Whether the entry's predicate or one of its globs matches ``case`` (any version)."""
+        return self.matches_view(case_view(case), case.id)
+
+    def version_side(self, version: str) -> str:
+        """``in``, ``after`` (newer than the range), ``before``, or ``unknown`` (not a PEP 440 version)."""
+        if self.versions is None:
+            return "in"
+        parsed = parse_version(version)
+        return "unknown" if parsed is None else _version_side(self.versions, parsed)
+
+    def matches_record_case(self, result: CheckResult) -> bool:
+        """Same backend, and the record's case matches (whatever its version)."""
+        return result.backend == self.backend and self.matches_view(case_view(result.case), result.case_id)
+
     def matches(self, result: CheckResult) -> bool:
-        """Same backend, and a glob matches the case id."""
-        return result.backend == self.backend and self.matches_id(result.case_id)
+        """Same backend, the case matches, and the record's version is in range (or unknown)."""
+        return self.matches_record_case(result) and self.version_side(result.version) in ("in", "unknown")
 
     def explains(self, result: CheckResult) -> bool:
         """Matches, and the result's status is one this entry expects."""
@@ -75,8 +130,23 @@ class LedgerVerdict:
 
     known: list[tuple[CheckResult, LedgerEntry]] = field(default_factory=list)
     unexpected: list[CheckResult] = field(default_factory=list)
+    #: passes of a case a non-flaky entry claims at a version in range: the bug may be fixed
     unexpected_passes: list[tuple[CheckResult, LedgerEntry]] = field(default_factory=list)
     stale: list[LedgerEntry] = field(default_factory=list)
+    #: passes of a case an entry matches, at a version past its range: fixed in ``result.version``
+    fixed: list[tuple[CheckResult, LedgerEntry]] = field(default_factory=list)
+
+
+@lru_cache(maxsize=1)
+def builtin_suite_cases() -> tuple[AttentionCase, ...]:
+    """Every case of every built-in suite, once each (5-10 s to build; kept)."""
+    from conformance.cases.suites import SUITES
+
+    seen: dict[str, AttentionCase] = {}
+    for build in SUITES.values():
+        for case in build():
+            seen.setdefault(case.id, case)
+    return tuple(seen[k] for k in sorted(seen))
 
 
 @dataclass
@@ -95,69 +165,116 @@ class Ledger:
         return next((e for e in self.for_backend(result.backend) if e.explains(result)), None)
 
     def classify(
-        self, results: Iterable[CheckResult], suite_case_ids: Callable[[], Iterable[str]] | None = None
+        self,
+        results: Iterable[CheckResult],
+        suite_case_ids: Callable[[], Iterable[str | AttentionCase]] | None = None,
     ) -> LedgerVerdict:
-        """Known and unexpected problems, unexpected passes, stale entries (of backends that ran).
+        """Known and unexpected problems, unexpected passes, fixed defects, stale entries (of backends that ran).
 
-        ``suite_case_ids`` returns every case id the harness can generate (called only when some
-        entry matched no result): an entry matching one of them is not stale, only not exercised.
-        Without it, every entry that matched no result of its backend is stale.
+        ``suite_case_ids`` returns every case the harness can generate, as ids or cases (called only when some
+        entry matched no result; :func:`builtin_suite_cases` gives the cases): an entry matching one of them is
+        not stale, only not exercised.  Globs are tested on ids, predicates on cases.  Without it, every entry
+        that matched no result of its backend is stale.
         """
         verdict = LedgerVerdict()
         used: set[int] = set()
         ran: set[str] = set()
+        by_backend: dict[str, list[tuple[int, LedgerEntry]]] = {}
+        for i, e in enumerate(self.entries):
+            by_backend.setdefault(e.backend, []).append((i, e))
         for r in results:
             ran.add(r.backend)
-            matching = [(i, e) for i, e in enumerate(self.entries) if e.matches(r)]
-            used.update(i for i, _ in matching)
+            view = None
+            matching: list[tuple[LedgerEntry, str]] = []
+            for i, e in by_backend.get(r.backend, ()):
+                if view is None and e.predicate is not None:
+                    view = case_view(r.case)
+                if e.matches_view(view, r.case_id):
+                    used.add(i)
+                    matching.append((e, e.version_side(r.version)))
+            in_range = [e for e, side in matching if side in ("in", "unknown")]
             if r.status.is_problem:
-                entry = next((e for _, e in matching if e.explains(r)), None)
+                entry = next((e for e in in_range if r.status.value in e.statuses), None)
                 if entry is None:
                     verdict.unexpected.append(r)
                 else:
                     verdict.known.append((r, entry))
             elif r.status is Status.PASS:
-                steady = next((e for _, e in matching if not e.flaky), None)
+                steady = next((e for e in in_range if e.claims_passes), None)
                 if steady is not None:
                     verdict.unexpected_passes.append((r, steady))
+                else:
+                    gone = next((e for e, side in matching if side == "after" and e.claims_passes), None)
+                    if gone is not None:
+                        verdict.fixed.append((r, gone))
         unused = [e for i, e in enumerate(self.entries) if i not in used and e.backend in ran]
         if unused and suite_case_ids is not None:
-            ids = list(suite_case_ids())
-            unused = [e for e in unused if not any(e.matches_id(c) for c in ids)]
+            items = list(suite_case_ids())
+            ids = [c if isinstance(c, str) else c.id for c in items]
+            views = [case_view(c) for c in items if isinstance(c, AttentionCase)]
+            unused = [
+                e
+                for e in unused
+                if not any(e.matches_id(c) for c in ids)
+                and not (e.predicate is not None and any(v is not None and e.predicate.holds(v) for v in views))
+            ]
         verdict.stale = unused
         return verdict
 
 
-def _entry(backend: str, raw: Any, source: str) -> LedgerEntry:
+def _strings(where: str, key: str, raw: Any) -> tuple[str, ...]:
+    values = (raw,) if isinstance(raw, str) else tuple(raw) if isinstance(raw, list) else ()
+    if not values or not all(isinstance(v, str) and v.strip() for v in values):
+        raise ValueError(f"{where}: '{key}' must be a non-empty string or a list of them, got {raw!r}")
+    return values
+
+
+def _entry(backend: str, raw: Any, source: str, where: str) -> LedgerEntry:
     if not isinstance(raw, dict):
         # ValueError rather than TypeError: a malformed file is a value problem, like every other one here.
-        raise ValueError(f"{source}: each [[failure]] must be a table, got {raw!r}")  # noqa: TRY004
+        raise ValueError(f"{where}: each [[failure]] must be a table, got {raw!r}")  # noqa: TRY004
     unknown = set(raw) - _KEYS
     if unknown:
-        raise ValueError(f"{source}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS)})")
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)} (allowed: {sorted(_KEYS)})")
     if not isinstance(raw.get("reason"), str) or not raw["reason"].strip():
-        raise ValueError(f"{source}: every entry needs a non-empty string 'reason'")
-    pattern = raw.get("pattern")
-    patterns = (pattern,) if isinstance(pattern, str) else tuple(pattern) if isinstance(pattern, list) else ()
-    if not patterns or not all(isinstance(p, str) and p.strip() for p in patterns):
-        raise ValueError(f"{source}: every entry needs 'pattern': a non-empty glob string or a list of them")
+        raise ValueError(f"{where}: every entry needs a non-empty string 'reason'")
+    if "pattern" not in raw and "when" not in raw:
+        raise ValueError(f"{where}: every entry needs 'when' (a predicate of its cause) or 'pattern' (id globs)")
+    patterns = _strings(where, "pattern", raw["pattern"]) if "pattern" in raw else ()
+    glob_reason = raw.get("glob_reason", "")
+    if patterns and (not isinstance(glob_reason, str) or not glob_reason.strip()):
+        raise ValueError(
+            f"{where}: 'pattern' needs glob_reason = \"...\" saying why no predicate ('when') can describe the cause"
+        )
+    if glob_reason and not patterns:
+        raise ValueError(f"{where}: 'glob_reason' without 'pattern'")
+    predicate = parse_predicate(where, raw["when"]) if "when" in raw else None
+    versions = parse_versions(where, raw["versions"]) if "versions" in raw else None
     evidence = raw.get("evidence", ())
     evidence = (evidence,) if isinstance(evidence, str) else tuple(str(e) for e in evidence)
     statuses = raw.get("statuses", ["fail"])
     statuses = (statuses,) if isinstance(statuses, str) else tuple(statuses)
     bad = [s for s in statuses if s not in _PROBLEMS]
     if bad or not statuses:
-        raise ValueError(f"{source}: statuses must be a non-empty subset of {_PROBLEMS}, got {list(statuses)}")
+        raise ValueError(f"{where}: statuses must be a non-empty subset of {_PROBLEMS}, got {list(statuses)}")
     flaky = raw.get("flaky", False)
     if not isinstance(flaky, bool):
-        raise ValueError(f"{source}: 'flaky' must be true or false, got {flaky!r}")
-    return LedgerEntry(backend, patterns, raw["reason"], evidence, statuses, source, flaky)
+        raise ValueError(f"{where}: 'flaky' must be true or false, got {flaky!r}")
+    partial = raw.get("partial", "")
+    if "partial" in raw and (not isinstance(partial, str) or not partial.strip()):
+        raise ValueError(f"{where}: 'partial' must say why passes inside the predicate prove nothing, got {partial!r}")
+    if partial and predicate is None:
+        raise ValueError(f"{where}: 'partial' needs 'when' (the envelope of the cause)")
+    return LedgerEntry(
+        backend, patterns, raw["reason"], evidence, statuses, source, flaky, predicate, versions, glob_reason, partial
+    )
 
 
 def load_ledger(directory: Path | str | None = None) -> Ledger:
     """Every ``<backend>.toml`` in ``directory`` (default: the package's ``ledgers/``).
 
-    A missing directory is an empty ledger; a malformed file raises ``ValueError`` naming it.
+    A missing directory is an empty ledger; a malformed file raises ``ValueError`` naming the file, the entry
+    and the key or field at fault.
     """
     directory = DEFAULT_DIR if directory is None else Path(directory)
     ledger = Ledger()
@@ -171,8 +288,11 @@ def load_ledger(directory: Path | str | None = None) -> Ledger:
         unknown = set(data) - {"failure"}
         if unknown:
             raise ValueError(f"{path}: top-level keys must be [[failure]] entries, got {sorted(unknown)}")
+        failures = data.get("failure", [])
+        if not isinstance(failures, list):
+            raise ValueError(f"{path}: 'failure' must be an array of tables ([[failure]])")
         ledger.entries.extend(
-            _entry(path.stem, raw, f"{path.parent.name}/{path.name}[{i}]")
-            for i, raw in enumerate(data.get("failure", []))
+            _entry(path.stem, raw, f"{path.parent.name}/{path.name}[{i}]", f"{path} failure[{i}]")
+            for i, raw in enumerate(failures)
         )
     return ledger

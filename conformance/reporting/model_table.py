@@ -5,7 +5,8 @@ through :func:`conformance.models.case_model` (the ``models`` suite records ``<m
 in ``batch_name``); records of other cases are not shown here.  A cell sums that model's cases on that kernel:
 
 * ``pass`` when every case ran and passed (with the count), ``FAIL k/n`` when any failed, errored, crashed or
-  timed out (the first such case and its reason are listed under the table);
+  timed out (the first such case and its reason are listed under the table; ``(known)`` when the ledger explains
+  every one of them);
 * ``unsupported`` when the kernel refused every case, with the first refusal's reason (a kernel that runs some
   cases and refuses others shows ``pass 5/7, 2 unsupported``).
 """
@@ -33,7 +34,7 @@ def _ref(r: CheckResult):
         return None
 
 
-def _cell(rs: list[CheckResult]) -> dict[str, Any]:
+def _cell(rs: list[CheckResult], known: frozenset[tuple[str, str]] = frozenset()) -> dict[str, Any]:
     counts = Counter(r.status for r in rs)
     n = len(rs)
     bad = [r for r in rs if r.status.is_problem]
@@ -41,6 +42,8 @@ def _cell(rs: list[CheckResult]) -> dict[str, Any]:
     ran = n - len(refused)
     if bad:
         status, text = "fail", f"FAIL {len(bad)}/{ran}"
+        if all((r.case_id, r.backend) in known for r in bad):
+            text += " (known)"
     elif ran == 0:
         status, text = "unsupported", "unsupported"
     else:
@@ -56,9 +59,13 @@ def _cell(rs: list[CheckResult]) -> dict[str, Any]:
     }
 
 
-def model_sections(results: Iterable[CheckResult], backends: Sequence[str]) -> list[dict[str, Any]]:
+def model_sections(
+    results: Iterable[CheckResult], backends: Sequence[str], known: Iterable[tuple[str, str]] = ()
+) -> list[dict[str, Any]]:
     """``[{model, layer, tp, cases, cells: [cell per backend or None], notes: [text]}]`` sorted by model, layer;
-    TP shards of one model and layer kind are summed into one row (``tp`` lists them)."""
+    TP shards of one model and layer kind are summed into one row (``tp`` lists them).  ``known``: the (case id,
+    backend) pairs whose problem a ledger entry explains (a cell whose failures are all known says so)."""
+    known = frozenset(known)
     groups: dict[tuple[str, str], dict[str, list[CheckResult]]] = defaultdict(lambda: defaultdict(list))
     tps: dict[tuple[str, str], set[int]] = defaultdict(set)
     cases: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -72,7 +79,7 @@ def model_sections(results: Iterable[CheckResult], backends: Sequence[str]) -> l
         cases[key].add(r.case_id)
     rows = []
     for key in sorted(groups):
-        cells = [(_cell(groups[key][b]) if groups[key].get(b) else None) for b in backends]
+        cells = [(_cell(groups[key][b], known) if groups[key].get(b) else None) for b in backends]
         notes = [
             f"{b}: {c['status']}: `{c['case_id']}`: {c['reason']}"
             for b, c in zip(backends, cells)

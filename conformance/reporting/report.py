@@ -303,7 +303,7 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
             {"backend": e.backend, "pattern": e.pattern, "reason": e.reason, "source": e.source} for e in verdict.stale
         ],
         "engines": engine_sections(results, backends),
-        "models": model_sections(results, backends),
+        "models": model_sections(results, backends, [(r.case_id, r.backend) for r, _ in verdict.known]),
         "fuzz": fuzz_findings(runs.sources),
         "cap_backends": cap_backends,
         "capability": capability,

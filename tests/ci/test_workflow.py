@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -61,8 +62,12 @@ def base_env(tmp: Path, python: str, **extra: str) -> dict[str, str]:
     """The workflow-level env with CPU values, a `python` on PATH, and the files GitHub provides."""
     bindir = tmp / "bin"
     bindir.mkdir(exist_ok=True)
-    if not (bindir / "python").exists():
-        (bindir / "python").symlink_to(python)
+    shim = bindir / "python"
+    if not shim.exists():
+        # a script that execs the interpreter by its own path: a symlink to a venv's python, called by another
+        # path, finds no pyvenv.cfg beside it and runs the base interpreter without the venv's packages
+        shim.write_text(f'#!/bin/sh\nexec {shlex.quote(python)} "$@"\n')
+        shim.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "NOX"))}
     env.update(
         PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}",
@@ -80,6 +85,23 @@ def base_env(tmp: Path, python: str, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def test_python_on_the_step_path_keeps_a_venv(tmp_path: Path) -> None:
+    """The steps' ``python`` is the interpreter it names, venv included (a symlink to a venv's python is not)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    env = base_env(tmp_path, str(venv / "bin" / "python"))
+    res = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", "python -c 'import sys; print(sys.prefix)'"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert Path(res.stdout.strip()) == venv
 
 
 # ------------------------------------------------------------------------------------------ structure

@@ -54,7 +54,8 @@ def test_cases_carry_the_models_shapes(suite: list[AttentionCase]) -> None:
     assert len({c.scale for c in gemma}) == 1 and gemma[0].scale == pytest.approx(144**-0.5, rel=1e-6)
     assert all(c.alibi for c in by[("bloom", "global", 8)]) and by[("bloom", "global", 8)][0].num_heads == 14
     llama = by[("llama-3.1-70b", "global", 8)]
-    assert {c.block_size for c in llama} == {16, 1} and {c.quant for c in llama} == {"none", "fp8_e4m3"}
+    assert {c.block_size for c in llama} == {16, 1, 256, None} and {c.quant for c in llama} == {"none", "fp8_e4m3"}
+    assert {c.kv_layout for c in llama if c.block_size is None} == {"contiguous"}  # the contiguous varlen prefill
     assert {c.batch_name.rsplit(".", 1)[1] for c in llama} == {"dec", "pf", "cpmix", "spec"}
     assert max(k for c in llama for _, k in c.requests) == 32768
     assert all(c.causal for c in suite)

@@ -1,4 +1,4 @@
-"""Known-failure ledgers: matching, unexpected passes, stale entries, malformed files."""
+"""Known-failure ledgers: matching, unexpected passes, fixed defects, stale entries, malformed files."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.reporting.ledger import DEFAULT_DIR, load_ledger
-from conformance.records import CheckResult, Status
+from conformance.reporting.ledger import DEFAULT_DIR, builtin_suite_cases, load_ledger
+from conformance.reporting.ledger_fields import case_view
+from conformance.cases.case import AttentionCase
+from conformance.records import CheckResult, Status, read_records
 
 
 def result(case_id: str, backend: str, status: str) -> CheckResult:
@@ -19,17 +21,20 @@ LEDGER = """
 # a header comment, as every ledger file starts
 [[failure]]
 pattern = "*_win*"
+glob_reason = "a test ledger of ids"
 reason = "window off by one"
 evidence = "https://example.org/issue/1"
 
 [[failure]]
 pattern = "*_sink-*"
+glob_reason = "a test ledger of ids"
 reason = "sinks crash the kernel"
 evidence = ["run.jsonl", "https://example.org/issue/2"]
 statuses = ["crash", "error"]
 
 [[failure]]
 pattern = "*_alibi-*"
+glob_reason = "a test ledger of ids"
 reason = "fixed upstream long ago"
 """
 
@@ -38,7 +43,7 @@ reason = "fixed upstream long ago"
 def ledger_dir(tmp_path: Path) -> Path:
     (tmp_path / "kern.toml").write_text(LEDGER)
     (tmp_path / "other.toml").write_text(
-        '[[failure]]\npattern = "*"\nreason = "everything, for a backend that did not run"\n'
+        '[[failure]]\npattern = "*"\nglob_reason = "g"\nreason = "everything, for a backend that did not run"\n'
     )
     return tmp_path
 
@@ -80,12 +85,14 @@ def test_classify(ledger_dir: Path) -> None:
     "text, message",
     [
         ('[[failure]]\nreason = "no pattern"\n', "pattern"),
-        ('[[failure]]\npattern = "*"\nreason = "x"\nstatuses = ["pass"]\n', "statuses"),
-        ('[[failure]]\npattern = "*"\nreason = "x"\nwhy = "typo"\n', "unknown keys"),
+        ('[[failure]]\npattern = "*"\nglob_reason = "g"\nreason = "x"\nstatuses = ["pass"]\n', "statuses"),
+        ('[[failure]]\npattern = "*"\nglob_reason = "g"\nreason = "x"\nwhy = "typo"\n', "unknown keys"),
         ('[known]\npattern = "*"\n', "top-level"),
         ("[[failure]\npattern = ", "bad.toml"),
-        ('[[failure]]\npattern = []\nreason = "r"\n', "a list of them"),
-        ('[[failure]]\npattern = ["*_a-*", ""]\nreason = "r"\n', "a list of them"),
+        ('[[failure]]\npattern = []\nglob_reason = "g"\nreason = "r"\n', "a list of them"),
+        ('[[failure]]\npattern = ["*_a-*", ""]\nglob_reason = "g"\nreason = "r"\n', "a list of them"),
+        ('[[failure]]\npattern = "*"\nreason = "r"\n', "needs glob_reason"),
+        ("failure = 3\n", "array of tables"),
     ],
 )
 def test_malformed_ledgers_name_the_file(tmp_path: Path, text: str, message: str) -> None:
@@ -96,7 +103,7 @@ def test_malformed_ledgers_name_the_file(tmp_path: Path, text: str, message: str
 
 def test_an_entry_may_list_several_globs(tmp_path: Path) -> None:
     (tmp_path / "kern.toml").write_text(
-        '[[failure]]\npattern = ["*_d80_*_pfvar_ps*", "*_d96_*_dec_ps*"]\nreason = "paged loader"\n'
+        '[[failure]]\npattern = ["*_d80_*_pfvar_ps*", "*_d96_*_dec_ps*"]\nglob_reason = "g"\nreason = "paged loader"\n'
     )
     (entry,) = load_ledger(tmp_path).entries
     assert entry.patterns == ("*_d80_*_pfvar_ps*", "*_d96_*_dec_ps*") and " | " in entry.pattern
@@ -114,8 +121,8 @@ def test_an_entry_may_list_several_globs(tmp_path: Path) -> None:
 
 def test_a_flaky_entry_makes_no_unexpected_pass(tmp_path: Path) -> None:
     (tmp_path / "kern.toml").write_text(
-        '[[failure]]\npattern = "*_pg_*"\nreason = "intermittent"\nflaky = true\nstatuses = ["fail", "error"]\n'
-        '[[failure]]\npattern = "*_win_*"\nreason = "steady"\n'
+        '[[failure]]\npattern = "*_pg_*"\nglob_reason = "g"\nreason = "intermittent"\nflaky = true\n'
+        'statuses = ["fail", "error"]\n[[failure]]\npattern = "*_win_*"\nglob_reason = "g"\nreason = "steady"\n'
     )
     verdict = load_ledger(tmp_path).classify(
         [
@@ -126,7 +133,7 @@ def test_a_flaky_entry_makes_no_unexpected_pass(tmp_path: Path) -> None:
     )
     assert [r.case_id for r, _ in verdict.known] == ["a_pg_2"]
     assert [(r.case_id, e.reason) for r, e in verdict.unexpected_passes] == [("a_win_3", "steady")]
-    (tmp_path / "kern.toml").write_text('[[failure]]\npattern = "*"\nreason = "r"\nflaky = "yes"\n')
+    (tmp_path / "kern.toml").write_text('[[failure]]\npattern = "*"\nglob_reason = "g"\nreason = "r"\nflaky = "yes"\n')
     with pytest.raises(ValueError, match="'flaky' must be true or false"):
         load_ledger(tmp_path)
 
@@ -147,11 +154,86 @@ def test_entries_for_cases_the_run_did_not_include_are_not_stale(ledger_dir: Pat
     assert [e.pattern for e in verdict.stale] == ["*_alibi-*"]
 
 
-def test_committed_ledger_patterns_name_cases_of_the_builtin_suites() -> None:
-    """Every committed ledger entry names at least one case the suites can generate."""
-    from conformance.cases.suites import all_case_ids
-
-    ids = all_case_ids()
+def test_committed_ledger_entries_match_cases_of_the_builtin_suites() -> None:
+    """Every committed entry matches a case the suites can generate, so no shipped entry is stale in a report of
+    the suites; each OR'd table of a predicate matches one too, and each glob names a suite case or a case of the
+    backend's committed fuzz campaigns (a typo in a glob cannot hide)."""
+    cases = builtin_suite_cases()
+    ids = [c.id for c in cases]
+    views = [case_view(c) for c in cases]
+    reports = Path(__file__).resolve().parents[3] / "reports"
     for entry in load_ledger().entries:
-        for glob in entry.patterns:  # each glob of a list names a case too
-            assert any(fnmatch.fnmatchcase(c, glob) for c in ids), (entry.source, glob)
+        assert any(entry.matches_view(v, v.case.id) for v in views), entry.source
+        if entry.predicate is not None:
+            for i, when in enumerate(entry.predicate.whens):
+                assert any(when.holds(v) for v in views), (entry.source, i, when.text())
+        if entry.patterns:
+            fuzzed = {
+                r.case_id for p in reports.glob(f"fuzz-*/**/fuzz-{entry.backend}.jsonl.gz") for r in read_records(p)[1]
+            }
+            for glob in entry.patterns:
+                assert any(fnmatch.fnmatchcase(c, glob) for c in [*ids, *fuzzed]), (entry.source, glob)
+
+
+# ---------------------------------------------------------------------------------- predicates and versions
+PRED = """
+[[failure]]
+reason = "loader bug, d80 paged without a mask"
+versions = ">=4.0.0b36,<4.1"
+[failure.when]
+head_dim = 80
+paged = true
+no_features = ["causal", "window"]
+
+[[failure]]
+reason = "never seen: d4096"
+[failure.when]
+head_dim = 4096
+"""
+
+
+def pcase(**kw) -> AttentionCase:
+    base = dict(requests=((4, 300),), num_heads=2, num_kv_heads=2, head_dim=80, kv_layout="NHD", block_size=16)
+    return AttentionCase(**{**base, **kw})
+
+
+def precord(c: AttentionCase, status: str, version: str = "4.0.0b36") -> CheckResult:
+    return CheckResult(c.id, "kern", "fam", Status(status), c.to_json(), version=version)
+
+
+def test_classify_by_predicate_known_unexpected_may_be_fixed_and_fixed(tmp_path: Path) -> None:
+    (tmp_path / "kern.toml").write_text(PRED)
+    ledger = load_ledger(tmp_path)
+    a, causal, other = pcase(), pcase(causal=True), pcase(head_dim=64)
+    results = [
+        precord(a, "fail"),  # known: a case outside any suite, described by its cause
+        precord(causal, "fail"),  # the neighbour (causal): not this cause, unexpected
+        precord(other, "pass"),  # nothing claims it
+        precord(a.replace(requests=((9, 200),)), "pass"),  # in range: may be fixed (unexpected pass)
+        precord(a.replace(requests=((7, 200),)), "pass", version="4.1.0"),  # past the range: fixed in 4.1.0
+        precord(a.replace(requests=((5, 200),)), "fail", version="4.1.0"),  # past the range: not explained
+        precord(a.replace(requests=((6, 200),)), "pass", version="4.0.0b30"),  # before the range: nothing
+        precord(a.replace(requests=((8, 200),)), "fail", version="not installed"),  # unknown version: by its case
+    ]
+    verdict = ledger.classify(results, suite_case_ids=lambda: [pcase(head_dim=64)])
+    assert [r.case_id for r, _ in verdict.known] == [results[0].case_id, results[7].case_id]
+    assert [r.case_id for r in verdict.unexpected] == [results[1].case_id, results[5].case_id]
+    assert [(r.case_id, e.reason) for r, e in verdict.unexpected_passes] == [
+        (results[3].case_id, "loader bug, d80 paged without a mask")
+    ]
+    assert [(r.case_id, r.version) for r, _ in verdict.fixed] == [(results[4].case_id, "4.1.0")]
+    # the d4096 entry matches no result and no suite case: stale; given a suite case it matches, it is not
+    assert [e.reason for e in verdict.stale] == ["never seen: d4096"]
+    assert ledger.classify(results, suite_case_ids=lambda: [pcase(head_dim=4096)]).stale == []
+    assert ledger.explain(results[0]).reason.startswith("loader bug") and ledger.explain(results[1]) is None
+
+
+def test_a_predicate_matches_a_record_without_a_suite_batch_name(tmp_path: Path) -> None:
+    """A random case (no batch name, any shape) is recognised by its cause, which globs on today's batch names
+    could not do; a record without a case (or with one this version cannot read) matches globs only."""
+    (tmp_path / "kern.toml").write_text(PRED)
+    ledger = load_ledger(tmp_path)
+    drawn = pcase(requests=((1, 289), (97, 257), (64, 64)), num_heads=6, num_kv_heads=2, block_size=148)
+    assert ledger.explain(precord(drawn, "fail")) is not None
+    bare = CheckResult(drawn.id, "kern", "fam", Status.FAIL, {}, version="4.0.0b36")
+    assert ledger.explain(bare) is None

@@ -90,3 +90,13 @@ def test_unknown_model_is_a_usage_error(capsys):
     assert main(["cases", "--suite", "models", "--model", "llama-9"]) == 2
     err = capsys.readouterr().err
     assert "--model 'llama-9' is not in the model registry" in err and "gpt-oss-120b" in err
+
+
+def test_a_cell_whose_failures_the_ledger_explains_says_known(cases):
+    gpt, _ = cases
+    layer = [c for c in gpt if case_model(c).layer == "global"]
+    results = [rec(layer[0], "k", "fail", "x")] + [rec(c, "k", "pass") for c in layer[1:]]
+    (row,) = model_sections(results, ["k"], known=[(layer[0].id, "k")])
+    assert row["cells"][0]["text"] == f"FAIL 1/{len(layer)} (known)"
+    (row,) = model_sections(results, ["k"])
+    assert row["cells"][0]["text"] == f"FAIL 1/{len(layer)}"

@@ -1,0 +1,212 @@
+"""Audit a ledger against results files: what each entry explains, what it wrongly claims, what nothing explains.
+
+:func:`audit` reads every record of every file (fuzz campaigns' original, minimal and replay records alike) and
+sorts them with :meth:`Ledger.classify`.  Per entry: the problems it explains, the passes it claims (a non-flaky
+entry should claim none: its predicate is too wide or the bug is fixed), the passes of its flaky or partial cases, the passes
+past its version range (fixed).  Per backend: the problems no entry explains, grouped by a short signature (status,
+layout, the modes that select kernel paths, whether some row sees no key, the checks that failed or the error's
+first words) so that failures of one cause fall into one group.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conformance.records import CheckResult, ResultsFileError, load_results
+from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases
+from conformance.reporting.ledger_fields import case_view
+
+__all__ = ["Audit", "EntryAudit", "Group", "audit", "signature"]
+
+#: Features that select a kernel path or a mode (batch-shape features such as decode or varlen are left out).
+_MODES = (
+    "causal",
+    "window",
+    "local_chunk",
+    "softcap",
+    "alibi",
+    "sinks",
+    "scale",
+    "qv",
+    "v_pad",
+    "cp",
+    "append",
+    "splits",
+    "empty_kv",
+    "sq_gt_sk",
+    "dv",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_kv_only",
+    "int8_t1",
+    "int8_t2",
+    "sched_meta",
+)
+
+
+def signature(r: CheckResult) -> str:
+    """``status | layout | modes | keyless rows | failed checks or the error's first words``."""
+    view = case_view(r.case)
+    parts = [r.status.value]
+    if view is None:
+        parts.append("no case")
+    else:
+        c = view.case
+        if c.engine:
+            parts.append(f"engine {c.engine}")
+        parts.append(f"paged {c.kv_layout}" if c.paged else "contiguous")
+        parts.append(" ".join(f for f in _MODES if f in view.features) or "plain")
+        if view.value("rows_without_keys"):
+            parts.append("keyless rows")
+    if r.stats is not None and r.stats.failed_checks:
+        parts.append("+".join(r.stats.failed_checks))
+    elif r.reason:
+        parts.append(re.sub(r"\s+", " ", r.reason.split("\n")[0])[:60])
+    return " | ".join(parts)
+
+
+@dataclass
+class EntryAudit:
+    entry: LedgerEntry
+    explained: int = 0
+    explained_cases: set[str] = field(default_factory=set)
+    files: Counter = field(default_factory=Counter)
+    #: passes of a case the (non-flaky) entry claims at a version in range: (file, record)
+    passes_claimed: list[tuple[str, CheckResult]] = field(default_factory=list)
+    flaky_passes: int = 0
+    #: passes past the entry's version range: (file, record)
+    fixed: list[tuple[str, CheckResult]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        e = self.entry
+        return {
+            "source": e.source,
+            "backend": e.backend,
+            "reason": e.reason,
+            "matches": e.pattern,
+            "flaky": e.flaky,
+            "partial": e.partial,
+            "explained": self.explained,
+            "explained_cases": len(self.explained_cases),
+            "files": dict(sorted(self.files.items())),
+            "passes_claimed": [{"file": f, "case_id": r.case_id, "version": r.version} for f, r in self.passes_claimed],
+            "flaky_passes": self.flaky_passes,
+            "fixed": [{"file": f, "case_id": r.case_id, "version": r.version} for f, r in self.fixed],
+        }
+
+
+@dataclass
+class Group:
+    """Unexplained problems of one backend sharing a signature."""
+
+    backend: str
+    signature: str
+    records: list[tuple[str, CheckResult]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        cases = sorted({r.case_id for _, r in self.records})
+        return {
+            "backend": self.backend,
+            "signature": self.signature,
+            "records": len(self.records),
+            "cases": len(cases),
+            "head_dims": sorted({int(r.case.get("head_dim", 0)) for _, r in self.records}),
+            "examples": [{"file": f, "case_id": r.case_id, "reason": r.reason[:200]} for f, r in self.records[:3]],
+        }
+
+
+@dataclass
+class Audit:
+    files: list[str]
+    records: int = 0
+    problems: int = 0
+    explained: int = 0
+    unexplained: list[Group] = field(default_factory=list)
+    entries: list[EntryAudit] = field(default_factory=list)
+    stale: list[LedgerEntry] = field(default_factory=list)
+    #: problems explained although the record's version is not a PEP 440 version ('not installed')
+    unknown_version: int = 0
+    #: lines skipped per file (only with allow_skipped)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def passes_claimed(self) -> int:
+        return sum(len(e.passes_claimed) for e in self.entries)
+
+    @property
+    def unexplained_count(self) -> int:
+        return sum(len(g.records) for g in self.unexplained)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "records": self.records,
+            "problems": self.problems,
+            "explained": self.explained,
+            "unexplained": self.unexplained_count,
+            "passes_claimed": self.passes_claimed,
+            "explained_at_unknown_version": self.unknown_version,
+            "skipped_lines": self.skipped,
+            "entries": [e.to_json() for e in self.entries],
+            "stale": [e.source for e in self.stale],
+            "unexplained_groups": [g.to_json() for g in self.unexplained],
+        }
+
+
+def audit(ledger: Ledger, paths: list[Path | str], suites: bool = True, allow_skipped: bool = False) -> Audit:
+    """Sort every record of ``paths`` against ``ledger``.  A missing or unreadable file, one without a result
+    record, or (unless ``allow_skipped``: then counted in :attr:`Audit.skipped`) one with lines that are not
+    records raises ``ValueError`` naming it (an audit over no data proves nothing).  ``suites``: an entry matching
+    no record is stale unless it matches a case of the built-in suites (building them takes seconds)."""
+    out = Audit(files=[str(p) for p in paths])
+    per_entry = {id(e): EntryAudit(e) for e in ledger.entries}
+    out.entries = list(per_entry.values())
+    groups: dict[tuple[str, str], Group] = {}
+    every: list[CheckResult] = []
+    for path in paths:
+        try:
+            loaded = load_results(path, allow_skipped=allow_skipped, need_header=False)
+        except ResultsFileError as exc:
+            raise ValueError(str(exc)) from None
+        results = list(loaded.results)
+        if loaded.skipped:
+            out.skipped[str(path)] = len(loaded.skipped)
+        every.extend(results)
+        name = str(path)
+        out.records += len(results)
+        verdict = ledger.classify(results)
+        for r, e in verdict.known:
+            a = per_entry[id(e)]
+            a.explained += 1
+            a.explained_cases.add(f"{r.backend} {r.case_id}")
+            a.files[name] += 1
+            if e.version_side(r.version) == "unknown":
+                out.unknown_version += 1
+        for r, e in verdict.unexpected_passes:
+            per_entry[id(e)].passes_claimed.append((name, r))
+        for r, e in verdict.fixed:
+            per_entry[id(e)].fixed.append((name, r))
+        for r in verdict.unexpected:
+            key = (r.backend, signature(r))
+            groups.setdefault(key, Group(*key)).records.append((name, r))
+        for r in results:
+            if r.status.value == "pass":
+                flaky = [e for e in ledger.for_backend(r.backend) if not e.claims_passes and e.matches(r)]
+                for e in flaky[:1]:
+                    per_entry[id(e)].flaky_passes += 1
+        out.problems += len(verdict.known) + len(verdict.unexpected)
+        out.explained += len(verdict.known)
+    out.unexplained = sorted(groups.values(), key=lambda g: (g.backend, -len(g.records), g.signature))
+    out.stale = ledger.classify(every, suite_case_ids=builtin_suite_cases if suites else None).stale
+    return out
+
+
+def by_backend(groups: list[Group]) -> dict[str, list[Group]]:
+    out: dict[str, list[Group]] = defaultdict(list)
+    for g in groups:
+        out[g.backend].append(g)
+    return out

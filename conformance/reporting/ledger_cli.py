@@ -1,0 +1,127 @@
+"""``attnconf ledger``: check the known-failure ledger against results files, list the fields a predicate may test.
+
+``attnconf ledger audit FILES... [--json] [--ledger-dir DIR] [--strict]`` prints, per entry, the problems it
+explains, the passes it claims and the passes past its version range (fixed), and per backend the problems no
+entry explains, grouped by signature.  ``attnconf ledger fields`` lists the predicate fields.
+
+Exit status: 0; 1 when a non-flaky entry claims a pass (its predicate is too wide, or the bug is fixed), or with
+``--strict`` when a problem is unexplained; 2 for a malformed ledger, or a missing, unreadable or empty results file,
+or one with lines that are not records (unless ``--allow-skipped``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``ledger`` (``audit``, ``fields``) to ``attnconf``'s subparsers."""
+    p = subparsers.add_parser(
+        "ledger",
+        help="audit the known-failure ledger against results files; list the predicate fields",
+        description="Exit status: 0; 1 when an entry claims a pass (or, with --strict, a problem is unexplained); "
+        "2 for a malformed ledger or an unreadable or empty results file.",
+    )
+    sub = p.add_subparsers(dest="ledger_command", required=True)
+    a = sub.add_parser("audit", help="per entry: problems explained, passes claimed; per backend: what is unexplained")
+    a.add_argument("results", nargs="+", type=Path, help="results files (.jsonl or .jsonl.gz; fuzz campaigns too)")
+    a.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
+    a.add_argument("--json", action="store_true", help="print the audit as one JSON object")
+    a.add_argument("--strict", action="store_true", help="exit 1 when any problem is unexplained too")
+    a.add_argument(
+        "--allow-skipped",
+        action="store_true",
+        help="read files with lines that are not records (counted and reported) instead of refusing them",
+    )
+    a.add_argument(
+        "--no-suites",
+        action="store_true",
+        help="call an entry stale when it matches no record, without building the built-in suites",
+    )
+    sub.add_parser("fields", help="the names a ledger predicate may test, with their types")
+    return p
+
+
+def _fields() -> int:
+    from conformance.reporting.ledger_fields import FIELDS
+
+    for name, f in FIELDS.items():
+        print(f"{name:28} {f.kind + (' or none' if f.nullable else ''):14} {f.help}")
+    return 0
+
+
+def _print(result, out) -> None:
+    from conformance.reporting.ledger_audit import by_backend
+
+    w = out.write
+    w(
+        f"ledger audit over {len(result.files)} files, {result.records} records: {result.problems} problems, "
+        f"{result.explained} explained, {result.unexplained_count} unexplained; "
+        f"passes claimed by non-flaky entries: {result.passes_claimed}\n"
+    )
+    for path, n in result.skipped.items():
+        w(f"  {path}: {n} lines that are not records skipped (--allow-skipped)\n")
+    if result.unknown_version:
+        w(f"  ({result.unknown_version} explained records carry no PEP 440 version: judged on their case alone)\n")
+    w("\nentries:\n")
+    for e in result.entries:
+        flag = " [flaky]" if e.entry.flaky else " [partial]" if e.entry.partial else ""
+        w(
+            f"  {e.entry.source}{flag}: explains {e.explained} records ({len(e.explained_cases)} cases), "
+            f"claims {len(e.passes_claimed)} passes, flaky or partial passes {e.flaky_passes}, fixed {len(e.fixed)}\n"
+            f"      {e.entry.reason}\n"
+        )
+        for f, r in e.passes_claimed[:5]:
+            w(f"      CLAIMS PASS {r.case_id} ({r.version}, {f})\n")
+        for f, r in e.fixed[:3]:
+            w(f"      fixed in {r.version}: {r.case_id} ({f})\n")
+    for e in result.stale:
+        w(f"  STALE {e.source}: matches no record and no case of the built-in suites\n")
+    if result.unexplained:
+        w("\nunexplained problems, by backend and signature:\n")
+        for backend, groups in by_backend(result.unexplained).items():
+            w(f"  {backend} ({sum(len(g.records) for g in groups)}):\n")
+            for g in groups:
+                f, r = g.records[0]
+                cases = len({x.case_id for _, x in g.records})
+                w(f"    {len(g.records):4d} records, {cases:3d} cases | {g.signature}\n")
+                w(f"           e.g. {r.case_id} ({f})\n")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``attnconf ledger ...``; returns the exit status.  A reader that stops early (``| head``) is not an
+    error: the rest of the output is dropped (the way the Python docs advise for SIGPIPE)."""
+    try:
+        return _main(args)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.ledger_command == "fields":
+        return _fields()
+    from conformance.reporting.ledger import load_ledger
+    from conformance.reporting.ledger_audit import audit
+
+    try:
+        ledger = load_ledger(args.ledger_dir)
+        if args.ledger_dir is not None and not Path(args.ledger_dir).is_dir():
+            raise ValueError(f"--ledger-dir {args.ledger_dir}: no such directory")
+        result = audit(ledger, list(args.results), suites=not args.no_suites, allow_skipped=args.allow_skipped)
+    except ValueError as exc:
+        print(f"attnconf ledger audit: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1, sort_keys=True))
+    else:
+        _print(result, sys.stdout)
+    if result.passes_claimed:
+        return 1
+    return 1 if args.strict and result.unexplained_count else 0

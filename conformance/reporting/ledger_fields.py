@@ -1,0 +1,333 @@
+"""The names a ledger predicate may test: the case's fields and values derived from them.
+
+Every name maps to a typed getter over an :class:`~conformance.cases.case.AttentionCase`; a ledger condition on a
+name not listed here is a load-time error (a typo must not silently match nothing).  ``attnconf ledger fields``
+prints the list.  Three kinds:
+
+* the case's own scalar fields (``head_dim``, ``causal``, ``block_size``, ``qv``, ``scale``, ...); tuple fields are
+  offered through scalars instead (``window_left`` / ``window_right``, ``max_kv_len``, ...);
+* generic derived values (``dv``, ``paged``, ``rows_without_keys``, ...);
+* what a kernel makes of the case, computed by the adapter module's own helpers so the ledger and the adapter
+  cannot disagree: ``fa4_sm90_tile_n`` / ``fa4_sm90_paged_loader`` (:mod:`attnfast.fa4`), ``fa2_entry`` /
+  ``fa2_window_misread`` (:mod:`attnfast.fa2`, :mod:`attnfast._fa_common`), ``fa3_hdim_template``.
+
+A value is ``None`` where it does not apply (``block_size`` of a contiguous case, ``scale`` left to the kernel).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from conformance.cases.case import AttentionCase
+
+__all__ = ["FIELDS", "Field", "CaseView", "case_view"]
+
+
+@dataclass(frozen=True)
+class Field:
+    """One testable name: its value type (``int``, ``float``, ``bool``, ``str``), whether it may be None, what it is."""
+
+    kind: str
+    help: str
+    get: Callable[[AttentionCase], Any]
+    nullable: bool = False
+
+
+def _qk_width(case: AttentionCase) -> int:
+    return case.head_dim + (case.dv if case.qv else 0)
+
+
+def _visible_bounds(case: AttentionCase, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """Half-open visible key bounds ``[lo, hi)`` of every query row of request ``b`` (the rule of attnref.mask,
+    SEMANTICS.md section 2; cp totals as conformance.cases.inputs builds them)."""
+    sq, sk = case.requests[b]
+    rows = np.arange(sq, dtype=np.int64)
+    if case.cp_world > 1:
+        w, r = case.cp_world, case.cp_rank
+        total = max(0, sk * w + r - b % w)
+        local = max(0, -(-(total - r) // w))
+        hi = np.minimum((rows + total - sq - r) // w + 1, local)
+        return np.zeros_like(hi), np.clip(hi, 0, sk)
+    pos = rows + (sk - sq)
+    left, right = case.window
+    if case.causal:
+        right = 0
+    lo = np.zeros_like(pos) if left is None else pos - left
+    hi = np.full_like(pos, sk) if right is None else pos + right + 1
+    if case.chunk is not None:
+        start = pos - np.mod(pos, case.chunk)
+        lo, hi = np.maximum(lo, start), np.minimum(hi, start + case.chunk)
+    return np.clip(lo, 0, sk), np.clip(hi, 0, sk)
+
+
+def _rows_without_keys(case: AttentionCase) -> int:
+    total = 0
+    for b in range(case.batch):
+        lo, hi = _visible_bounds(case, b)
+        total += int(np.count_nonzero(lo >= hi))
+    return total
+
+
+def _fa2_seqlen_k(case: AttentionCase) -> int:
+    """The ``seqlen_k`` FA2 normalises the window against: ``max_seqlen_k`` for varlen, the cache width for kvcache
+    (as attnfast.fa2 builds the call: attnfast._fa_common.kvcache_caches)."""
+    from attnfast._fa_common import uniform_q_len
+    from attnfast.fa2 import VARLEN, fa2_entry
+
+    if fa2_entry(case) == VARLEN:
+        return max(case.kv_lens)
+    q_len = uniform_q_len(case)
+    min_width = case.num_heads // case.num_kv_heads if case.append and q_len == 1 else 1
+    if not case.paged:
+        return max(1, max(case.kv_lens), min_width)
+    bs = case.block_size
+    cols = max(max(1, -(-n // bs)) for n in case.kv_lens)
+    cols = max(cols, -(-min_width // bs))
+    return cols * bs
+
+
+def _keyless_query_tile(case: AttentionCase) -> int:
+    """The largest T of 128, 64, ..., 1 such that some request has an aligned tile of T query rows (cut at the
+    request's end) in which no row sees a key; 0 when every row sees one."""
+    best = 0
+    for b in range(case.batch):
+        lo, hi = _visible_bounds(case, b)
+        empty = lo >= hi
+        for t in (128, 64, 32, 16, 8, 4, 2, 1):
+            if t <= best:
+                break
+            if any(empty[s : s + t].all() for s in range(0, len(empty), t)):
+                best = t
+                break
+    return best
+
+
+def _fa3_keyless_m_block(case: AttentionCase) -> bool:
+    """Whether some query tile of FA3's forward sees no key at all: 128 rows of one request, or with a GQA group of
+    g heads packed into the tile (PackGQA) rows ``128 t // g .. (128 t + 127) // g``.  Fitted to the committed
+    records (fa3-vllm sink cases, ledgers/fa3-vllm.toml), not read from the kernel."""
+    g = case.num_heads // case.num_kv_heads
+    for b in range(case.batch):
+        lo, hi = _visible_bounds(case, b)
+        empty = lo >= hi
+        sq = len(empty)
+        for start in range(0, sq * g, 128):
+            r0, r1 = start // g, min(sq - 1, (start + 127) // g)
+            if empty[r0 : r1 + 1].all():
+                return True
+    return False
+
+
+def _keys_left_of_window(case: AttentionCase) -> int:
+    """The most keys a row's window leaves out on its left (0 without a bounded left side)."""
+    if case.window[0] is None or case.cp_world > 1:
+        return 0
+    most = 0
+    for b in range(case.batch):
+        lo, hi = _visible_bounds(case, b)
+        if len(lo):
+            most = max(most, int(np.max(np.where(lo < hi, lo, 0))))
+    return most
+
+
+def _window_misread(case: AttentionCase, seqlen_k: int) -> bool:
+    """Whether FA2's window normalisation against ``seqlen_k`` (attnfast._fa_common.fa2_kernel_window: a side >=
+    seqlen_k becomes unbounded, then an unbounded side becomes seqlen_k, both ignoring the offset sk - sq;
+    flash-attention issue 895) changes the keys some row sees."""
+    from attnfast._fa_common import fa2_kernel_window, fa2_window
+
+    if not case.has_window:
+        return False
+    k_left, k_right = fa2_kernel_window(case.causal, fa2_window(case), seqlen_k)
+    kernel = case.replace(window=(None if k_left < 0 else k_left, None if k_right < 0 else k_right), causal=False)
+    for b in range(case.batch):
+        lo, hi = _visible_bounds(case, b)
+        klo, khi = _visible_bounds(kernel, b)
+        empty, kempty = lo >= hi, klo >= khi
+        if np.any(empty != kempty) or np.any(~empty & ((lo != klo) | (hi != khi))):
+            return True
+    return False
+
+
+def _fa2_window_misread(case: AttentionCase) -> bool:
+    return _window_misread(case, _fa2_seqlen_k(case))
+
+
+def _fa2_varlen_window_misread(case: AttentionCase) -> bool:
+    return _window_misread(case, max(case.kv_lens))
+
+
+def _fa2_entry(case: AttentionCase) -> str:
+    from attnfast.fa2 import VARLEN, fa2_entry
+
+    return "varlen" if fa2_entry(case) == VARLEN else "kvcache"
+
+
+def _fa4_tile_n(case: AttentionCase) -> int:
+    from attnfast.fa4 import fa4_sm90_tile_n
+
+    return fa4_sm90_tile_n(case.padded_v_call())
+
+
+def _fa4_paged_loader(case: AttentionCase) -> str:
+    if not case.paged:
+        return "contiguous"
+    return "tma" if case.block_size == _fa4_tile_n(case) else "non_tma"
+
+
+def _fa3_hdim_template(case: AttentionCase) -> int:
+    """FA3's compiled head-dim template for the call: ``round_up_headdim`` of hopper/flash_api.cpp
+    (Dao-AILab/flash-attention; vLLM's fork has the same function): 64, 96, 128, 192 or 256."""
+    d = case.padded_v_call().head_dim
+    return next((t for t in (64, 96, 128, 192) if d <= t), 256)
+
+
+def _own(name: str, kind: str, help: str, nullable: bool = False) -> Field:
+    return Field(kind, help, lambda c: getattr(c, name), nullable)
+
+
+FIELDS: dict[str, Field] = {
+    # the case's own scalar fields (conformance/cases/case.py)
+    "num_heads": _own("num_heads", "int", "query heads"),
+    "num_kv_heads": _own("num_kv_heads", "int", "key/value heads"),
+    "head_dim": _own("head_dim", "int", "qk head dim"),
+    "head_dim_v": _own("head_dim_v", "int", "value head dim as given (None: equal to head_dim; see dv)", True),
+    "dtype": _own("dtype", "str", "activation dtype: bf16, fp16, fp32"),
+    "kv_layout": _own("kv_layout", "str", "contiguous, NHD or HND"),
+    "block_size": _own("block_size", "int", "page size of a paged cache (None: contiguous)", True),
+    "causal": _own("causal", "bool", "bottom-right causal mask"),
+    "softcap": _own("softcap", "float", "logit soft-cap (None: off)", True),
+    "alibi": _own("alibi", "bool", "ALiBi slopes"),
+    "sinks": _own("sinks", "bool", "per-head attention sinks"),
+    "scale": _own("scale", "float", "explicit softmax scale (None: the kernel's default)", True),
+    "chunk": _own("chunk", "int", "local attention chunk (None: off)", True),
+    "append": _own("append", "bool", "the kernel appends the new k/v to the cache"),
+    "num_splits": _own("num_splits", "int", "pinned split-KV count (None: the kernel's choice)", True),
+    "quant": _own("quant", "str", "none, fp8_e4m3, fp8_e5m2, int8_t1, int8_t2"),
+    "quant_q": _own("quant_q", "bool", "q quantized too (quantized cases)"),
+    "descale": _own("descale", "str", "descale granularity as given (None: the family's default)", True),
+    "qv": _own("qv", "bool", "MLA absorbed: a query part scored against V"),
+    "v_padded": _own("v_padded", "bool", "V zero-padded to head_dim, output stripped (seed 004)"),
+    "scheduler_metadata": _own("scheduler_metadata", "bool", "precomputed FA3 scheduler metadata"),
+    "cp_world": _own("cp_world", "int", "context-parallel ranks (1: off)"),
+    "cp_rank": _own("cp_rank", "int", "this call's context-parallel rank"),
+    "engine": _own("engine", "str", "engine replay's backend ('' for kernel cases)"),
+    "scenario": _own("scenario", "str", "engine replay's scenario ('' for kernel cases)"),
+    "batch_name": _own("batch_name", "str", "the suite's batch label (not part of the case's meaning)"),
+    # generic derived values
+    "dv": _own("dv", "int", "value head dim in force"),
+    "paged": _own("paged", "bool", "keys read through a block table"),
+    "has_window": _own("has_window", "bool", "a sliding window is set"),
+    "quant_family": _own("quant_family", "str", "fp8, int8 (None: not quantized)", True),
+    "descale_mode": _own("descale_mode", "str", "descale granularity in force (None: not quantized)", True),
+    "batch": _own("batch", "int", "requests in the call"),
+    "total_q": _own("total_q", "int", "query rows of all requests"),
+    "total_kv": _own("total_kv", "int", "keys of all requests"),
+    "max_q_len": Field("int", "longest request's q_len", lambda c: max(c.q_lens)),
+    "min_q_len": Field("int", "shortest request's q_len", lambda c: min(c.q_lens)),
+    "max_kv_len": Field("int", "longest request's kv_len", lambda c: max(c.kv_lens)),
+    "min_kv_len": Field("int", "shortest request's kv_len", lambda c: min(c.kv_lens)),
+    "window_left": Field("int", "window's left side (None: unbounded)", lambda c: c.window[0], True),
+    "window_right": Field(
+        "int", "window's right side, 0 under causal (None: unbounded)", lambda c: 0 if c.causal else c.window[1], True
+    ),
+    "group_size": Field("int", "query heads per kv head", lambda c: c.num_heads // c.num_kv_heads),
+    "kernel_head_dim_v": Field(
+        "int", "V width the kernel is called with (head_dim when v_padded)", lambda c: c.padded_v_call().dv
+    ),
+    "dv_gt_head_dim": Field("bool", "value head dim wider than the qk head dim", lambda c: c.dv > c.head_dim),
+    "qk_width": Field(
+        "int", "width of the q.k product: head_dim, plus dv under qv (MLA absorbed: q_v scored against V)", _qk_width
+    ),
+    "max_request_k_elements": Field(
+        "int",
+        "elements of the largest request's K with kv heads repeated to the query heads: max kv_len x num_heads x "
+        "qk_width (what a per-request call such as SDPA's receives)",
+        lambda c: max(c.kv_lens) * c.num_heads * _qk_width(c),
+    ),
+    "keys_left_of_window": Field(
+        "int", "the most keys a row's window leaves out on its left (0: no left bound)", _keys_left_of_window
+    ),
+    "rows_with_keys": Field("int", "query rows that see at least one key", lambda c: c.total_q - _rows_without_keys(c)),
+    "keyless_query_tile": Field(
+        "int",
+        "largest T in 128, 64, ..., 1 with an aligned T-row query tile of one request (cut at its end) seeing no key",
+        _keyless_query_tile,
+    ),
+    "rows_without_keys": Field(
+        "int", "query rows the mask leaves no key (kv_len 0, windows, causal sq > sk)", _rows_without_keys
+    ),
+    # what a kernel makes of the case (the adapters' own helpers)
+    "fa2_entry": Field("str", "FA2's entry point for the case: varlen or kvcache (attnfast.fa2.fa2_entry)", _fa2_entry),
+    "fa2_window_misread": Field(
+        "bool",
+        "FA2's window normalisation against seqlen_k changes the keys some row sees (flash-attention issue 895)",
+        _fa2_window_misread,
+    ),
+    "fa2_varlen_window_misread": Field(
+        "bool",
+        "the same through a varlen call (max_seqlen_k), as torch's vendored FA2 (aten._flash_attention_forward) is "
+        "always called",
+        _fa2_varlen_window_misread,
+    ),
+    "fa3_keyless_m_block": Field(
+        "bool",
+        "some 128-row query tile of FA3 (128 / group rows with a packed GQA group) sees no key (fitted to the records)",
+        _fa3_keyless_m_block,
+    ),
+    "fa3_hdim_template": Field(
+        "int", "FA3's head-dim template: 64, 96, 128, 192 or 256 (round_up_headdim)", _fa3_hdim_template
+    ),
+    "fa4_sm90_tile_n": Field(
+        "int", "FA4's key tile on sm_90 for the kernel call (attnfast.fa4.fa4_sm90_tile_n)", _fa4_tile_n
+    ),
+    "fa4_sm90_paged_loader": Field(
+        "str", "FA4's sm_90 KV loader: contiguous, tma (page = tile_n) or non_tma (any other page)", _fa4_paged_loader
+    ),
+}
+
+
+class CaseView:
+    """A case with its field values and features computed once, on first use."""
+
+    __slots__ = ("case", "_values", "_features")
+
+    def __init__(self, case: AttentionCase) -> None:
+        self.case = case
+        self._values: dict[str, Any] = {}
+        self._features: frozenset[str] | None = None
+
+    def value(self, name: str) -> Any:
+        if name not in self._values:
+            self._values[name] = FIELDS[name].get(self.case)
+        return self._values[name]
+
+    @property
+    def features(self) -> frozenset[str]:
+        if self._features is None:
+            self._features = self.case.features()
+        return self._features
+
+
+@lru_cache(maxsize=65536)
+def _view_of(key: str) -> CaseView | None:
+    try:
+        return CaseView(AttentionCase.from_json(json.loads(key)))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def case_view(case: AttentionCase | dict[str, Any]) -> CaseView | None:
+    """The view of a case, or of a record's case JSON (None when it is empty or not a valid case: only globs can
+    match such a record)."""
+    if isinstance(case, AttentionCase):
+        return _view_of(json.dumps(case.to_json(), sort_keys=True))
+    if not case:
+        return None
+    return _view_of(json.dumps(case, sort_keys=True))

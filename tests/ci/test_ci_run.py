@@ -1,0 +1,81 @@
+""".ci/run runs the README's two command lines, read from README.md, so the README and CI cannot drift.
+
+``.ci/run --print`` lists the steps without running them (the same ``step`` calls that run them): README line 1
+(the install and the main job), the example backend's install and a check that its entry point registered,
+README line 2 (the tests).  A README whose first ``bash`` block is not two lines stops CI with exit 2.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / ".ci" / "run"
+
+
+def readme_lines(text: str) -> list[str]:
+    """The lines of the first ```bash block (an independent reading: .ci/run uses awk)."""
+    block = re.search(r"^```bash\s*\n(.*?)^```", text, re.S | re.M)
+    assert block, "README.md has no ```bash block"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def planned_steps(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(root / ".ci" / "run"), "--print"], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def steps_of(res: subprocess.CompletedProcess) -> list[str]:
+    assert res.returncode == 0, res.stderr
+    return [line[2:] for line in res.stdout.splitlines() if line.startswith("+ ")]
+
+
+def test_readme_lines_install_the_pinned_torch_then_the_test_extra_and_run_the_tests() -> None:
+    line1, line2 = readme_lines((REPO / "README.md").read_text())
+    torch_pin = re.search(r'"ATTNCONF_TORCH", "(torch==[^"]+)"', (REPO / "noxfile.py").read_text()).group(1)
+    assert line1.startswith(f"pip install {torch_pin} && pip install -e '.[test]' && attnconf run "), line1
+    assert line2 == "python -m pytest -q tests"
+
+
+def test_ci_runs_the_readme_lines_and_the_example_backend() -> None:
+    line1, line2 = readme_lines((REPO / "README.md").read_text())
+    (example_install, *_) = readme_lines((REPO / "examples" / "attnfast_example_backend" / "README.md").read_text())
+    steps = steps_of(planned_steps(REPO))
+    assert len(steps) == 4, steps
+    assert steps[0] == line1 and steps[1] == example_install and steps[3] == line2
+    assert "example-chunked" in steps[2] and "runnable_names" in steps[2]
+    text = SCRIPT.read_text()
+    assert "python3 -m venv" in text and "--system-site-packages" not in text  # a fresh venv, as a new user's
+
+
+def _copy_with_readme(tmp_path: Path, readme: str) -> Path:
+    (tmp_path / ".ci").mkdir(parents=True)
+    shutil.copy(SCRIPT, tmp_path / ".ci" / "run")
+    (tmp_path / "README.md").write_text(readme)
+    return tmp_path
+
+
+def test_ci_follows_an_edited_readme(tmp_path: Path) -> None:
+    text = (REPO / "README.md").read_text()
+    line1, line2 = readme_lines(text)
+    edited = text.replace(line2, "python -m pytest -q tests/attnref", 1).replace(line1, line1 + " --quiet", 1)
+    steps = steps_of(planned_steps(_copy_with_readme(tmp_path, edited)))
+    assert steps[0] == line1 + " --quiet" and steps[3] == "python -m pytest -q tests/attnref"
+
+
+def test_ci_refuses_a_readme_block_that_is_not_two_lines(tmp_path: Path) -> None:
+    line1, line2 = readme_lines((REPO / "README.md").read_text())
+    for n, block in enumerate(([line1], [line1, line2, "echo extra"], [])):
+        root = _copy_with_readme(tmp_path / str(n), "# t\n\n```bash\n" + "\n".join(block) + "\n```\n")
+        res = planned_steps(root)
+        assert res.returncode == 2 and "README.md" in res.stderr and f"found {len(block)}" in res.stderr, res
+        assert "+ " not in res.stdout
+    root = _copy_with_readme(tmp_path / "unknown", (REPO / "README.md").read_text())
+    res = subprocess.run(
+        ["bash", str(root / ".ci" / "run"), "--dry"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert res.returncode == 2 and "--dry" in res.stderr

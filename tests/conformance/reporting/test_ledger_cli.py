@@ -1,0 +1,156 @@
+"""``attnconf ledger audit``: per entry explained / claimed passes, unexplained problems grouped by signature, and
+its exit codes (0; 1 when an entry claims a pass or, with --strict, a problem is unexplained; 2 for a malformed
+ledger or a missing, empty or garbled results file); ``attnconf ledger fields``."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from conformance.cases.case import AttentionCase
+from conformance.cli import main
+from conformance.records import CheckResult, Header, Status, append_record
+
+LEDGER = """
+[[failure]]
+reason = "d80 paged loader"
+versions = ">=1.0"
+[failure.when]
+head_dim = 80
+paged = true
+
+[[failure]]
+reason = "sometimes"
+flaky = true
+[failure.when]
+head_dim = 96
+"""
+
+
+def case(**kw) -> AttentionCase:
+    base = dict(requests=((2, 40),), num_heads=2, num_kv_heads=2, head_dim=80, kv_layout="NHD", block_size=16)
+    return AttentionCase(**{**base, **kw})
+
+
+def write(path: Path, records: list[tuple[AttentionCase, str, str]]) -> Path:
+    append_record(path, Header(suite="fuzz", backends={"kern": {"version": "1.0"}}, env={}))
+    for c, status, version in records:
+        append_record(
+            path,
+            CheckResult(c.id, "kern", "fam", Status(status), c.to_json(), version=version, reason="max_error: too far"),
+        )
+    return path
+
+
+@pytest.fixture
+def ledger_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "ledgers"
+    d.mkdir()
+    (d / "kern.toml").write_text(LEDGER)
+    return d
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["ledger", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_audit_counts_explained_unexplained_and_groups_them(tmp_path: Path, ledger_dir: Path, capsys) -> None:
+    runs = write(
+        tmp_path / "a.jsonl",
+        [
+            (case(), "fail", "1.0"),
+            (case(requests=((3, 50),)), "fail", "1.2"),  # another shape, same cause: explained
+            (case(head_dim=96), "pass", "1.0"),  # flaky entry: its pass proves nothing
+            (case(head_dim=64), "fail", "1.0"),  # unexplained
+            (case(head_dim=64, requests=((5, 9),)), "fail", "1.0"),  # same signature: one group
+            (case(head_dim=64, causal=True), "fail", "1.0"),  # another group
+        ],
+    )
+    code, out, err = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites")
+    assert code == 0, err
+    assert "6 records: 5 problems, 2 explained, 3 unexplained; passes claimed by non-flaky entries: 0" in out
+    assert "kern.toml[0]: explains 2 records (2 cases), claims 0 passes" in out
+    assert "kern.toml[1] [flaky]: explains 0 records (0 cases), claims 0 passes, flaky or partial passes 1" in out
+    assert "2 records,   2 cases | fail | paged NHD | plain | max_error: too far" in out
+    assert "1 records,   1 cases | fail | paged NHD | causal | max_error: too far" in out
+    code, out, _ = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites", "--json")
+    data = json.loads(out)
+    assert code == 0 and (data["problems"], data["explained"], data["unexplained"]) == (5, 2, 3)
+    assert [g["records"] for g in data["unexplained_groups"]] == [2, 1]
+    code, _, _ = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites", "--strict")
+    assert code == 1  # --strict: an unexplained problem fails the audit
+
+
+def test_an_entry_claiming_a_pass_fails_the_audit_and_an_upgrade_shows_fixed(
+    tmp_path: Path, ledger_dir: Path, capsys
+) -> None:
+    (ledger_dir / "kern.toml").write_text(LEDGER.replace('versions = ">=1.0"', 'versions = ">=1.0,<2.0"'))
+    runs = write(tmp_path / "b.jsonl", [(case(), "fail", "1.0"), (case(requests=((4, 44),)), "pass", "1.5")])
+    code, out, _ = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites")
+    assert code == 1 and "claims 1 passes" in out and "CLAIMS PASS" in out
+    fixed = write(tmp_path / "c.jsonl", [(case(), "fail", "1.0"), (case(requests=((4, 44),)), "pass", "2.0")])
+    code, out, _ = run(capsys, "audit", str(fixed), "--ledger-dir", str(ledger_dir), "--no-suites")
+    assert code == 0 and "fixed in 2.0: " in out and "fixed 1" in out
+
+
+def test_stale_entries_are_listed(tmp_path: Path, ledger_dir: Path, capsys) -> None:
+    runs = write(tmp_path / "d.jsonl", [(case(), "fail", "1.0")])
+    code, out, _ = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites")
+    assert code == 0 and "STALE ledgers/kern.toml[1]" in out
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        (b"", "empty file"),
+        (b"not json at all\n", "holds no records"),
+    ],
+)
+def test_unusable_results_files_exit_2(tmp_path: Path, ledger_dir: Path, capsys, content, message) -> None:
+    path = tmp_path / "r.jsonl"
+    if content is not None:
+        path.write_bytes(content)
+    code, out, err = run(capsys, "audit", str(path), "--ledger-dir", str(ledger_dir), "--no-suites")
+    assert code == 2 and "r.jsonl" in err and message in err and out == ""
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_skipped_lines_are_refused_unless_allowed(tmp_path: Path, ledger_dir: Path, capsys) -> None:
+    runs = write(tmp_path / "e.jsonl", [(case(), "fail", "1.0")])
+    with open(runs, "a") as fh:
+        fh.write('{"type": "result", "cut sh')
+    code, _, err = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites")
+    assert code == 2 and "e.jsonl" in err
+    code, out, _ = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites", "--allow-skipped")
+    assert code == 0 and "1 lines that are not records skipped" in out
+
+
+def test_gzipped_results_are_read(tmp_path: Path, ledger_dir: Path, capsys) -> None:
+    plain = write(tmp_path / "f.jsonl", [(case(), "fail", "1.0")])
+    gz = tmp_path / "f.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    code, out, _ = run(capsys, "audit", str(gz), "--ledger-dir", str(ledger_dir), "--no-suites")
+    assert code == 0 and "1 explained" in out
+
+
+def test_a_malformed_ledger_exits_2_naming_the_file_entry_and_field(tmp_path: Path, ledger_dir: Path, capsys) -> None:
+    (ledger_dir / "kern.toml").write_text('[[failure]]\nreason = "r"\n[failure.when]\nhead_dimm = 80\n')
+    runs = write(tmp_path / "g.jsonl", [(case(), "fail", "1.0")])
+    code, out, err = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites")
+    assert code == 2 and out == ""
+    assert "kern.toml failure[0].when: unknown field 'head_dimm'" in err
+    code, _, err = run(capsys, "audit", str(runs), "--ledger-dir", str(tmp_path / "absent"), "--no-suites")
+    assert code == 2 and "no such directory" in err
+
+
+def test_fields_lists_the_predicate_names(capsys) -> None:
+    code, out, _ = run(capsys, "fields")
+    assert code == 0
+    names = {line.split()[0] for line in out.splitlines()}
+    assert {"head_dim", "paged", "fa4_sm90_paged_loader", "fa2_window_misread", "rows_without_keys"} <= names

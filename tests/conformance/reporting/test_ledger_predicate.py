@@ -1,0 +1,197 @@
+"""Ledger predicates: each op, OR of whens, features, versions (pre-releases included), load-time errors, and the
+derived fields the shipped ledgers rely on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conformance.cases.case import AttentionCase
+from conformance.records import CheckResult, Status
+from conformance.reporting.ledger import LedgerEntry, load_ledger
+from conformance.reporting.ledger_fields import FIELDS, case_view
+
+
+def case(**kw) -> AttentionCase:
+    kw.setdefault("requests", ((4, 4),))
+    kw.setdefault("num_heads", 2)
+    kw.setdefault("num_kv_heads", 2)
+    kw.setdefault("head_dim", 64)
+    return AttentionCase(**kw)
+
+
+def entry(tmp_path: Path, body: str, head: str = "") -> LedgerEntry:
+    (tmp_path / "kern.toml").write_text(f'[[failure]]\nreason = "r"\n{head}{body}')
+    (e,) = load_ledger(tmp_path).entries
+    return e
+
+
+PAGED = dict(kv_layout="NHD", block_size=16)
+
+
+@pytest.mark.parametrize(
+    "when, yes, no",
+    [
+        ("head_dim = 80", case(head_dim=80), case(head_dim=96)),
+        ("head_dim = [80, 96]", case(head_dim=96), case(head_dim=112)),
+        ("causal = false", case(), case(causal=True)),
+        ('kv_layout = "NHD"\nblock_size = 16', case(**PAGED), case(kv_layout="NHD", block_size=32)),
+        ("head_dim = { not = 80 }", case(head_dim=96), case(head_dim=80)),
+        ("head_dim = { in = [80, 96] }", case(head_dim=80), case(head_dim=64)),
+        ("head_dim = { not_in = [80, 96] }", case(head_dim=64), case(head_dim=80)),
+        ("head_dim = { lt = 80 }", case(head_dim=64), case(head_dim=80)),
+        ("head_dim = { le = 80 }", case(head_dim=80), case(head_dim=96)),
+        ("head_dim = { gt = 80 }", case(head_dim=96), case(head_dim=80)),
+        ("head_dim = { ge = 80 }", case(head_dim=80), case(head_dim=64)),
+        ("head_dim = { ge = 80, lt = 96 }", case(head_dim=80), case(head_dim=96)),
+        ("scale = { set = false }", case(), case(scale=0.1)),
+        ("scale = { set = true }", case(scale=0.1), case()),
+        ("softcap = 30.0", case(softcap=30.0), case(softcap=50.0)),
+        # a None value equals nothing and fails every comparison, but is "not" anything
+        ("block_size = { lt = 100 }", case(**PAGED), case()),
+        ("block_size = { not = 16 }", case(), case(**PAGED)),
+        ('features = ["paged", "causal"]', case(causal=True, **PAGED), case(**PAGED)),
+        ('no_features = ["causal", "window"]', case(), case(window=(8, 0))),
+        ("window_left = 8\nwindow_right = 0", case(window=(8, 0)), case(window=(8, None))),
+        ("window_right = 0", case(causal=True), case()),  # causal puts the right side at 0
+        ("dv = 512", case(head_dim_v=512), case()),
+        ("rows_without_keys = 2", case(requests=((2, 0), (2, 2))), case(requests=((3, 1),))),
+    ],
+)
+def test_each_condition_form_matches_its_case_and_not_the_other(tmp_path: Path, when, yes, no) -> None:
+    e = entry(tmp_path, f"[failure.when]\n{when}\n")
+    assert e.matches_case(yes) and not e.matches_case(no)
+
+
+def test_whens_are_ored_and_conditions_within_one_anded(tmp_path: Path) -> None:
+    e = entry(tmp_path, "[[failure.when]]\nhead_dim = 80\ncausal = true\n[[failure.when]]\nhead_dim = 160\n")
+    assert e.matches_case(case(head_dim=80, causal=True)) and e.matches_case(case(head_dim=160))
+    assert not e.matches_case(case(head_dim=80)) and not e.matches_case(case(head_dim=96, causal=True))
+    assert " or " in e.pattern and "head_dim = 160" in e.pattern
+
+
+def test_a_glob_with_its_reason_and_a_predicate_both_match(tmp_path: Path) -> None:
+    e = entry(tmp_path, "[failure.when]\nhead_dim = 80\n", 'pattern = "*_fzodd_*"\nglob_reason = "unmodelled"\n')
+    assert e.matches_case(case(head_dim=80)) and e.matches_case(case(batch_name="fzodd"))
+    assert not e.matches_case(case())
+
+
+def record(c: AttentionCase, status: str = "fail", version: str = "1.0.0", backend: str = "kern") -> CheckResult:
+    return CheckResult(c.id, backend, "fam", Status(status), c.to_json(), version=version)
+
+
+@pytest.mark.parametrize(
+    "spec, inside, outside",
+    [
+        (">=4.0.0b36", ["4.0.0b36", "4.0.0", "4.1"], ["4.0.0b30", "3.9"]),
+        ("<4.0.0b40", ["4.0.0b36", "3.0"], ["4.0.0b40", "4.0.0"]),
+        # PEP 440: "<4.0" excludes 4.0's own pre-releases (other pre-releases count: 3.9.1b2)
+        ("<4.0", ["3.9", "3.9.1b2"], ["4.0.0b36", "4.0.0"]),
+        (">=2.11,<2.12", ["2.11.0+cu130", "2.11.1"], ["2.12.0", "2.10.0+cu128"]),
+        ("==0.24.*", ["0.24.0", "0.24.5"], ["0.25.0", "0.23.9"]),
+    ],
+)
+def test_versions_are_pep440_with_prereleases(tmp_path: Path, spec, inside, outside) -> None:
+    e = entry(tmp_path, "[failure.when]\nhead_dim = 80\n", f'versions = "{spec}"\n')
+    c = case(head_dim=80)
+    for v in inside:
+        assert e.explains(record(c, version=v)), v
+    for v in outside:
+        assert not e.explains(record(c, version=v)), v
+    # not a PEP 440 version (older runs wrote 'not installed'): judged on the case alone
+    assert e.explains(record(c, version="not installed"))
+    assert e.version_side("not installed") == "unknown"
+
+
+def test_version_side_tells_newer_from_older(tmp_path: Path) -> None:
+    e = entry(tmp_path, "[failure.when]\nhead_dim = 80\n", 'versions = ">=2.0,<2.5"\n')
+    assert [e.version_side(v) for v in ("2.1", "2.5", "1.9")] == ["in", "after", "before"]
+    e = entry(tmp_path, "[failure.when]\nhead_dim = 80\n", 'versions = "==0.24.*"\n')
+    assert [e.version_side(v) for v in ("0.24.1", "0.25.0", "0.23.0")] == ["in", "after", "before"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[failure.when]\nhead_dimm = 80\n", "failure\\[0\\].when: unknown field 'head_dimm'"),
+        ("[failure.when]\nhead_dim = '80'\n", "head_dim: expected a int value"),
+        ("[failure.when]\ncausal = 1\n", "causal: expected a bool value"),
+        ("[failure.when]\ndtype = { lt = 'bf16' }\n", "'lt' needs a numeric field"),
+        ("[failure.when]\nhead_dim = { about = 80 }\n", "unknown op 'about'"),
+        ("[failure.when]\nhead_dim = []\n", "empty list"),
+        ("[failure.when]\nhead_dim = { in = 80 }\n", "'in' takes a non-empty list"),
+        ("[failure.when]\nscale = { set = 1 }\n", "'set' takes true or false"),
+        ("[failure.when]\nfeatures = ['pagd']\n", "unknown features \\['pagd'\\]"),
+        ("[failure.when]\nfeatures = ['paged']\nno_features = ['paged']\n", "both required and excluded"),
+        ("[failure.when]\n", "empty 'when' table"),
+        ("[[failure.when]]\nhead_dim = 8\n[[failure.when]]\nhead_dimm = 8\n", "when\\[1\\]: unknown field"),
+        ('versions = "~> 2"\n[failure.when]\nhead_dim = 8\n', "not a PEP 440 specifier set"),
+        ("versions = 2\n[failure.when]\nhead_dim = 8\n", "'versions' must be a PEP 440 specifier string"),
+        ('pattern = "*_x_*"\n', "needs glob_reason"),
+        ('glob_reason = "why"\n[failure.when]\nhead_dim = 8\n', "'glob_reason' without 'pattern'"),
+        ("statuses = ['fail']\n", "needs 'when'"),
+    ],
+)
+def test_malformed_predicates_name_the_file_entry_and_field(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "kern.toml").write_text(f'[[failure]]\nreason = "r"\n{text}')
+    with pytest.raises(ValueError, match=message) as info:
+        load_ledger(tmp_path)
+    assert "kern.toml" in str(info.value) and "failure[0]" in str(info.value)
+
+
+def test_every_field_evaluates_on_a_paged_padded_case() -> None:
+    c = AttentionCase(
+        requests=((5, 0), (40, 20), (3, 9)),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=96,
+        head_dim_v=8,
+        v_padded=True,
+        kv_layout="NHD",
+        block_size=16,
+        window=(8, None),
+    )
+    view = case_view(c)
+    for name, f in FIELDS.items():
+        value = view.value(name)
+        assert (
+            value is None
+            and f.nullable
+            or isinstance(value, {"int": int, "float": float, "bool": bool, "str": str}[f.kind])
+        ), (name, value)
+
+
+def test_derived_fields_of_the_kernels() -> None:
+    """The values the shipped ledgers test, on cases whose answer is known from the adapters and investigations."""
+    v = case_view
+    # FA4 sm_90: d80 without a mask has tile 144; page 144 is TMA, page 16 not; causal makes the tile 128
+    paged80 = case(head_dim=80, kv_layout="NHD", block_size=16)
+    assert v(paged80).value("fa4_sm90_tile_n") == 144 and v(paged80).value("fa4_sm90_paged_loader") == "non_tma"
+    assert v(paged80.replace(block_size=144)).value("fa4_sm90_paged_loader") == "tma"
+    assert v(paged80.replace(causal=True)).value("fa4_sm90_tile_n") == 128
+    assert v(case(head_dim=80)).value("fa4_sm90_paged_loader") == "contiguous"
+    # a padded-V case counts with its padded V: d80/dv8 is called as d80/dv80 (tile 144)
+    assert v(paged80.replace(head_dim_v=8, v_padded=True)).value("fa4_sm90_tile_n") == 144
+    # FA2's window normalisation (issue 895): (32, 32) on (40, 20) is misread, on (20, 40) it is not
+    assert v(case(requests=((40, 20),), window=(32, 32))).value("fa2_window_misread")
+    assert not v(case(requests=((20, 40),), window=(32, 32))).value("fa2_window_misread")
+    assert v(case(requests=((3, 1),), window=(0, None))).value("fa2_varlen_window_misread")  # fz895l
+    assert v(case(requests=((3, 1),), window=(None, 1))).value("fa2_varlen_window_misread")  # fz895r
+    assert not v(case(requests=((3, 1),))).value("fa2_window_misread")  # no window, nothing to misread
+    # FA3's head-dim templates (round_up_headdim), of the padded call
+    assert [v(case(head_dim=d)).value("fa3_hdim_template") for d in (64, 80, 128, 136, 200)] == [64, 96, 128, 192, 256]
+    # keyless query tiles: a (5, 0) request is one; 13 keyless rows atop a (270, 257) request are not a 64-row tile
+    assert v(case(requests=((5, 0), (3, 3)))).value("keyless_query_tile") == 128
+    assert v(case(requests=((270, 257),), causal=True)).value("keyless_query_tile") == 8
+    assert v(case(requests=((270, 257),), causal=True)).value("rows_without_keys") == 13
+    assert v(case(requests=((65, 1),), causal=True)).value("keyless_query_tile") == 64
+    # FA3's tile with a packed GQA group of 8: 16 keyless rows fill one
+    gqa = case(requests=((20, 4), (30, 30)), causal=True, num_heads=8, num_kv_heads=1)  # rows 0..15 see no key
+    assert v(gqa).value("fa3_keyless_m_block") and not v(gqa.replace(num_heads=1)).value("fa3_keyless_m_block")
+    assert not v(case(requests=((20, 40), (270, 257)), causal=True)).value("fa3_keyless_m_block")
+    assert v(case(requests=((257, 0),), qv=True, head_dim_v=512)).value("rows_with_keys") == 0
+    # cp: the rank's shard and the causal rule in absolute positions (attnref.mask)
+    cp = case(requests=((4, 3),), causal=True, cp_world=2, cp_rank=1)
+    assert v(cp).value("rows_without_keys") == 0 and v(cp).value("keys_left_of_window") == 0
+    assert v(case(requests=((10, 10),), window=(2, 0))).value("keys_left_of_window") == 7
