@@ -299,6 +299,17 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
             }
             for r, e in verdict.unexpected_passes
         ],
+        "fixed": [
+            {
+                "backend": r.backend,
+                "case_id": r.case_id,
+                "version": r.version,
+                "pattern": e.pattern,
+                "reason": e.reason,
+                "source": e.source,
+            }
+            for r, e in verdict.fixed
+        ],
         "stale": [
             {"backend": e.backend, "pattern": e.pattern, "reason": e.reason, "source": e.source} for e in verdict.stale
         ],

@@ -199,3 +199,18 @@ def test_shards_of_one_sweep_are_one_run_entry() -> None:
     assert merged[0]["started"] == "2026-01-01T00:00:00" and "--shard" not in merged[0]["argv"].split("(")[0]
     other = run(1, 4, "d") | {"backends": {"fa2": "2.8.4"}}
     assert len(_merge_shards([run(0, 5, "a"), other])) == 2
+
+
+def test_a_pass_past_an_entrys_versions_is_reported_fixed(tmp_path: Path) -> None:
+    d = tmp_path / "fixed-ledger"
+    d.mkdir()
+    # kern 1.2.3 passes PLAIN (causal); the entry claims causal failures only below 1.2
+    (d / "kern.toml").write_text(
+        '[[failure]]\nreason = "CAUSAL-BUG-UNTIL-1.2"\nversions = "<1.2"\n[failure.when]\ncausal = true\n'
+    )
+    path = tmp_path / "v.jsonl"
+    append_record(path, Header(suite="smoke", backends={"kern": {"name": "kern", "version": "1.2.3"}}, env={}))
+    append_record(path, rec(PLAIN, "kern", "pass", version="1.2.3", stats=stats(0.3)))
+    md_path, html_path = write_report([path], tmp_path / "out", d)
+    for text in (md_path.read_text(), html_path.read_text()):
+        assert "fixed (1)" in text and "fixed in 1.2.3" in text and "CAUSAL-BUG-UNTIL-1.2" in text
