@@ -24,11 +24,12 @@ A result is *known* when an entry of its backend matches its case, its version i
 and the entry lists its status; a problem no entry explains is *unexpected*.  A pass of a case an entry
 matches at a version in range is an *unexpected pass* (the bug may be fixed: narrow ``versions`` or drop the
 entry) unless the entry says ``flaky = true`` or ``partial = "..."`` (the predicate is the envelope of the
-cause: every failure inside it is of that cause, but not every case inside it fails); a pass at a version past the range (an upper bound excludes it)
-is *fixed* ("fixed in <version>"); a failure at a version outside the range is unexpected (the entry does not
-claim it).  A record whose version is not a PEP 440 version (older runs wrote 'not installed' for vLLM's fork)
-is judged on its case alone.  An entry matching no case of a backend that ran, nor any case of the built-in
-suites, is *stale*; an entry whose cases this run simply did not include is neither.
+cause: every failure inside it is of that cause, but not every case inside it fails); a pass at a version past
+the range (an upper bound excludes it) is *fixed* ("fixed in <version>"); a failure at a version outside the
+range is unexpected (the entry does not claim it).  A record whose version is not a PEP 440 version (older runs
+wrote 'not installed' for vLLM's fork) is judged on its case alone.  An entry matching no case of a backend that
+ran, nor any case of the built-in suites, is *stale*; an entry whose cases this run simply did not include is
+neither.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 :func:`audit` reads every record of every file (fuzz campaigns' original, minimal and replay records alike) and
 sorts them with :meth:`Ledger.classify`.  Per entry: the problems it explains, the passes it claims (a non-flaky
-entry should claim none: its predicate is too wide or the bug is fixed), the passes of its flaky or partial cases, the passes
-past its version range (fixed).  Per backend: the problems no entry explains, grouped by a short signature (status,
-layout, the modes that select kernel paths, whether some row sees no key, the checks that failed or the error's
+entry should claim none: its predicate is too wide or the bug is fixed), the passes of its flaky or partial cases,
+the passes past its version range (fixed).  Per backend: the problems no entry explains, grouped by a short signature
+(status, layout, the modes that select kernel paths, whether some row sees no key, the checks that failed or the
+error's
 first words) so that failures of one cause fall into one group.
 """
 

@@ -225,7 +225,8 @@ def select_cases(
     if not cases:
         hint = f"; {ID_HELP}" if patterns else ""
         raise UsageError(
-            "no case selected (check --case, --exclude, --feature, --exclude-feature, --model, --shard and --limit)" + hint
+            "no case selected (check --case, --exclude, --feature, --exclude-feature, --model, --shard and --limit)"
+            + hint
         )
     return cases
 
