@@ -161,14 +161,25 @@ def gate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nox -s gate --", description="compare a baseline with a new run")
     p.add_argument("baseline", help="the baseline results file (.jsonl or .jsonl.gz)")
     p.add_argument("new", nargs="+", help="the new run: a merged file, or its shard files (merged first)")
+    p.add_argument(
+        "--all-families",
+        action="store_true",
+        help="compare every backend family of the baseline (default: only those the new run was asked for)",
+    )
     return p
 
 
 @nox.session
 def gate(session: nox.Session) -> None:
-    """``nox -s gate -- BASELINE NEW [NEW...] [compare options, e.g. --out gate.md]``: fails on a regression.
+    """``nox -s gate -- BASELINE NEW [NEW...] [compare options, e.g. --out gate.md]``: fails on a regression,
+    and on every refusal of ``attnconf compare`` (exit 2: a file unreadable, empty or with skipped lines, another
+    suite or tolerance, the new run lacking (case, family) pairs of the baseline).
 
-    Several NEW files are merged first (``attnconf merge``: a missing shard or pair fails the gate too).
+    Several NEW files are merged first (``attnconf merge``: a missing shard or pair fails the gate too).  The
+    gate compares the backend families the new run was asked for (``compare --only-new-families``; the
+    baseline's other families are listed as outside the comparison), and every baseline pair of those families
+    must be in the new run; ``--all-families`` compares them all, and compare's ``--allow-subset`` /
+    ``--allow-skipped`` accept less, said in the summary.
     """
     _install(session)
     args, compare_args = _parse(session, gate_parser())
@@ -176,7 +187,22 @@ def gate(session: nox.Session) -> None:
     if len(args.new) > 1:
         new = os.path.join(session.create_tmp(), "gate-merged.jsonl")
         _attnconf(session, "merge", *args.new, "--out", new)
-    _attnconf(session, "compare", args.baseline, new, *compare_args)
+    scope = [] if args.all_families else ["--only-new-families"]
+    session.log(
+        "gate: "
+        + (
+            "every backend family of the baseline"
+            if args.all_families
+            else "the backend families the new run was asked for"
+        )
+        + "; "
+        + (
+            "accepting a subset of the baseline's pairs (--allow-subset)"
+            if "--allow-subset" in compare_args
+            else "every baseline pair of those families must be in the new run"
+        )
+    )
+    _attnconf(session, "compare", args.baseline, new, *scope, *compare_args)
 
 
 WORKFLOWS = sorted(glob.glob(".github/workflows/*.yml"))
@@ -196,3 +222,59 @@ def lint(session: nox.Session) -> None:
         session.run("zizmor", "--offline", "--strict-collection", "--no-progress", *WORKFLOWS)
         if shutil.which("actionlint"):
             session.run("actionlint", *WORKFLOWS, external=True)
+
+
+#: the lowest mutation score ``nox -s mutation`` accepts (issue 17): mutants detected / mutants counted
+MUTATION_THRESHOLD = 0.95
+#: what ``mutmut export-cicd-stats`` writes
+MUTMUT_STATS = os.path.join("mutants", "mutmut-cicd-stats.json")
+
+
+def mutation_score(stats: dict) -> tuple[int, int]:
+    """(detected, counted) from mutmut's CI/CD stats: a mutant is detected when a test failed on it (killed) or
+    hung past mutmut's time limit (timeout; mutmut's badge counts it so too); every mutant is counted except
+    those mutmut skipped.  Survivors, mutants no test reaches and mutants an interrupted run did not try count
+    as not detected, so an incomplete run cannot reach the threshold."""
+    for key in ("killed", "timeout", "total", "skipped"):
+        if not isinstance(stats.get(key), int):
+            raise ValueError(f"{MUTMUT_STATS}: field {key!r} must be an integer, got {stats.get(key)!r}")
+    return stats["killed"] + stats["timeout"], stats["total"] - stats["skipped"]
+
+
+def _mutmut(session: nox.Session, *args: str, **kwargs) -> None:
+    if isinstance(session.virtualenv, PassthroughEnv):  # the mutmut installed beside the interpreter running nox
+        exe = os.path.join(os.path.dirname(sys.executable), "mutmut")
+        session.run(exe if os.path.exists(exe) else "mutmut", *args, external=True, **kwargs)
+    else:
+        session.run("mutmut", *args, **kwargs)
+
+
+@nox.session
+def mutation(session: nox.Session) -> None:
+    """Mutation testing of ``attnref/`` and ``conformance/verdict/`` with mutmut (``[tool.mutmut]`` in
+    pyproject.toml): ``nox -s mutation [-- --max-children N] [MUTANT-NAME-GLOB...]``.
+
+    Prints the mutants not killed and the kill rate, and fails below ``MUTATION_THRESHOLD``.  Results are kept
+    in ``mutants/``: a rerun tries only mutants of changed functions and those not tried yet (delete the folder
+    for a clean run).  Not run by CI (.ci/run): README "Mutation testing" gives the time it takes.
+    """
+    import json
+
+    _install(session, "test", "mutation")
+    # one torch thread per mutant process: mutmut already runs one process per core
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    _mutmut(session, "run", *session.posargs, env=env)
+    _mutmut(session, "export-cicd-stats")
+    try:
+        with open(MUTMUT_STATS, encoding="utf-8") as f:
+            detected, counted = mutation_score(json.load(f))
+    except (OSError, ValueError) as exc:
+        session.error(f"nox -s mutation: cannot read the kill rate: {exc}")
+    _mutmut(session, "results")  # the mutants not killed, by name (`mutmut show NAME` prints the diff)
+    rate = detected / counted if counted else 0.0
+    verdict = "ok" if counted and rate >= MUTATION_THRESHOLD else "BELOW THRESHOLD"
+    session.log(
+        f"mutation score: {detected}/{counted} killed = {rate:.1%} (threshold {MUTATION_THRESHOLD:.0%}): {verdict}"
+    )
+    if verdict != "ok":
+        session.error(f"nox -s mutation: {detected}/{counted} = {rate:.1%} killed, below {MUTATION_THRESHOLD:.0%}")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from conformance.cases.case import AttentionCase
 from conformance.verdict import tolerance
-from conformance.verdict.tolerance import DTYPE_DEFAULTS, Tolerance, load_toml, parse_override
+from conformance.verdict.tolerance import DTYPE_DEFAULTS, Tolerance, layers, load_toml, parse_override
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -76,3 +77,23 @@ def test_a_bad_tol_scope_lists_the_scope_spellings() -> None:
         r"got 'colour:red'",
     ):
         parse_override("colour:red.factor=2")
+
+
+def test_override_layers_are_labelled_with_their_scope() -> None:
+    """The labels say where each layer came from: an unscoped override by its index alone, a scoped one with
+    every scope key, space-separated in SCOPES order."""
+    case = AttentionCase(requests=((3, 5),), num_heads=2, num_kv_heads=1, head_dim=16, kv_layout="NHD", block_size=16)
+    overrides = [{"factor": 3}, {"feature": "paged", "dtype": "bf16", "atol": 0.01}]
+    labels = [label for label, _ in layers(case, "sdpa-cpu", overrides)]
+    assert labels[-2:] == ["override 0", "override 1 (dtype=bf16 feature=paged)"]
+
+
+@pytest.mark.parametrize(("field", "edge"), [("min_cosine", -1.0), ("min_cosine", 1.0), ("max_mismatch_frac", 1.0)])
+def test_range_ends_are_accepted(field: str, edge: float) -> None:
+    """The ranges are closed: min_cosine=1 asks for an exact direction, max_mismatch_frac=1 switches the check off."""
+    assert getattr(Tolerance(**{field: edge}), field) == edge
+
+
+def test_cosine_below_minus_one_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"tolerance min_cosine must be in \[-1, 1\], got -1\.5"):
+        Tolerance(min_cosine=-1.5)
