@@ -142,13 +142,13 @@ def gather_kv(
     cache: torch.Tensor, block_table: torch.Tensor, seqlens: torch.Tensor | list[int], layout: KVLayout = "NHD"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Contiguous varlen copy of a paged cache: ``(total, hk, d)`` and ``cu_seqlens`` (int32)."""
-    nb, bs, _, _ = cache_geometry(cache, layout)
+    nb, bs, hk, d = cache_geometry(cache, layout)
     lens = as_int_list("seqlens", seqlens)
     check_seqlens("seqlens", lens, len(lens), nb * bs)
     table = check_block_table(block_table, len(lens), nb, bs, lens)
     parts = [_gather_one(cache, table[b], n, layout) for b, n in enumerate(lens)]
     cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return torch.cat(parts, 0) if parts else cache.new_zeros((0,) + tuple(cache.shape[2:])), cu
+    return torch.cat(parts, 0) if parts else cache.new_zeros((0, hk, d)), cu
 
 
 @torch.no_grad()
