@@ -68,7 +68,7 @@ def softmax_scale(case: AttentionCase) -> float:
     """The case's scale, or the kernels' default ``1/sqrt(d)`` (``1/sqrt(d + dv)`` with ``qv``)."""
     if case.scale is not None:
         return case.scale
-    return 1.0 / math.sqrt(case.head_dim + (case.dv if case.qv else 0))
+    return 1.0 / math.sqrt(case.qk_dim)
 
 
 def visibility(

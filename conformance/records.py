@@ -160,6 +160,12 @@ class Header:
     #: :mod:`conformance.running.outfile`; empty in files written before it existed (and by ``fuzz``)
     sweep: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def run_options(self) -> dict[str, Any]:
+        """``env["run"]``: the run's options as the runner recorded them (``{}`` when absent or malformed)."""
+        run = self.env.get("run") if isinstance(self.env, dict) else None
+        return run if isinstance(run, dict) else {}
+
     def to_json(self) -> dict[str, Any]:
         return {"type": "header", "schema": SCHEMA, **dataclasses.asdict(self)}
 

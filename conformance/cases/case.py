@@ -239,6 +239,11 @@ class AttentionCase:
         return self.head_dim if self.head_dim_v is None else self.head_dim_v
 
     @property
+    def qk_dim(self) -> int:
+        """Width of the q.k product: ``head_dim``, plus ``dv`` with ``qv`` (MLA absorbed: q_v scored against V)."""
+        return self.head_dim + (self.dv if self.qv else 0)
+
+    @property
     def quant_family(self) -> str | None:
         """``"fp8"``, ``"int8"`` or None (not quantized)."""
         return None if self.quant == "none" else self.quant.split("_")[0]

@@ -149,8 +149,7 @@ def case_visible_pairs(case: AttentionCase) -> int:
 
 def attention_flops(case: AttentionCase) -> int:
     """Matrix-product FLOPs of the forward pass: visible pairs * h * 2 * (d + dv) (+ 2 dv with ``qv``)."""
-    score_dim = case.head_dim + (case.dv if case.qv else 0)
-    return case_visible_pairs(case) * case.num_heads * 2 * (score_dim + case.dv)
+    return case_visible_pairs(case) * case.num_heads * 2 * (case.qk_dim + case.dv)
 
 
 def _itemsizes(case: AttentionCase) -> tuple[int, int, int]:

@@ -94,8 +94,7 @@ def tolerance_of(h: Header) -> tuple[str, str]:
         layers = _floats(h.sweep["tol"])
         typed = h.sweep.get("tol_args") or {}
     else:
-        run = h.env.get("run") if isinstance(h.env, dict) else None
-        run = run if isinstance(run, dict) else {}
+        run = h.run_options
         if "tol" not in run and "tol_file" not in run:
             return "unrecorded", "no tolerance recorded in the header (env.run.tol)"
         typed = {"tol": list(run.get("tol") or []), "tol_file": run.get("tol_file")}
@@ -151,8 +150,7 @@ def _load(path: Path | str, allow_skipped: bool) -> ResultsFile:
 def _seed(h: Header) -> Any:
     if h.sweep and "seed" in h.sweep:
         return h.sweep["seed"]
-    run = h.env.get("run") if isinstance(h.env, dict) else None
-    return run.get("seed") if isinstance(run, dict) else None
+    return h.run_options.get("seed")
 
 
 def _families_asked(f: ResultsFile) -> set[str]:

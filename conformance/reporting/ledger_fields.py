@@ -39,10 +39,6 @@ class Field:
     nullable: bool = False
 
 
-def _qk_width(case: AttentionCase) -> int:
-    return case.head_dim + (case.dv if case.qv else 0)
-
-
 def _visible_bounds(case: AttentionCase, b: int) -> tuple[np.ndarray, np.ndarray]:
     """Half-open visible key bounds ``[lo, hi)`` of every query row of request ``b`` (the rule of attnref.mask,
     SEMANTICS.md section 2; cp totals as conformance.cases.inputs builds them)."""
@@ -243,13 +239,15 @@ FIELDS: dict[str, Field] = {
     ),
     "dv_gt_head_dim": Field("bool", "value head dim wider than the qk head dim", lambda c: c.dv > c.head_dim),
     "qk_width": Field(
-        "int", "width of the q.k product: head_dim, plus dv under qv (MLA absorbed: q_v scored against V)", _qk_width
+        "int",
+        "width of the q.k product: head_dim, plus dv under qv (MLA absorbed: q_v scored against V)",
+        lambda c: c.qk_dim,
     ),
     "max_request_k_elements": Field(
         "int",
         "elements of the largest request's K with kv heads repeated to the query heads: max kv_len x num_heads x "
         "qk_width (what a per-request call such as SDPA's receives)",
-        lambda c: max(c.kv_lens) * c.num_heads * _qk_width(c),
+        lambda c: max(c.kv_lens) * c.num_heads * c.qk_dim,
     ),
     "keys_left_of_window": Field(
         "int", "the most keys a row's window leaves out on its left (0: no left bound)", _keys_left_of_window

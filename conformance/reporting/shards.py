@@ -144,11 +144,6 @@ def _segments(path: Path) -> list[tuple[Header, list[CheckResult]]]:
     return segments
 
 
-def _run(h: Header) -> dict[str, Any]:
-    run = h.env.get("run")
-    return run if isinstance(run, dict) else {}
-
-
 def _coverage(h: Header, source: Path) -> tuple[int, tuple[int, ...]]:
     """(n, shard indices) a header's records belong to: its shard, a merged file's shards, or 0/1."""
     merge = h.env.get("merge")
@@ -157,7 +152,7 @@ def _coverage(h: Header, source: Path) -> tuple[int, tuple[int, ...]]:
             return int(merge["shard_count"]), tuple(sorted(int(i) for i in merge["shards"]))
         except (KeyError, TypeError, ValueError):
             raise MergeError(f"{source}: field env.merge is not readable: {merge!r}") from None
-    shard = _run(h).get("shard")
+    shard = h.run_options.get("shard")
     if shard is None:
         return 1, (0,)
     try:
@@ -196,10 +191,10 @@ def _missing(
     if isinstance(merge, dict):  # a merged file: what it was missing stays missing
         pairs = tuple((str(c), str(b)) for c, b in merge.get("missing_pairs", []))
         count = merge.get("missing_count")
-        return pairs, (None if count is None else int(count)), _run(h).get("cases")
+        return pairs, (None if count is None else int(count)), h.run_options.get("cases")
     backends = list(h.backends)
     recorded = {(r.case_id, r.backend) for r in results}
-    n_cases = _run(h).get("cases")
+    n_cases = h.run_options.get("cases")
     ids = _selection(h, shard)
     if ids is not None and (n_cases is None or len(ids) == n_cases):
         expected = [(c, b) for c in ids for b in backends]
@@ -238,7 +233,7 @@ def read_parts(path: Path | str) -> list[ShardPart]:
 
 
 def _identity(h: Header) -> dict[str, Any]:
-    run = _run(h)
+    run = h.run_options
     ident: dict[str, Any] = {
         "suite": h.suite,
         "env.git_commit": h.env.get("git_commit"),
@@ -341,11 +336,11 @@ def _header(parts: list[ShardPart], n: int, missing_shards: tuple[int, ...], dup
             k = argv.index(flag)
             del argv[k : k + 2]
     run = {
-        **_run(first),
+        **first.run_options,
         "shard": None,
         "cases": None if None in cases else sum(c for c in cases if c is not None),
-        "already_recorded": sum(int(_run(p.header).get("already_recorded", 0) or 0) for p in parts),
-        "resume": any(p.segments > 1 or bool(_run(p.header).get("resume")) for p in parts),
+        "already_recorded": sum(int(p.header.run_options.get("already_recorded", 0) or 0) for p in parts),
+        "resume": any(p.segments > 1 or bool(p.header.run_options.get("resume")) for p in parts),
     }
     merge = {
         "shard_count": n,

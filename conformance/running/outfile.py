@@ -101,7 +101,7 @@ def sweep(
 
 def _legacy(h: Header) -> dict[str, Any]:
     """What a header from before ``sweep`` says about its sweep, in ``sweep``'s terms (as far as it can)."""
-    run = h.env.get("run", {}) if isinstance(h.env, dict) else {}
+    run = h.run_options
     out: dict[str, Any] = {"suite": None if h.suite == "custom" else h.suite}
     for key in ("seed", "device"):
         if key in run:
