@@ -108,6 +108,31 @@ class PreparedKernel:
         return f"PreparedKernel({self.call.entry}({names}))"
 
 
+class GraphKernel(PreparedKernel):
+    """A :class:`PreparedKernel` for CUDA-graph mode (:meth:`attnfast.base.Backend.prepare_graph`): the planned
+    call with its per-batch arguments bound to the bucket's live buffers (``live``: keyword -> static tensor),
+    and ``refresh`` run before every replay, outside the graph."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        call: KernelCall,
+        live: Mapping[str, Any],
+        refresh: Callable[[], None] | None = None,
+        note: str = "",
+    ) -> None:
+        missing = sorted(set(live) - set(call.kwargs))
+        if missing:
+            raise ValueError(f"graph binding names arguments the call does not take: {missing}")
+        notes = call.notes + ((note,) if note else ())
+        super().__init__(fn, KernelCall(call.entry, {**call.kwargs, **live}, call.finish, notes))
+        self._refresh = refresh
+
+    def refresh(self) -> None:
+        if self._refresh is not None:
+            self._refresh()
+
+
 # ---------------------------------------------------------------------------------- devices
 def compute_capability(device: str | torch.device = "cuda") -> tuple[int, int] | None:
     """(major, minor) of the CUDA device, or None without CUDA."""

@@ -24,13 +24,17 @@ Conventions of this module:
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs, cp_totals
+
+from .base import KernelOutput
 
 __all__ = [
     "SeqTensors",
@@ -311,3 +315,19 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
         total = None if totals is None else totals[b]
         out.append(SeqTensors(b, cu_q[b], q, k.contiguous(), v.contiguous(), total))
     return out
+
+
+def host_graph_call(
+    prepare: Callable[[AttentionCase, CaseInputs], Callable[[], KernelOutput]], case: AttentionCase, inputs: CaseInputs
+) -> Callable[[], KernelOutput]:
+    """Graph mode of the CPU adapters (:meth:`attnfast.base.Backend.prepare_graph`): each call reads the bucket's
+    live key counts on the host and prepares the ordinary per-request call over the buffers.  A host read cannot
+    be captured, which is why only the CPU adapters, which are never captured, take this path."""
+    q_len = case.q_lens[0]
+
+    def run() -> KernelOutput:
+        lens = [int(n) for n in inputs.seqlens_k.tolist()]
+        live = case.replace(requests=tuple((q_len, n) for n in lens))
+        return prepare(live, dataclasses.replace(inputs, case=live))()
+
+    return run

@@ -21,6 +21,9 @@ calling it twice gives the same result (a kvcache append rewrites the same slots
 ``notes`` attribute (strings): translation facts a reader of the record needs, such as a dtype the
 adapter converted an argument to; the check copies them into the record's ``extra["notes"]``.
 
+``prepare_graph(case, inputs)`` (adapters declaring the opt-in ``graph``): the call CUDA-graph mode captures
+once and replays for every batch of a bucket, reading the batch from the bucket's static buffers.
+
 ``compile_key(case)`` (optional) names the kernel a JIT backend compiles for the case (FA4: one per
 dtype, head dims, mask kind, paged loader, ...), so a parallel run keeps cases of one kernel on one
 worker instead of compiling it in each.
@@ -121,6 +124,20 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
         """Translate the case; return a callable running only the kernel."""
+
+    def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        """The graph-safe call of CUDA-graph mode (the opt-in feature ``graph``; :mod:`conformance.graphs`).
+
+        ``case`` is the call the graph captures: every request at the bucket's capacity (what an engine passes as
+        ``max_seqlen_k`` at capture); ``inputs`` holds the bucket's static buffers, which the harness refills in
+        place before every replay: the live key counts in ``inputs.seqlens_k`` (int32 ``(batch,)``, padded
+        requests at the engine's fill value) and ``inputs.cu_seqlens_k``, the block table, the caches, ``q``.
+        The callable must read the batch from those tensors only (a length copied to the host or into a new
+        tensor here would be frozen into the graph) and return a ``KernelOutput``; it may have a ``refresh()``
+        method, which the harness calls before every replay outside the graph (host-side metadata such as FA3's
+        scheduler metadata, written into a buffer the call reads).  Adapters that declare ``graph`` in
+        ``accepts`` override this."""
+        raise NotImplementedError(f"{self.name} has no graph mode (it does not declare 'graph')")
 
     def compile_key(self, case: AttentionCase) -> Hashable | None:
         """What the kernel JIT-compiles once per process for ``case``: cases with equal keys run one compiled

@@ -42,6 +42,7 @@ from conformance.cases.inputs import CaseInputs
 
 from ._fa_common import (
     KernelCall,
+    GraphKernel,
     PreparedKernel,
     cuda_device_support,
     fa2_alibi_fix,
@@ -191,7 +192,7 @@ class FA2Backend(Backend):
         "hnd": "FA2 reads NHD pages (num_blocks, block_size, hk, d) only",
     }
     #: seed 004's path for FA2: V zero-padded to the qk head dim, output stripped.
-    accepts = frozenset({"v_pad"})
+    accepts = frozenset({"v_pad", "graph"})
 
     def version(self) -> str:
         return package_version("flash-attn", "flash_attn")
@@ -215,3 +216,12 @@ class FA2Backend(Backend):
         call = fa2_plan(case, inputs)
         fn = getattr(flash_attn, call.entry.rsplit(".", 1)[1])
         return PreparedKernel(fn, call)
+
+    def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> GraphKernel:
+        """The bucket's call with ``cache_seqlens`` bound to the live key counts (``flash_attn_with_kvcache``,
+        vLLM V0's and SGLang's decode); the varlen entry reads the live ``cu_seqlens_k`` buffer already."""
+        import flash_attn
+
+        call = fa2_plan(case, inputs)
+        live = {"cache_seqlens": inputs.seqlens_k} if call.entry == KVCACHE else {}
+        return GraphKernel(getattr(flash_attn, call.entry.rsplit(".", 1)[1]), call, live)

@@ -57,6 +57,7 @@ from conformance.cases.inputs import CaseInputs, cp_totals
 
 from ._fa_common import (
     KernelCall,
+    GraphKernel,
     PreparedKernel,
     compute_capability,
     cuda_device_support,
@@ -119,7 +120,6 @@ def fa3_vllm_plan(case: AttentionCase, inputs: CaseInputs, scheduler: Any = None
     ``scheduler`` is ``get_scheduler_metadata`` (only called when the case asks for scheduler metadata).
     """
     t = stored_tensors(case, inputs)
-    h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
     max_q, max_k = max(case.q_lens), max(case.kv_lens)
     window = fa2_window(case)
     notes: list[str] = []
@@ -169,23 +169,8 @@ def fa3_vllm_plan(case: AttentionCase, inputs: CaseInputs, scheduler: Any = None
         )
     if case.scheduler_metadata:
         assert scheduler is not None, "a scheduler_metadata case needs get_scheduler_metadata"
-        kwargs["scheduler_metadata"] = scheduler(
-            case.batch,
-            max_q,
-            max_k,
-            h,
-            hk,
-            d,
-            torch.tensor(case.kv_lens, dtype=torch.int32, device=inputs.device),
-            qkv_dtype=t.q.dtype,
-            headdim_v=dv,
-            cu_seqlens_q=inputs.cu_seqlens_q,
-            page_size=case.block_size,
-            causal=case.causal,
-            window_size=window,
-            has_softcap=case.softcap is not None,
-            num_splits=kwargs["num_splits"],
-        )
+        lens_k = torch.tensor(case.kv_lens, dtype=torch.int32, device=inputs.device)
+        kwargs["scheduler_metadata"] = fa3_scheduler_metadata(case, inputs, scheduler, lens_k, kwargs["num_splits"])
         notes.append("scheduler_metadata: from get_scheduler_metadata with this call's shapes")
 
     def finish(result: Any) -> KernelOutput:
@@ -195,13 +180,38 @@ def fa3_vllm_plan(case: AttentionCase, inputs: CaseInputs, scheduler: Any = None
     return KernelCall(ENTRY, kwargs, finish, tuple(notes))
 
 
+def fa3_scheduler_metadata(
+    case: AttentionCase, inputs: CaseInputs, scheduler: Any, cache_seqlens: torch.Tensor, num_splits: int
+) -> torch.Tensor:
+    """``get_scheduler_metadata`` for the call of ``case`` with the key counts ``cache_seqlens`` (as vLLM V1's
+    ``FlashAttentionMetadataBuilder`` calls it: batch, max query and key lengths, heads, head dims, page size,
+    mask, soft-cap, the pinned ``num_splits``)."""
+    return scheduler(
+        case.batch,
+        max(case.q_lens),
+        max(case.kv_lens),
+        case.num_heads,
+        case.num_kv_heads,
+        case.head_dim,
+        cache_seqlens,
+        qkv_dtype=stored_tensors(case, inputs).q.dtype,
+        headdim_v=case.dv,
+        cu_seqlens_q=inputs.cu_seqlens_q,
+        page_size=case.block_size,
+        causal=case.causal,
+        window_size=fa2_window(case),
+        has_softcap=case.softcap is not None,
+        num_splits=num_splits,
+    )
+
+
 class FA3VllmBackend(Backend):
     """vLLM's FA3 fork on Hopper: varlen, paged, fp8, qv, sinks, splits, scheduler metadata, context parallel."""
 
     name = "fa3-vllm"
     family = "vllm-flash-attn-3"
     description = "vLLM's FA3 fork (vllm.vllm_flash_attn, fa_version=3): varlen + paged, fp8, q_v, s_aux"
-    accepts = frozenset({"fp8_e4m3", "descale_head", "qv", "v_pad", "sched_meta", "cp"})
+    accepts = frozenset({"fp8_e4m3", "descale_head", "qv", "v_pad", "sched_meta", "cp", "graph"})
     refused = {
         "alibi": "'Alibi is not supported in FA3' (the wrapper's assertion, measured)",
         "append": "by the wrapper: flash_attn_varlen_func passes no new keys (k_new/v_new = None); vLLM writes "
@@ -237,3 +247,28 @@ class FA3VllmBackend(Backend):
         mod = import_vllm_fa3()
         call = fa3_vllm_plan(case, inputs, mod.get_scheduler_metadata)
         return PreparedKernel(mod.flash_attn_varlen_func, call)
+
+    def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> GraphKernel:
+        """vLLM V1's full-CUDA-graph call: ``seqused_k`` bound to the live key counts; with scheduler metadata
+        (``sched_meta``), the metadata computed for the bucket is the captured buffer, and ``refresh()``
+        recomputes it for the live key counts before every replay and copies it in place (zeroing the rest), as
+        the builder copies into its preallocated ``scheduler_metadata`` buffer; ``num_splits`` stays the case's
+        (pinned) value at capture and replay."""
+        mod = import_vllm_fa3()
+        call = fa3_vllm_plan(case, inputs, mod.get_scheduler_metadata)
+        refresh = None
+        if case.scheduler_metadata:
+            buffer = call.kwargs["scheduler_metadata"]
+            splits = call.kwargs["num_splits"]
+
+            def refresh() -> None:
+                fresh = fa3_scheduler_metadata(case, inputs, mod.get_scheduler_metadata, inputs.seqlens_k, splits)
+                if fresh.numel() > buffer.numel():
+                    raise ValueError(
+                        f"scheduler_metadata of {fresh.numel()} entries does not fit the captured buffer of "
+                        f"{buffer.numel()} (bucket of {case.batch} requests)"
+                    )
+                buffer.view(-1)[: fresh.numel()].copy_(fresh.view(-1))
+                buffer.view(-1)[fresh.numel() :].zero_()
+
+        return GraphKernel(mod.flash_attn_varlen_func, call, {"seqused_k": inputs.seqlens_k}, refresh)

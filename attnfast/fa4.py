@@ -35,6 +35,7 @@ from conformance.cases.inputs import CaseInputs
 
 from ._fa_common import (
     KernelCall,
+    GraphKernel,
     PreparedKernel,
     compute_capability,
     cuda_device_support,
@@ -170,7 +171,7 @@ class FA4Backend(Backend):
         "fp32": "FA4 takes fp16 and bf16 inputs (fp8 on SM100 only)",
     }
     #: seed 004's padded-V path (vLLM pads V for kernels without its head-dim pair).
-    accepts = frozenset({"v_pad"})
+    accepts = frozenset({"v_pad", "graph"})
 
     def version(self) -> str:
         return package_version("flash-attn-4")
@@ -195,6 +196,12 @@ class FA4Backend(Backend):
         from flash_attn.cute import flash_attn_varlen_func
 
         return PreparedKernel(flash_attn_varlen_func, fa4_plan(case, inputs))
+
+    def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> GraphKernel:
+        """The bucket's call: ``fa4_plan`` already passes the live ``seqused_k`` buffer and the block table."""
+        from flash_attn.cute import flash_attn_varlen_func
+
+        return GraphKernel(flash_attn_varlen_func, fa4_plan(case, inputs), {"seqused_k": inputs.seqlens_k})
 
     def compile_key(self, case: AttentionCase) -> tuple[Any, ...]:
         """FA4's forward compile key for ``case``, approximated from the case (:func:`fa4_compile_key`)."""

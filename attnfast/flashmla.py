@@ -31,6 +31,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
 from ._fa_common import (
+    GraphKernel,
     KernelCall,
     PreparedKernel,
     cuda_device_support,
@@ -109,7 +110,7 @@ class FlashMLABackend(Backend):
     name = "flashmla"
     family = "flashmla"
     description = "FlashMLA flash_mla_with_kvcache: MLA absorbed decode, 576-wide paged cache (page 64)"
-    accepts = frozenset({"qv"})
+    accepts = frozenset({"qv", "graph"})
     _DENSE = "FlashMLA's dense decode (flash_mla_with_kvcache without indices) has no"
     refused = {
         "window": f"{_DENSE} window argument",
@@ -142,3 +143,23 @@ class FlashMLABackend(Backend):
         mod = import_flashmla()
         metadata, _ = mod.get_mla_metadata()
         return PreparedKernel(mod.flash_mla_with_kvcache, flashmla_plan(case, inputs, metadata))
+
+    def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> GraphKernel:
+        """The bucket's call reading the live ``cache_seqlens``, the 576-wide query concatenated inside the call
+        (so from the live buffers), and a fresh ``FlashMLASchedMeta``: its tile-scheduler metadata is computed by
+        the first call, which is then the captured one, so every replay plans for its own key counts (the
+        interface: reuse a sched_meta "only when the tensor shapes and the values of cache_seqlens ... remain the
+        same")."""
+        mod = import_flashmla()
+        metadata, _ = mod.get_mla_metadata()
+        call = flashmla_plan(case, inputs, metadata)
+        q_shape = tuple(call.kwargs["q"].shape)
+        qv, q = inputs.qv, inputs.q
+        assert qv is not None
+
+        def run(**kwargs: Any) -> Any:
+            kwargs["q"] = torch.cat([qv, q], dim=-1).reshape(q_shape)
+            return mod.flash_mla_with_kvcache(**kwargs)
+
+        note = "graph: a fresh get_mla_metadata() per capture, computed by the captured call from cache_seqlens"
+        return GraphKernel(run, call, {"cache_seqlens": inputs.seqlens_k}, note=note)

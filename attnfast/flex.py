@@ -41,7 +41,7 @@ import torch
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from ._torch_common import SeqTensors, sequences, softmax_scale, with_sink_column
+from ._torch_common import SeqTensors, host_graph_call, sequences, softmax_scale, with_sink_column
 from .base import Backend, KernelOutput
 
 __all__ = ["FlexCpuBackend", "make_mask_mod", "make_score_mod"]
@@ -156,7 +156,7 @@ class FlexCpuBackend(Backend):
     #: quantized inputs are dequantized and MLA's qv concatenated in ``_torch_common.sequences``; context
     #: parallel (``cp``) is a rule of the ``mask_mod``.
     accepts: ClassVar[frozenset[str]] = frozenset(
-        {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "cp"}
+        {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "cp", "graph"}
     )
 
     def __init__(self, max_score_elems: int = 1 << 24) -> None:
@@ -166,6 +166,10 @@ class FlexCpuBackend(Backend):
 
     def version(self) -> str:
         return torch.__version__
+
+    def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        """Graph mode on CPU: eager "replays" over the bucket's buffers (:func:`host_graph_call`)."""
+        return host_graph_call(self.prepare, case, inputs)
 
     def _tiles(self, case: AttentionCase, inputs: CaseInputs, seq: SeqTensors, scale: float) -> list[_Tile]:
         from torch.nn.attention.flex_attention import create_block_mask

@@ -41,6 +41,7 @@ from conformance.cases.inputs import CaseInputs
 from ._torch_common import (
     SeqTensors,
     derived_lse,
+    host_graph_call,
     score_bias,
     sequences,
     softmax_scale,
@@ -326,6 +327,11 @@ class SdpaCpuBackend(_SdpaBase):
     family: ClassVar[str] = "torch-sdpa-math"
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     description: ClassVar[str] = "torch SDPA, MATH backend on CPU; per request, explicit mask; LSE derived in fp32"
+    #: graph mode on CPU: the buffer logic with eager "replays" (:func:`attnfast._torch_common.host_graph_call`).
+    accepts: ClassVar[frozenset[str]] = _SdpaBase.accepts | {"graph"}
+
+    def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        return host_graph_call(self.prepare, case, inputs)
 
     def _plan(self, case: AttentionCase, sq: int, sk: int) -> SdpaCall | Support:
         # MATH takes any mask; a boolean mask unless a float bias is needed (ALiBi, sink column).
@@ -354,6 +360,13 @@ class SdpaCudaBackend(_SdpaBase):
         "torch SDPA fused CUDA backends (flash, efficient, cuDNN); per request; LSE derived in fp32"
     )
     default_backends: ClassVar[tuple[str, ...]] = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+    refused: ClassVar[dict[str, str]] = {
+        **_SdpaBase.refused,
+        "graph": "SDPA takes no block table or per-request key counts: the adapter gathers each request's keys "
+        "at lengths read on the host, which a CUDA graph cannot capture ('Cannot copy between CPU and CUDA tensors "
+        "during CUDA graph capture unless the CPU tensor is pinned', measured on an H100 with "
+        "scripts/probe_graph_capture.py)",
+    }
 
     def __init__(self, sdpa_backends: tuple[str, ...] | None = None) -> None:
         backends = tuple(sdpa_backends) if sdpa_backends is not None else self.default_backends

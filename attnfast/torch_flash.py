@@ -90,6 +90,8 @@ class TorchFlashBackend(Backend):
         "fp32": "torch's vendored FA2 takes fp16 and bf16 inputs only",
         "append": "aten._flash_attention_forward does not write into a KV cache",
         "splits": "aten._flash_attention_forward has no num_splits argument",
+        "graph": "graph mode replays paged decode buckets, and aten._flash_attention_forward takes no block table "
+        "(a contiguous decode call does capture: measured on an H100 with scripts/probe_graph_capture.py)",
     }
 
     def version(self) -> str:

@@ -46,6 +46,8 @@ from typing import Any
 
 import torch
 
+from conformance.cases.graph_fields import graph_problems
+
 __all__ = ["AttentionCase", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -98,13 +100,29 @@ FEATURES: dict[str, str] = {
     "v_pad": "V zero-padded to the qk head dim, output stripped back (seed 004)",
     "sched_meta": "precomputed FA3 scheduler metadata (vLLM's CUDA-graph path)",
     "cp": "context parallel: a causal call over one rank's interleave-1 key shard (FA3 cp_world_size/cp_rank)",
+    "graph": "CUDA-graph mode: captured on a bucket's static buffers, replayed for several batches",
+    "inv_run": "invariance: the same call twice, bitwise",
+    "inv_batch": "invariance: a request alone, in a batch, at another position, beside other lengths, bitwise",
+    "inv_splits": "invariance: num_splits 1 vs pinned values vs the heuristic, bitwise",
 }
 
 #: Features an adapter must declare in ``Backend.accepts`` to be given (refused otherwise, with a
 #: reason): they arrived after the adapter API, and an adapter written before them would otherwise
 #: be fed dequantized or concatenated tensors it never asked for.
 OPT_IN_FEATURES: frozenset[str] = frozenset(
-    {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "v_pad", "sched_meta", "cp"}
+    {
+        "fp8_e4m3",
+        "fp8_e5m2",
+        "fp8_kv_only",
+        "descale_head",
+        "int8_t1",
+        "int8_t2",
+        "qv",
+        "v_pad",
+        "sched_meta",
+        "cp",
+        "graph",
+    }
 )
 
 
@@ -143,12 +161,16 @@ class AttentionCase:
     cp_rank: int = 0
     engine: str = ""
     scenario: str = ""
+    graph: tuple[int, ...] = ()
+    graph_fill: int = 0
+    invariance: str = ""
     batch_name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         reqs = tuple((int(a), int(b)) for a, b in self.requests)
         object.__setattr__(self, "requests", reqs)
         object.__setattr__(self, "window", tuple(self.window))
+        object.__setattr__(self, "graph", tuple(int(n) for n in self.graph))
         for name in ("softcap", "scale"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, float(getattr(self, name)))
@@ -192,6 +214,7 @@ class AttentionCase:
         if self.qv and self.head_dim_v is None:
             yield "qv needs head_dim_v (the width of qv and V, e.g. 512 for MLA's latent)"
         yield from self._cp_problems()
+        yield from graph_problems(self)
         if self.v_padded and not self.dv < self.head_dim:
             yield (
                 f"v_padded needs head_dim_v < head_dim (V is zero-padded to head_dim), got {self.dv}, {self.head_dim}"
@@ -345,6 +368,10 @@ class AttentionCase:
                 f.add(feature)
         if self.cp_world > 1:
             f.add("cp")
+        if self.graph:
+            f.add("graph")
+        if self.invariance:
+            f.add(f"inv_{self.invariance}")
         return frozenset(f)
 
     # ------------------------------------------------------------------ naming
@@ -388,6 +415,12 @@ class AttentionCase:
                 parts.append({"qv": "qv", "v_padded": "vpad", "scheduler_metadata": "sched"}[name])
         if self.cp_world > 1:
             parts.append(f"cp{self.cp_world}r{self.cp_rank}")
+        if self.graph:
+            parts.append(
+                "graph" + ".".join(map(str, self.graph)) + (f"fill{self.graph_fill}" if self.graph_fill else "")
+            )
+        if self.invariance:
+            parts.append(f"inv{self.invariance}")
         return "_".join(parts) + "-" + self.digest()
 
     def digest(self) -> str:
@@ -425,8 +458,9 @@ class AttentionCase:
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["requests"] = tuple(tuple(r) for r in kwargs["requests"])
-        if "window" in kwargs:
-            kwargs["window"] = tuple(kwargs["window"])
+        for name in ("window", "graph"):
+            if name in kwargs:
+                kwargs[name] = tuple(kwargs[name])
         return cls(**kwargs)
 
     def padded_v_call(self) -> "AttentionCase":

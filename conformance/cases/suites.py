@@ -28,6 +28,7 @@ from conformance.cases import covering
 from conformance.cases.case import AttentionCase
 from conformance.cases.found import found_cases
 from conformance.cases.sweep import BATCHES, CONTIG, MASKS, MLA_DIMS, MLA_PREFILL_DIMS, MLA_SCALE, PAGED, Sweep
+from conformance.graphs.suite import graphs_suite
 from conformance.models.suite import model_cases
 
 __all__ = ["BATCHES", "MASKS", "Sweep", "SUITES", "all_case_ids", "covering_cases", "suite_names", "get_suite"]
@@ -588,6 +589,7 @@ SUITES: dict[str, Callable[[], list[AttentionCase]]] = {
     "perf": _perf_cases,
     "engines": _engine_cases,
     "models": model_cases,
+    "graphs": graphs_suite,
 }
 
 

@@ -215,7 +215,10 @@ FIELDS: dict[str, Field] = {
     "cp_rank": _own("cp_rank", "int", "this call's context-parallel rank"),
     "engine": _own("engine", "str", "engine replay's backend ('' for kernel cases)"),
     "scenario": _own("scenario", "str", "engine replay's scenario ('' for kernel cases)"),
+    "graph_fill": _own("graph_fill", "int", "key count of a graph bucket's padded requests (graph cases)"),
+    "invariance": _own("invariance", "str", "invariance kind: run, batch, splits ('' for other cases)"),
     "batch_name": _own("batch_name", "str", "the suite's batch label (not part of the case's meaning)"),
+    "graph_replays": Field("int", "replay batches of a graph case (0: not a graph case)", lambda c: len(c.graph)),
     # generic derived values
     "dv": _own("dv", "int", "value head dim in force"),
     "paged": _own("paged", "bool", "keys read through a block table"),

@@ -29,6 +29,7 @@ from typing import Any
 from conformance.cases.case import FEATURES, AttentionCase
 from conformance.running.env import refused_features
 from conformance.reporting.engine_table import engine_sections
+from conformance.reporting.invariance_table import invariance_sections
 from conformance.reporting.model_table import model_sections
 from conformance.reporting.fuzz_table import fuzz_findings
 from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases, load_ledger
@@ -315,6 +316,7 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
         ],
         "engines": engine_sections(results, backends),
         "models": model_sections(results, backends, [(r.case_id, r.backend) for r, _ in verdict.known]),
+        "invariance": invariance_sections(results, list(backends)),
         "fuzz": fuzz_findings(runs.sources),
         "cap_backends": cap_backends,
         "capability": capability,

@@ -34,7 +34,7 @@ from conformance.verdict.compare import CHECKS, compare, compare_details
 from conformance.verdict.reference import reference
 from conformance.verdict.tolerance import resolve
 
-__all__ = ["CHECKS", "CaseContext", "check_backend", "compare", "prepare_context", "repro_command"]
+__all__ = ["CHECKS", "CaseContext", "check_backend", "compare", "composition_of", "prepare_context", "repro_command"]
 
 
 @dataclass
@@ -55,6 +55,28 @@ class CaseContext:
     ref_charged: bool = False
 
 
+def composition_of(case: AttentionCase) -> Any:
+    """What composes the kernel calls of ``case``: its engine (``case.engine``), the graph replay
+    (``case.graph``, :mod:`conformance.graphs.replay`), the invariance run (``case.invariance``,
+    :mod:`conformance.graphs.invariance`), or None for a single call.  Each has ``supports(case, backend,
+    device)``, ``prepare(case, inputs, backend, device)``, ``reference`` and ``baseline``; the callable
+    ``prepare`` returns may carry ``notes``, ``extra`` (record fields) and ``problems`` (failures beyond the
+    numerical verdict, e.g. a replay that differs bitwise from its eager call)."""
+    if case.engine:
+        from conformance.engines import get_engine
+
+        return get_engine(case.engine)
+    if case.graph:
+        from conformance.graphs.replay import GRAPH
+
+        return GRAPH
+    if case.invariance:
+        from conformance.graphs.invariance import INVARIANCE
+
+        return INVARIANCE
+    return None
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -64,14 +86,13 @@ def prepare_context(case: AttentionCase, seed: int = 0, device: str = "cpu") -> 
     """Inputs, reference and baseline of ``case`` on ``device``, computed once for every backend.
 
     For an engine replay (``case.engine``) the reference and baseline are the engine's whole layer
-    (:meth:`conformance.engines.base.Engine.reference`)."""
+    (:meth:`conformance.engines.base.Engine.reference`); for a graph or invariance case those of its composition
+    (:func:`composition_of`)."""
     t0 = time.perf_counter()
     inputs = make_inputs(case, seed, device)
-    if case.engine:
-        from conformance.engines import get_engine
-
-        engine = get_engine(case.engine)
-        ref, base = engine.reference(case, inputs), engine.baseline(case, inputs)
+    composition = composition_of(case)
+    if composition is not None:
+        ref, base = composition.reference(case, inputs), composition.baseline(case, inputs)
     else:
         ref, base = reference(case, inputs), baseline(case, inputs)
     _sync(device)
@@ -126,7 +147,7 @@ def check_backend(
         version = f"unknown ({_exc_line(exc)})"
 
     def finish(
-        status: Status, reason: str = "", stats: ErrorStats | None = None, timing: Timing | None = None
+        status: Status, reason: str, stats: ErrorStats | None = None, timing: Timing | None = None
     ) -> CheckResult:
         elapsed = time.perf_counter() - t_start + ref_share
         return CheckResult(
@@ -148,11 +169,8 @@ def check_backend(
             extra=extra,
         )
 
-    engine = None
+    engine = composition_of(case)
     if case.engine:
-        from conformance.engines import get_engine
-
-        engine = get_engine(case.engine)
         extra["engine"] = {"engine": case.engine, "scenario": case.scenario, "seed": engine.seed}
     try:
         support = backend.supports(case, ctx.device) if engine is None else engine.supports(case, backend, ctx.device)
@@ -169,9 +187,9 @@ def check_backend(
         result = fn()
         _sync(ctx.device)
         clock["kernel"] = time.perf_counter() - t0
-        notes = getattr(fn, "notes", ())  # read after the call: an engine lists the calls it made
+        notes = list(getattr(fn, "notes", None) or ())  # read after the call: an engine lists the calls it made
         if notes:
-            extra["notes"] = list(notes)
+            extra["notes"] = notes
     except Exception as exc:
         return finish(Status.ERROR, _exc_line(exc))
     if not isinstance(result, KernelOutput):
@@ -183,8 +201,12 @@ def check_backend(
     stats, details, base_nonfinite = compare_details(ctx.ref, ctx.base, result, tol)
     if base_nonfinite:
         extra["baseline_nonfinite"] = base_nonfinite
+    extra.update(getattr(fn, "extra", None) or {})  # a composition's own record fields (graph replays, ...)
     if stats.failed_checks:
         return finish(Status.FAIL, " | ".join(details), stats)
+    problems = list(getattr(fn, "problems", None) or ())  # what a composition found beyond the numbers
+    if problems:
+        return finish(Status.FAIL, " | ".join(problems), stats)
     timing = None
     if timer is not None:
         t0 = time.perf_counter()

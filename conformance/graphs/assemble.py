@@ -1,0 +1,65 @@
+"""Build a call from chosen requests of a case's inputs: the batches an invariance compares.
+
+A batch-composition check runs one request alone, inside its batch, at another position, and beside requests of
+other lengths; each of those batches is a new call whose tensors are the original request's very numbers.
+:func:`assemble` builds such a call: requests picked from ``inputs`` by index, each with a key count (a prefix of
+its keys when shorter), packed or paged as the case is (a paged call gets a fresh cache from the engines' block
+manager, :func:`conformance.engines.calls.allocate_cache`: shuffled block ids, stale unused slots).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
+from conformance.engines.calls import allocate_cache, cu_seqlens
+
+__all__ = ["assemble"]
+
+
+def assemble(
+    case: AttentionCase, inputs: CaseInputs, picks: Sequence[tuple[int, int]], seed: int = 0
+) -> tuple[AttentionCase, CaseInputs]:
+    """The call of requests ``picks`` = ``[(index into case.requests, kv_len), ...]`` in that order.
+
+    ``kv_len`` may be shorter than the request's own (its first keys are kept; its queries stay the same); for a
+    causal request it must stay >= its ``q_len``."""
+    cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
+    reqs, qs, qvs, ks, vs = [], [], [], [], []
+    for r, kv in picks:
+        q_len, own = case.requests[r]
+        if not 0 <= kv <= own:
+            raise ValueError(f"picks: kv_len {kv} of requests[{r}] must be in [0, {own}]")
+        reqs.append((q_len, kv))
+        qs.append(inputs.q[cu_q[r] : cu_q[r + 1]])
+        if inputs.qv is not None:
+            qvs.append(inputs.qv[cu_q[r] : cu_q[r + 1]])
+        ks.append(inputs.k[cu_k[r] : cu_k[r] + kv])
+        vs.append(inputs.v[cu_k[r] : cu_k[r] + kv])
+    call = case.replace(requests=tuple(reqs), invariance="", batch_name="")
+    dev = inputs.q.device
+    q = torch.cat(qs)
+    k, v = torch.cat(ks), torch.cat(vs)
+    built = CaseInputs(
+        case=call,
+        q=q,
+        k=k,
+        v=v,
+        cu_seqlens_q=cu_seqlens(call.q_lens, dev),
+        cu_seqlens_k=cu_seqlens(call.kv_lens, dev),
+        seqlens_k=torch.tensor(call.kv_lens, dtype=torch.int32, device=dev),
+        alibi_slopes=inputs.alibi_slopes,
+        sinks=inputs.sinks,
+        qv=torch.cat(qvs) if qvs else None,
+    )
+    if call.paged:
+        assert call.block_size is not None
+        gen = torch.Generator().manual_seed(seed * 7919 + len(picks))
+        paged = allocate_cache(call.kv_lens, ks, vs, block_size=call.block_size, layout=call.kv_layout, generator=gen)
+        built.k_cache, built.v_cache, built.block_table = paged.k_cache, paged.v_cache, paged.block_table
+        if call.qv:  # FlashMLA's single cache [c_kv | k_rope]
+            built.mla_cache = torch.cat([paged.v_cache, paged.k_cache], dim=-1)
+    return call, built

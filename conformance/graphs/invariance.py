@@ -1,0 +1,185 @@
+"""Invariance verdicts: the promises of deterministic serving, compared bit for bit.
+
+An invariance case (``AttentionCase.invariance``) runs several calls whose outputs for one request must be the
+same bits if the kernel keeps the promise:
+
+* ``run``: the same call twice (run-to-run determinism; promised by every forward kernel here);
+* ``batch``: request 0 alone, inside its batch, at the batch's last position, and beside the other requests cut
+  to half their keys (batch invariance: vLLM's batch-invariant mode and SGLang's deterministic inference promise
+  it with ``num_splits = 1``, so a case with ``num_splits == 1`` makes a difference a failure on a backend that
+  takes a split count; otherwise it is reported, not failed);
+* ``splits``: ``num_splits`` 1, 2 and 3 and the kernel's own heuristic (never promised: the report shows which
+  split counts change the bits).
+
+Every call of the composition is also judged numerically: the composition's output is the calls' outputs one
+after the other, and its reference the references of the same calls (:meth:`InvarianceRun.reference`), so a
+variant that is wrong, not just different, fails like any case.  The bitwise comparisons go to the record's
+``extra["invariance"]`` (the report's invariance matrix), and to its failure reason when promised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnfast.base import Backend, KernelOutput, Support
+from attnref import AttnResult
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
+
+from .assemble import assemble
+from .bitwise import diff_rows
+from .replay import pins_splits
+
+__all__ = ["INVARIANCE", "Invariance", "Variant", "variants"]
+
+#: pinned split counts the ``splits`` invariance tries beside 1 and the heuristic.
+PINNED_SPLITS = (2, 3)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One call of an invariance: its label, case, and where request 0's rows sit in its output."""
+
+    label: str
+    case: AttentionCase
+    picks: tuple[tuple[int, int], ...]
+    target_row: int
+
+    @property
+    def target_rows(self) -> slice:
+        q0 = self.target_row
+        return slice(q0, q0 + self.case.q_lens[self.target_index])
+
+    @property
+    def target_index(self) -> int:
+        return [r for r, _ in self.picks].index(0)
+
+
+def variants(case: AttentionCase) -> list[Variant]:
+    """The calls an invariance case makes, the first being the case's own call (without the invariance field)."""
+    own = tuple((r, kv) for r, (_, kv) in enumerate(case.requests))
+    plain = case.replace(invariance="")
+
+    def make(label: str, picks: tuple[tuple[int, int], ...], **changes: Any) -> Variant:
+        reqs = tuple((case.requests[r][0], kv) for r, kv in picks)
+        call = plain.replace(requests=reqs, **changes)
+        row = sum(call.q_lens[: [r for r, _ in picks].index(0)])
+        return Variant(label, call, picks, row)
+
+    if case.invariance == "run":
+        return [make("first run", own), make("second run", own)]
+    if case.invariance == "batch":
+        others = own[1:]
+        cut = tuple((r, max(case.requests[r][0] if case.causal else 0, kv // 2)) for r, kv in others)
+        return [
+            make("in batch (first)", own),
+            make("alone", own[:1]),
+            make("in batch (last)", others + own[:1]),
+            make("beside shorter requests", own[:1] + cut),
+        ]
+    if case.invariance == "splits":
+        out = [make("heuristic (num_splits None)", own), make("num_splits 1", own, num_splits=1)]
+        return out + [make(f"num_splits {n}", own, num_splits=n) for n in PINNED_SPLITS]
+    raise ValueError(f"invariance must be one of run, batch, splits; got {case.invariance!r}")
+
+
+def _promised(case: AttentionCase, backend: Backend, device: str) -> bool:
+    if case.invariance == "run":
+        return True
+    return case.invariance == "batch" and case.num_splits == 1 and pins_splits(case, backend, device)
+
+
+@dataclass
+class InvarianceRun:
+    """The callable :meth:`Invariance.prepare` returns: every variant's call, then the bitwise comparisons."""
+
+    case: AttentionCase
+    inputs: CaseInputs
+    backend: Backend
+    device: str
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> KernelOutput:
+        self.notes.clear()
+        self.problems.clear()
+        results, built = [], {}
+        for v in variants(self.case):
+            if v.picks not in built:  # one set of buffers per batch: the same call twice reads the same memory
+                built[v.picks] = assemble(self.case, self.inputs, v.picks)
+            call, inputs = built[v.picks]
+            call = dataclasses.replace(call, num_splits=v.case.num_splits)
+            inputs = dataclasses.replace(inputs, case=call)
+            fn = self.backend.prepare(call, inputs)
+            results.append((v, fn()))
+            self.notes.append(f"{v.label}: {call.summary()} (num_splits {call.num_splits})")
+        base_v, base = results[0]
+        pairs, promised = [], _promised(self.case, self.backend, self.device)
+        first = _target(base_v, base)
+        for v, res in results[1:]:
+            d = diff_rows(first, _target(v, res))
+            pairs.append({"a": base_v.label, "b": v.label, **d.to_json()})
+            if promised and not d.equal:
+                self.problems.append(
+                    f"invariance {self.case.invariance}: request 0 '{v.label}' differs from '{base_v.label}': "
+                    f"{d.describe()}"
+                )
+        self.extra["invariance"] = {
+            "kind": self.case.invariance,
+            "kept": all(p["equal"] for p in pairs),
+            "promised": promised,
+            "pairs": pairs,
+        }
+        outs = [r.out for _, r in results]
+        lses = [r.lse for _, r in results]
+        lse = torch.cat(lses, dim=1) if all(x is not None for x in lses) else None  # type: ignore[arg-type]
+        return KernelOutput(torch.cat(outs), lse)
+
+
+def _target(v: Variant, res: KernelOutput) -> KernelOutput:
+    rows = v.target_rows
+    return KernelOutput(res.out[rows], None if res.lse is None else res.lse[:, rows])
+
+
+class Invariance:
+    """The composition that judges an invariance case (``conformance.verdict.check.composition_of``)."""
+
+    name = "invariance"
+
+    def supports(self, case: AttentionCase, backend: Backend, device: str) -> Support:
+        for v in variants(case):
+            support = backend.supports(v.case, device)
+            if not support:
+                return Support(False, f"{v.label}: {support.reason}")
+        return Support(True)
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs, backend: Backend, device: str) -> InvarianceRun:
+        return InvarianceRun(case, inputs, backend, device)
+
+    def _each(self, case: AttentionCase, inputs: CaseInputs, fn: Any) -> list[Any]:
+        out = []
+        for v in variants(case):
+            call, built = assemble(case, inputs, v.picks)
+            call = dataclasses.replace(call, num_splits=v.case.num_splits)
+            out.append(fn(call, dataclasses.replace(built, case=call)))
+        return out
+
+    def reference(self, case: AttentionCase, inputs: CaseInputs) -> AttnResult:
+        from conformance.verdict.reference import reference
+
+        parts = self._each(case, inputs, reference)
+        return AttnResult(torch.cat([p.out for p in parts]), torch.cat([p.lse for p in parts], dim=1))
+
+    def baseline(self, case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        from conformance.verdict.baseline import baseline
+
+        parts = self._each(case, inputs, baseline)
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts], dim=1)
+
+
+INVARIANCE = Invariance()

@@ -1,0 +1,102 @@
+"""Suite ``graphs``: CUDA-graph replays and invariance checks of the kernels, in the configurations engines serve.
+
+Graph cases (:mod:`conformance.graphs.replay`) capture a decode or speculative-verify call on a bucket and replay
+it for four batches: the capture batch, a smaller batch with a longer and a tiny request (padded rows), a full
+batch of other lengths, and one request alone.  The configurations are those of the seeds' CUDA-graph paths:
+
+* vLLM V1 (seed 001): FA3 with AOT scheduler metadata (``sched_meta``), ``num_splits`` left to the metadata or
+  pinned to 1 (batch-invariant mode), padded ``seq_lens`` at 0; the same with a 128-key sliding window and sinks
+  (gpt-oss's local layers);
+* vLLM V0 and SGLang (seeds 002, 000, 003): ``flash_attn_with_kvcache`` decode over pages of 256 (FA2's page
+  multiple) and 16, SGLang's fill value 1, a soft-capped layer (Gemma 2), a 3-token target verify;
+* MLA absorbed decode (DeepSeek V3's rope 64 and latent 512 over pages of 64, at 16 heads: its 128 heads
+  sharded over tensor parallelism 8; FlashMLA and FA3 ``qv``).
+
+Invariance cases (:mod:`conformance.graphs.invariance`): run to run, batch composition (with ``num_splits`` left
+to the kernel and pinned to 1) and split count, for a GQA decode batch, a mixed prefill + decode batch and MLA.
+
+An engine author adds their own buckets by building cases like these (``graph`` = the batch sizes of the
+replays, capture first; ``graph_fill`` = their padded ``seq_lens`` value) and running them with
+``attnconf run --case-json``; ``graph_cases(batches=...)`` takes other replay batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from conformance.cases.case import AttentionCase
+
+__all__ = ["DEFAULT_BATCHES", "graph_cases", "graphs_suite", "invariance_cases"]
+
+#: DeepSeek V3's 128 query heads (config.json ``num_attention_heads``) at tensor parallelism 8.
+MLA_HEADS = 128 // 8
+
+#: Key counts of the four replay batches (capture first): shorter and longer requests within one bucket, a
+#: batch smaller than the bucket (its rows padded), a full batch of other lengths, one request alone.
+DEFAULT_BATCHES: tuple[tuple[int, ...], ...] = (
+    (300, 41, 1000, 7),
+    (1290, 3),
+    (64, 700, 129, 900),
+    (1,),
+)
+
+
+def _requests(batches: Sequence[Sequence[int]], q_len: int) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    sizes = tuple(len(b) for b in batches)
+    reqs = tuple((q_len, max(kv, q_len)) for b in batches for kv in b)
+    return sizes, reqs
+
+
+def graph_cases(batches: Sequence[Sequence[int]] = DEFAULT_BATCHES) -> list[AttentionCase]:
+    """The kernel-level graph cases over replay ``batches`` (key counts per batch, the capture batch first)."""
+    dec_sizes, dec = _requests(batches, 1)
+    ver_sizes, ver = _requests(batches, 3)
+    gqa = dict(num_heads=32, num_kv_heads=8, head_dim=128, dtype="bf16", causal=True)
+    mla = dict(num_heads=MLA_HEADS, num_kv_heads=1, head_dim=64, head_dim_v=512, qv=True, dtype="bf16", causal=True)
+    nhd16 = dict(kv_layout="NHD", block_size=16)
+    out = [
+        # vLLM V1 (seed 001): FA3 + AOT scheduler metadata, padded seq_lens 0; splits from the metadata / pinned 1
+        AttentionCase(dec, graph=dec_sizes, scheduler_metadata=True, **gqa, **nhd16),
+        AttentionCase(dec, graph=dec_sizes, scheduler_metadata=True, num_splits=1, **gqa, **nhd16),
+        AttentionCase(dec, graph=dec_sizes, window=(127, 0), sinks=True, **gqa, **nhd16),
+        AttentionCase(dec, graph=dec_sizes, **gqa, kv_layout="HND", block_size=16),
+        # vLLM V0 / SGLang (seeds 002, 000, 003): kvcache decode, pages of 256 and 16, fill 1, soft-cap, verify
+        AttentionCase(dec, graph=dec_sizes, graph_fill=1, **gqa, kv_layout="NHD", block_size=256),
+        AttentionCase(dec, graph=dec_sizes, graph_fill=1, softcap=50.0, **gqa, kv_layout="NHD", block_size=256),
+        AttentionCase(dec, graph=dec_sizes, graph_fill=1, num_splits=1, **gqa, **nhd16),
+        AttentionCase(ver, graph=ver_sizes, graph_fill=1, **gqa, **nhd16),
+        AttentionCase(ver, graph=ver_sizes, graph_fill=1, **gqa, kv_layout="NHD", block_size=256),
+        # MLA absorbed decode (DeepSeek V3): FlashMLA's pages of 64 and FA3 qv
+        AttentionCase(dec, graph=dec_sizes, **mla, kv_layout="NHD", block_size=64),
+        AttentionCase(dec, graph=dec_sizes, graph_fill=1, **mla, kv_layout="NHD", block_size=64),
+    ]
+    return out
+
+
+def invariance_cases() -> list[AttentionCase]:
+    """Run-to-run, batch-composition and split-count cases (paged decode, mixed batches, MLA)."""
+    gqa = dict(num_heads=32, num_kv_heads=8, head_dim=128, dtype="bf16", causal=True)
+    mla = dict(num_heads=MLA_HEADS, num_kv_heads=1, head_dim=64, head_dim_v=512, qv=True, dtype="bf16", causal=True)
+    decode = ((1, 3000), (1, 17), (1, 800), (1, 1500))
+    mixed = ((1, 2000), (200, 200), (1, 90), (64, 600))
+    out = []
+    for layout in (dict(kv_layout="NHD", block_size=16), dict(kv_layout="NHD", block_size=256)):
+        out += [
+            AttentionCase(decode, invariance="run", **gqa, **layout),
+            AttentionCase(decode, invariance="batch", **gqa, **layout),
+            AttentionCase(decode, invariance="batch", num_splits=1, **gqa, **layout),
+            AttentionCase(decode[:2], invariance="splits", **gqa, **layout),
+        ]
+    out += [
+        AttentionCase(mixed, invariance="run", **gqa),
+        AttentionCase(mixed, invariance="batch", **gqa),
+        AttentionCase(mixed, invariance="batch", num_splits=1, **gqa),
+        AttentionCase(decode, invariance="run", **mla, kv_layout="NHD", block_size=64),
+        AttentionCase(decode, invariance="batch", **mla, kv_layout="NHD", block_size=64),
+    ]
+    return out
+
+
+def graphs_suite() -> list[AttentionCase]:
+    """Suite ``graphs``: the graph cases, then the invariance cases."""
+    return graph_cases() + invariance_cases()
