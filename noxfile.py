@@ -224,6 +224,15 @@ def lint(session: nox.Session) -> None:
             session.run("actionlint", *WORKFLOWS, external=True)
 
 
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (``mkdocs.yml``, ``docs/``) built with warnings as errors (``mkdocs build --strict``)
+    into ``site/``: ``nox -s docs [-- mkdocs build options, e.g. --site-dir DIR]``.  The project is installed too:
+    the CLI reference is generated from its parser and the attnref API reference from its docstrings."""
+    _install(session, "docs")
+    _python(session, "-m", "mkdocs", "build", "--strict", *session.posargs)
+
+
 #: the lowest mutation score ``nox -s mutation`` accepts (issue 17): mutants detected / mutants counted
 MUTATION_THRESHOLD = 0.95
 #: what ``mutmut export-cicd-stats`` writes
@@ -256,7 +265,7 @@ def mutation(session: nox.Session) -> None:
 
     Prints the mutants not killed and the kill rate, and fails below ``MUTATION_THRESHOLD``.  Results are kept
     in ``mutants/``: a rerun tries only mutants of changed functions and those not tried yet (delete the folder
-    for a clean run).  Not run by CI (.ci/run): README "Mutation testing" gives the time it takes.
+    for a clean run).  Not run by CI (.ci/run): docs/guides/mutation-testing.md gives the time it takes.
     """
     import json
 

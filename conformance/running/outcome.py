@@ -201,7 +201,7 @@ class RunSummary:
         return f"exit {code}: no unexpected problem ({known}{tail})"
 
     def to_json(self, argv: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
-        """The ``--json`` summary (schema in the README, section "Running")."""
+        """The ``--json`` summary (schema in docs/concepts/running.md)."""
         unexpected = self.unexpected_problems()
         return {
             "schema": SUMMARY_SCHEMA,

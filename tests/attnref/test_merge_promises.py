@@ -1,4 +1,4 @@
-"""Promises of attnref.merge beyond the LSE rules of test_merge.py (mutmut found them unchecked: README "Mutation
+"""Promises of attnref.merge beyond the LSE rules of test_merge.py (mutmut found them unchecked: docs "Mutation
 testing"): the refusal of a bad LSE shows the bad value, an output that is not ``(n, h, dv)`` is refused
 instead of broadcast into a wrong shape, and half-precision LSEs are merged in fp32."""
 

@@ -1,4 +1,4 @@
-"""Promises of attnref.mla's helpers and refusals beyond test_mla.py (mutmut found them unchecked: README
+"""Promises of attnref.mla's helpers and refusals beyond test_mla.py (mutmut found them unchecked: docs
 "Mutation testing"): dims of 1 are valid, ``split_latent`` names ``x`` by default, ``join_latent`` refuses exactly
 an empty last dim (whatever the rank) and says which, and the refusals of a bad q, a kv on another device and a
 kv with several heads say what was expected, naming the layout only where there is one."""

@@ -1,4 +1,4 @@
-"""Promises of attnref/options.py the other tests left unchecked (mutmut found them: README "Mutation testing"):
+"""Promises of attnref/options.py the other tests left unchecked (mutmut found them: docs "Mutation testing"):
 integer fields take integers only (no float, no bool), a shard length needs the total, per-sequence
 context-parallel totals come with ``options.cp`` and only with it, both window extents are checked, the ranges of
 soft-cap and chunk start where the docstrings say, and each refusal is one whole line naming the field."""

@@ -1,5 +1,5 @@
 """Promises of attnref.paged.gather_kv and attnref.quant.expand_descale beyond test_identities.py and
-test_quant.py (mutmut found them unchecked: README "Mutation testing"): a bad ``seqlens`` is refused naming
+test_quant.py (mutmut found them unchecked: docs "Mutation testing"): a bad ``seqlens`` is refused naming
 ``seqlens``, ``cu_seqlens`` is int32 as the docstring says, an empty batch gives an empty ``(0, hk, d)`` copy in
 either layout, and ``expand_descale`` refuses a bool count and names the type of a non-tensor scale."""
 

@@ -1,5 +1,5 @@
 """``attnref.row_bounds`` returns int64 bounds clamped to ``[0, sk]`` (its docstring), also for int32 rows, rows
-before the first visible key and context-parallel shards (mutmut found these unchecked: README "Mutation
+before the first visible key and context-parallel shards (mutmut found these unchecked: docs "Mutation
 testing")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Promises of attnref/varlen.py's metadata handling the other tests left unchecked (mutmut found them: README
+"""Promises of attnref/varlen.py's metadata handling the other tests left unchecked (mutmut found them: docs
 "Mutation testing"): keys given by ``seqused_k`` alone, a batch of one or none, and refusals that name the
 argument at fault in one whole line."""
 

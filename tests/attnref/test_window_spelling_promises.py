@@ -1,4 +1,4 @@
-"""Promises of attnref/mask.py that the identity tests left unchecked (mutmut found them: README "Mutation
+"""Promises of attnref/mask.py that the identity tests left unchecked (mutmut found them: docs "Mutation
 testing"): the FA4 spelling's causal default, and the dense mask of plain (not context-parallel) options on
 the device asked for."""
 

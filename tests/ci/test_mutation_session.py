@@ -1,4 +1,4 @@
-"""``nox -s mutation`` (README "Mutation testing"): listed by nox, configured over attnref/ and
+"""``nox -s mutation`` (docs "Mutation testing"): listed by nox, configured over attnref/ and
 conformance/verdict/, and failing below its threshold.  The mutation run itself takes far too long for CI;
 these tests check the wiring in a second or two (nox's listing, the session run against a stand-in mutmut)."""
 

@@ -159,8 +159,8 @@ def test_shipped_entries_do_not_explain_other_backends_or_older_versions() -> No
 
 def test_the_shipped_ledger_over_the_committed_fuzz_campaigns() -> None:
     """The committed fuzz campaigns (random cases, none of them a suite case): every failure of a cause the ledger
-    describes is recognised and no pass is claimed; the 38 left are the adapter defects fixed since (README, Known
-    failures), all errors but the two ALiBi-bias records of sdpa-cuda."""
+    describes is recognised and no pass is claimed; the 38 left are the adapter defects fixed since
+    (reports/README.md, the ledger section), all errors but the two ALiBi-bias records of sdpa-cuda."""
     from pathlib import Path
 
     from conformance.reporting.ledger_audit import audit

@@ -4,7 +4,7 @@ docstring): soft-cap, ALiBi and an MLA-absorbed ``qv`` enter its scores exactly 
 The verdict scales every allowed error by the baseline's distance from the reference, so a baseline that
 computed another function (a flipped ALiBi sign, a soft-cap divided instead of multiplied) would widen every
 tolerance of those cases.  In fp32 the baseline must equal the fp64 reference to fp32 rounding; mutmut found
-these features unchecked (README "Mutation testing").
+these features unchecked (docs "Mutation testing").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Promises of conformance.verdict.check beyond test_check.py (mutmut found them unchecked: README "Mutation
+"""Promises of conformance.verdict.check beyond test_check.py (mutmut found them unchecked: docs "Mutation
 testing"): ``prepare_context`` keeps the seed it was given (default 0, the CLI's), builds the inputs on the device
 it was given, times itself, and for an engine replay takes the reference and baseline from the engine's whole
 layer; an exception becomes one line ``"<Type>: <first line>"`` with nothing dangling when the message is empty;

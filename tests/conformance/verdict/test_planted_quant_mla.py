@@ -4,7 +4,7 @@ every smoke case that exercises it, and the bug-free fake that reads the same st
 Planted bugs (``tests/conformance/fakes.py``): descale dropped (vLLM 51363), per-tensor descale where
 per-head ones were given, fp8 bytes read in the other format, ``qv`` ignored, MLA's query assembled rope
 first, V padding not stripped (seed 004).  The error ratios printed by
-``python -m pytest tests/conformance/verdict/test_planted_quant_mla.py -s`` are the README's margins.
+``python -m pytest tests/conformance/verdict/test_planted_quant_mla.py -s`` are the margins in docs/concepts/verdict.md.
 """
 
 from __future__ import annotations

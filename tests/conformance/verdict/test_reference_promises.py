@@ -1,7 +1,7 @@
 """The reference computes the case's own options (conformance/verdict/reference.py): every option field of an
 ``AttentionCase`` reaches ``attnref``.  A field dropped on the way would make the reference and the kernel compute
 different functions for every case that sets it; mutmut found scale, chunk and context parallelism unchecked
-here (README "Mutation testing")."""
+here (docs "Mutation testing")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Promises of conformance/verdict/tolerance.py that test_tolerance.py left unchecked (mutmut found them:
-README "Mutation testing"): a tolerance file holds any subset of its layers, adds no empty layer, and names
+docs "Mutation testing"): a tolerance file holds any subset of its layers, adds no empty layer, and names
 the table at fault; ``--tol`` splits at the first ``=``; the built-in tables are checked at import."""
 
 from __future__ import annotations
