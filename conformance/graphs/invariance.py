@@ -20,7 +20,7 @@ variant that is wrong, not just different, fails like any case.  The bitwise com
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ from conformance.cases.inputs import CaseInputs
 
 from .assemble import assemble
 from .bitwise import diff_rows
+from .composed import ComposedRun
 from .replay import pins_splits
 
 __all__ = ["INVARIANCE", "Invariance", "Variant", "variants"]
@@ -93,21 +94,10 @@ def _promised(case: AttentionCase, backend: Backend, device: str) -> bool:
     return case.invariance == "batch" and case.num_splits == 1 and pins_splits(case, backend, device)
 
 
-@dataclass
-class InvarianceRun:
+class InvarianceRun(ComposedRun):
     """The callable :meth:`Invariance.prepare` returns: every variant's call, then the bitwise comparisons."""
 
-    case: AttentionCase
-    inputs: CaseInputs
-    backend: Backend
-    device: str
-    notes: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __call__(self) -> KernelOutput:
-        self.notes.clear()
-        self.problems.clear()
+    def run(self) -> KernelOutput:
         results, built = [], {}
         for v in variants(self.case):
             if v.picks not in built:  # one set of buffers per batch: the same call twice reads the same memory

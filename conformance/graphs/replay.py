@@ -32,7 +32,7 @@ notes say so.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ from conformance.cases.inputs import CaseInputs
 
 from .bitwise import diff_rows
 from .buffers import GraphBuffers
+from .composed import ComposedRun
 
 __all__ = ["GRAPH", "GraphReplay", "GraphRun", "pins_splits"]
 
@@ -63,21 +64,12 @@ def _rows(res: KernelOutput, rows: int) -> KernelOutput:
 
 
 @dataclass
-class GraphRun:
+class GraphRun(ComposedRun):
     """The callable :meth:`GraphReplay.prepare` returns (what the verdict calls): every replay of the case."""
 
-    case: AttentionCase
-    inputs: CaseInputs
-    backend: Backend
-    device: str
     seed: int = 0
-    notes: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
 
-    def __call__(self) -> KernelOutput:
-        self.notes.clear()
-        self.problems.clear()
+    def run(self) -> KernelOutput:
         case, backend = self.case, self.backend
         buffers = GraphBuffers.allocate(case, self.inputs, self.seed)
         bucket = buffers.bucket
@@ -226,7 +218,7 @@ class GraphReplay:
     def prepare(
         self, case: AttentionCase, inputs: CaseInputs, backend: Backend, device: str, seed: int = 0
     ) -> GraphRun:
-        return GraphRun(case, inputs, backend, device, seed)
+        return GraphRun(case, inputs, backend, device, seed=seed)
 
     def reference(self, case: AttentionCase, inputs: CaseInputs) -> AttnResult:
         from conformance.verdict.reference import reference

@@ -64,6 +64,7 @@ def graph_cases(batches: Sequence[Sequence[int]] = DEFAULT_BATCHES) -> list[Atte
         AttentionCase(dec, graph=dec_sizes, graph_fill=1, **gqa, kv_layout="NHD", block_size=256),
         AttentionCase(dec, graph=dec_sizes, graph_fill=1, softcap=50.0, **gqa, kv_layout="NHD", block_size=256),
         AttentionCase(dec, graph=dec_sizes, graph_fill=1, num_splits=1, **gqa, **nhd16),
+        AttentionCase(dec, graph=dec_sizes, graph_fill=1, num_splits=1, **gqa, kv_layout="NHD", block_size=256),
         AttentionCase(ver, graph=ver_sizes, graph_fill=1, **gqa, **nhd16),
         AttentionCase(ver, graph=ver_sizes, graph_fill=1, **gqa, kv_layout="NHD", block_size=256),
         # MLA absorbed decode (DeepSeek V3): FlashMLA's pages of 64 and FA3 qv
