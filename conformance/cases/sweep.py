@@ -49,6 +49,12 @@ BATCHES: dict[str, Req] = {
     # MLA decode batches: 32 decodes of varied context (FlashMLA's shape: one q_len per batch), spec decode 2
     "mla32": tuple((1, 64 + 97 * i) for i in range(32)),
     "mlaspec2": ((2, 300), (2, 2), (2, 1500), (2, 64)),
+    # the case space's batch shapes for 32+ q heads (space.WIDE_BATCH_SHAPES): long requests shortened
+    "w_pfvar": ((136, 136), (1, 1), (33, 33)),
+    "w_chunk": ((16, 160), (40, 300)),
+    "w_mixdf": ((1, 200), (1, 33), (40, 40), (24, 150)),
+    "w_mixdl": ((40, 40), (24, 150), (1, 200), (1, 33)),
+    "w_cross": ((33, 150), (1, 77), (100, 20)),
     # small versions for the CPU smoke suite
     "s_pf": ((33, 33), (1, 1), (70, 70)),
     "s_dec": ((1, 40), (1, 1), (1, 97)),

@@ -66,7 +66,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="bound on the summed q and kv lengths of a drawn case (default 512: CPU-affordable); the work "
         "sum(q*kv)*h*(d+dv) is bounded by max_tokens**2 * 128",
     )
-    f.add_argument("--max-heads", type=int, default=32, help="bound on the q heads of a drawn case (default 32)")
+    f.add_argument("--max-heads", type=int, default=256, help="bound on the q heads of a drawn case (default 256)")
     f.add_argument(
         "--db",
         type=Path,

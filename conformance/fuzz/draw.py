@@ -8,11 +8,14 @@ A draw has two stages:
    (:func:`conformance.cases.space.extensible`), so the space's constraints shape the draw instead of
    rejecting it afterwards.  Rare modes (qv, V padding, quantization, append, ...) keep their default level
    with the probability in :data:`_P_DEFAULT`; the others are uniform over their levels.
-2. **Values.**  Each level becomes concrete values that go beyond the named levels: a random request list of
-   the drawn batch shape (lengths biased to edge values: 0, 1, the block size and tile sizes +-1, sq > sk),
-   random head counts with the drawn GQA ratio, random head dims near the drawn level (non-powers of two and,
-   now and then, dims that are not multiples of 8), random block sizes, window extents and chunk sizes around
-   the sequence lengths, random soft-caps, scales and split counts.
+2. **Values.**  Each level becomes concrete values between and beyond the named levels: a random request list
+   of the drawn batch shape (lengths biased to edge values: 0, 1, the block size and tile sizes +-1 up to 4096,
+   sq > sk), head counts that classify to the drawn heads level (any count up to ``max_heads``, 256 by default:
+   the 128 level's bucket holds 91 to 256 q heads, Falcon-7B's 71/1 falls in the 128 MQA one), head dims at or
+   near the drawn level, any multiple of 8 up to 256 and now and then one that is not (which adapters must
+   refuse where their kernel does), d != dv pairs around 192/128, 576/512 and 64/512, block sizes off the
+   levels up to 1024, window extents and chunk sizes around the sequence lengths, soft-caps, scales from 0.001
+   to 2 (the default ``head_dim ** -0.5`` passed explicitly too) and split counts up to 64.
 
 The case is then checked by the case model (:class:`~conformance.cases.case.AttentionCase` validation) and by
 the space's constraints on its classified point; a draw either fails is *rejected*: returned with its reason,
@@ -34,11 +37,12 @@ import math
 import random
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from conformance.cases import space
 from conformance.cases.case import AttentionCase
-from conformance.cases.sweep import BATCHES, MASKS, MLA_DIMS
+from conformance.cases.sweep import BATCHES, MASKS, MLA_DIMS, MLA_SCALE
 
 __all__ = ["DRAWN_AXES", "Draw", "DrawLimits", "WORK_PER_TOKEN2", "draw", "stream"]
 
@@ -90,8 +94,8 @@ _P_DEFAULT: dict[str, float] = {
     "scale": 0.85,
 }
 
-#: Tile and block boundaries kernels care about; lengths near them are drawn often.
-_TILE_EDGES = (63, 64, 65, 127, 128, 129, 255, 256, 257)
+#: Tile and block boundaries kernels care about; lengths near them are drawn often (those within the cap).
+_TILE_EDGES = tuple(e + o for e in (64, 128, 256, 512, 1024, 2048, 4096) for o in (-1, 0, 1))
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,7 @@ class DrawLimits:
     """Size bounds of a draw: summed q and kv lengths, heads, and (derived) work."""
 
     max_tokens: int = 512
-    max_heads: int = 32
+    max_heads: int = 256
 
     def __post_init__(self) -> None:
         if self.max_tokens < 64:
@@ -130,13 +134,15 @@ def work(case: AttentionCase) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- levels
-def _levels(rng: random.Random) -> dict[str, Hashable]:
+def _levels(rng: random.Random, max_heads: int) -> dict[str, Hashable]:
     point: dict[str, Hashable] = {}
     for name in _ORDER:
         if name not in space.AXES:
             continue
         axis = space.AXES[name]
         allowed = [v for v in axis.values if space.extensible({**point, name: v})]
+        if name == "heads":  # only the levels some head count within the limit classifies to
+            allowed = [v for v in allowed if _head_pairs(max_heads).get(str(v))]
         if not allowed:  # cannot happen for a consistent space; the case model would reject the draw
             continue
         p_default = _P_DEFAULT.get(name)
@@ -229,30 +235,36 @@ def _requests(
     return [(min(q, cap), min(k, cap)) for q, k in BATCHES[space.BATCH_SHAPES[level]]]
 
 
+@lru_cache(maxsize=None)
+def _head_pairs(max_heads: int) -> dict[str, tuple[tuple[int, int], ...]]:
+    """Heads level -> every (num_heads, num_kv_heads) with at most ``max_heads`` q heads that classifies to it."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for hk in range(1, max_heads + 1):
+        for h in range(hk, max_heads + 1, hk):
+            out.setdefault(space.classify_heads(h, hk), []).append((h, hk))
+    return {level: tuple(sorted(pairs)) for level, pairs in out.items()}
+
+
 def _heads(rng: random.Random, level: str, max_heads: int) -> tuple[int, int]:
-    ratio = {"mha": 1, "gqa2": 2, "gqa4": 4, "gqa3": rng.choice((3, 5, 6, 7, 12)), "gqa8": rng.choice((8, 16))}
-    if level == "mqa":
-        return rng.choice([h for h in (2, 3, 4, 8, 16, 32, 64, 128) if h <= max_heads] or [max_heads]), 1
-    if level not in ratio:
-        h, hk = space.HEADS[level]
-        return (h, hk) if h <= max_heads else (hk, hk)
-    g = ratio[level]
-    lo = 1 if g == 1 else 2  # a single kv head with g > 1 is MQA, another level
-    kvs = [hk for hk in (1, 2, 3, 4, 6, 8, 12, 16) if hk >= lo and hk * g <= max_heads]
-    if not kvs:
-        return 1, 1
-    hk = rng.choice(kvs)
-    return hk * g, hk
+    """The level's own head counts (when within the limit) 40 % of the time, else any pair of its bucket."""
+    pairs = _head_pairs(max_heads).get(level) or ((1, 1),)
+    own = space.HEADS.get(level)
+    if own in pairs and rng.random() < 0.4:
+        return own  # type: ignore[return-value]
+    return rng.choice(pairs)
 
 
 def _dim_near(rng: random.Random, d: int) -> int:
-    """``d`` itself, or a random dim near it: a multiple of 8 within +-16, now and then any integer."""
+    """``d`` itself, a multiple of 8 within +-16 of it, any multiple of 8 up to 256, or (one draw in ten) a dim
+    that is not a multiple of 8, up to 263."""
     u = rng.random()
-    if u < 0.5:
+    if u < 0.4:
         return d
-    if u < 0.9:
+    if u < 0.65:
         return max(8, d + 8 * rng.randint(-2, 2))
-    return max(1, d + rng.randint(-15, 15))
+    if u < 0.9:
+        return 8 * rng.randint(1, 32)
+    return 8 * rng.randint(0, 32) + rng.randint(1, 7)
 
 
 def _dims(rng: random.Random, level: tuple[int, int], qv: bool) -> tuple[int, int]:
@@ -262,19 +274,33 @@ def _dims(rng: random.Random, level: tuple[int, int], qv: bool) -> tuple[int, in
     if d == dv:
         x = _dim_near(rng, d)
         return x, x
-    if dv < d:  # value head dim below the qk one (seed 004's 192/128 and its relatives)
+    if dv < d:  # value head dim below the qk one (MLA prefill's 192/128, absorbed 576/512 and their relatives)
         if rng.random() < 0.5:
             return d, dv
-        d2 = 8 * rng.randint(3, 32)
-        return d2, 8 * rng.randint(1, d2 // 8 - 1)
+        d2 = 8 * (rng.randint(3, 32) if d <= 256 else rng.randint(33, 80))
+        return d2, 8 * rng.randint(max(1, d2 // 8 - 16), d2 // 8 - 1)
     d2 = 8 * rng.randint(1, 16)  # value head dim above the qk one
     return d2, 8 * rng.randint(d2 // 8 + 1, 64)
 
 
 def _block_size(rng: random.Random, level: Hashable) -> int | None:
+    """The level's block size, or (one draw in four) any size up to 300, a multiple of 16 up to 1024, 512 or 1024."""
     if level is None:
         return None
-    return rng.randint(1, 300) if rng.random() < 0.25 else int(level)  # type: ignore[arg-type]
+    u = rng.random()
+    if u < 0.15:
+        return rng.randint(1, 300)
+    if u < 0.25:
+        return rng.choice((512, 1024, 16 * rng.randint(1, 64)))
+    return int(level)  # type: ignore[arg-type]
+
+
+def _scale(rng: random.Random, head_dim: int) -> float:
+    """A softmax scale from 0.001 to 2 (log-uniform), or an edge: the default ``head_dim ** -0.5`` passed
+    explicitly, MLA's scale, 1."""
+    if rng.random() < 0.3:
+        return rng.choice((round(head_dim**-0.5, 6), MLA_SCALE, 1.0))
+    return round(10 ** rng.uniform(-3.0, 0.3), 4)
 
 
 def _extent(rng: random.Random, kv_max: int) -> int:
@@ -309,9 +335,9 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
     kv_max = max(k for _, k in requests)
     causal, window, chunk = _mask(rng, str(get("mask", "none")), kv_max)
     softcap = None if get("softcap") is None else round(rng.uniform(1.0, 50.0), 1)
-    scale = None if get("scale") is None else round(10 ** rng.uniform(-2.0, 0.0), 4)
+    scale = None if get("scale") is None else _scale(rng, d)
     splits = get("num_splits")
-    num_splits = None if splits is None else (1 if splits == 1 else rng.randint(2, 8))
+    num_splits = None if splits is None else (1 if splits == 1 else rng.randint(2, rng.choice((8, 8, 8, 64))))
     # cp level (2, 1) stands for any world > 1: the draw picks the world (2 to 4 ranks) and the rank
     cp_world = 1 if get("cp", (1, 0)) == (1, 0) else rng.randint(2, 4)
     return {
@@ -351,7 +377,7 @@ def work_of(requests: list[tuple[int, int]], h: int, dims: int) -> int:
 def draw(seed: int, index: int, limits: DrawLimits = DrawLimits()) -> Draw:
     """Draw ``index`` of the stream of ``seed`` (depends on nothing else)."""
     rng = random.Random(f"attnconf-fuzz:{seed}:{index}")
-    levels = _levels(rng)
+    levels = _levels(rng, limits.max_heads)
     fields = _case_fields(rng, levels, limits)
     frozen_levels = tuple(levels.items())
     try:

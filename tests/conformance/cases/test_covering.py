@@ -132,7 +132,10 @@ def test_default_covers_every_pair_and_every_kernel_triple() -> None:
     assert [c.id for c in cases[: len(sweep_ids)]] == sweep_ids
     added = covering_cases("default")
     assert [c.id for c in cases[len(sweep_ids) :]] == [c.id for c in added + found_cases()]
-    assert len(added) <= 1700
+    assert len(added) <= 3000  # 1,657 before the registry's heads and dims levels, 2,927 with them
+    # every heads level meets every dims level (a kernel triple with batch), the wide ones and 224 included
+    seen = {(p["heads"], p["dims"]) for p in map(space.classify, cases)}
+    assert {(h, d) for h in space.HEADS for d in space.AXES["dims"].values} <= seen
     # small: the space's canonical batches only
     assert max(k for c in added for _, k in c.requests) <= 1100
     assert max(sum(q for q, _ in c.requests) for c in added) <= 500

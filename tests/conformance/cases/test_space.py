@@ -199,7 +199,8 @@ def test_classify_buckets_to_nearest_levels() -> None:
     assert space.classify_dims(72, 72) == (64, 64)  # ties go to the smaller level
     assert space.classify_dims(8, 8) == (32, 32) and space.classify_dims(512, 512) == (256, 256)
     assert space.classify_dims(128, 64) == (192, 128) and space.classify_dims(64, 128) == (64, 512)
-    assert space.classify_heads(48, 8) == "gqa3" and space.classify_heads(64, 4) == "gqa8"
+    assert space.classify_heads(24, 8) == "h40-gqa5" and space.classify_heads(48, 8) == "h64-gqa8"  # 64 band
+    assert space.classify_heads(64, 4) == "h64-gqa16" and space.classify_heads(20, 4) == "gqa3"
     assert space.classify_heads(6, 3) == "gqa2" and space.classify_heads(2, 1) == "mqa"
     assert space.classify_mask(False, (None, 0), None) == "winf-16"
     assert space.classify_mask(True, (0, 0), None) == "cw128"

@@ -9,7 +9,7 @@ from conformance.cases.suites import get_suite, suite_names
 
 SIZES = {
     "smoke": (80, 150),
-    "default": (1500, 4000),
+    "default": (1500, 6000),
     "full": (10000, 40000),
     "perf": (20, 200),
     "engines": (10, 2000),

@@ -9,12 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conformance.cases import space
-from conformance.cases.sweep import MASKS
-from conformance.fuzz.draw import DRAWN_AXES, DrawLimits, draw, stream, work
+from conformance.cases.sweep import BATCHES, MASKS
+from conformance.fuzz.draw import DRAWN_AXES, DrawLimits, _head_pairs, draw, stream, work
+from conformance.fuzz.shrink import same_failure, shrink
+from conformance.records import Status
+from conformance.verdict.check import check_backend, prepare_context
+from tests.conformance.fakes import GqaHeadMappingBackend
 
 seeds = st.integers(min_value=0, max_value=2**40)
 indices = st.integers(min_value=0, max_value=10**7)
-limits = st.builds(DrawLimits, max_tokens=st.integers(64, 4096), max_heads=st.integers(1, 128))
+limits = st.builds(DrawLimits, max_tokens=st.integers(64, 4096), max_heads=st.integers(1, 256))
 
 
 def test_every_axis_of_the_space_is_drawn():
@@ -70,3 +74,66 @@ def test_seeds_give_different_streams_and_stream_matches_draw():
 def test_limits_are_validated(kwargs):
     with pytest.raises(ValueError, match="max_"):
         DrawLimits(**kwargs)
+
+
+def test_draws_go_between_and_beyond_the_levels():
+    """300 draws of seed 3 with room for long requests: head counts, head dims, lengths, block sizes, scales and
+    split counts off the space's levels, beyond its largest ones too."""
+    cases = [d.case for d in (draw(3, i, DrawLimits(max_tokens=4096)) for i in range(300))]
+    assert all(c is not None for c in cases)
+    level_heads = set(space.HEADS.values())
+    heads = {(c.num_heads, c.num_kv_heads) for c in cases}
+    assert len(heads - level_heads) > 50 and max(h for h, _ in heads) > 128
+    assert any(16 < h < 128 and (h, hk) not in level_heads for h, hk in heads)  # between the levels
+    level_dims = {x for pair in space.AXES["dims"].values for x in pair}
+    dims = {c.head_dim for c in cases} | {c.dv for c in cases}
+    assert len({x for x in dims if x % 8 == 0 and x <= 256} - level_dims) >= 10  # multiples of 8 between levels
+    assert any(x % 8 for x in dims) and max(dims) > 512  # dims adapters must refuse, and beyond 576/512
+    canonical_kv = max(k for reqs in BATCHES.values() if len(reqs) < 8 for _, k in reqs if k <= 1100)
+    assert max(k for c in cases for _, k in c.requests) > canonical_kv  # longer than the covering batches
+    blocks = {c.block_size for c in cases if c.block_size}
+    assert max(blocks) > 256 and len(blocks - set(space.AXES["block_size"].values)) > 10
+    scales = {c.scale for c in cases if c.scale is not None}
+    assert max(scales) > 1.0 and min(scales) < 0.01 and any(c.scale == round(c.head_dim**-0.5, 6) for c in cases)
+    assert max(c.num_splits or 0 for c in cases) > 8
+
+
+def test_heads_levels_follow_max_heads():
+    """A level is drawn only when some head count within the limit classifies to it; every pair drawn for a
+    level classifies back to it."""
+    pairs = _head_pairs(256)
+    assert set(pairs) == set(space.HEADS)
+    for level, group in pairs.items():
+        assert all(space.classify_heads(h, hk) == level and h % hk == 0 for h, hk in group)
+    assert set(_head_pairs(16)) == {"mha", "mqa", "gqa2", "gqa3", "gqa4", "gqa8"}
+    narrow = [draw(5, i, DrawLimits(max_heads=16)) for i in range(100)]
+    assert all(d.case is not None and d.case.num_heads <= 16 for d in narrow)
+    assert not any(dict(d.levels)["heads"] in space.WIDE_HEADS for d in narrow)
+    wide = [draw(5, i) for i in range(100)]
+    assert any(dict(d.levels)["heads"] in space.WIDE_HEADS for d in wide)
+    for d in wide:
+        level = dict(d.levels)["heads"]
+        assert space.classify_heads(d.case.num_heads, d.case.num_kv_heads) == level
+
+
+def test_a_wide_off_level_draw_shrinks():
+    """A draw of more than 128 q heads with GQA fails a planted head-mapping bug; the shrinker still takes it
+    down to a few heads that keep the bug."""
+    limits = DrawLimits(max_tokens=128)
+    case = next(
+        c
+        for c in (draw(0, i, limits).case for i in range(2000))
+        if c is not None and c.num_heads > 128 and 1 < c.num_kv_heads < c.num_heads and not c.qv and c.quant == "none"
+    )
+    backend = GqaHeadMappingBackend()
+
+    def evaluate(c):
+        return check_backend(prepare_context(c, seed=0), backend)
+
+    first = evaluate(case)
+    if first.status is not Status.FAIL:
+        pytest.skip(f"the planted bug does not show on {case.id}: {first.status}")
+    res = shrink(case, first, evaluate, max_steps=200)
+    m = res.case
+    assert res.result.status is Status.FAIL and same_failure(first, res.result)
+    assert m.num_heads <= 6 and 1 < m.num_kv_heads < m.num_heads and m.batch == 1
