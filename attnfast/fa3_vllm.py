@@ -75,6 +75,8 @@ __all__ = ["FA3VllmBackend", "fa3_vllm_plan", "fa3_vllm_support", "import_vllm_f
 ENTRY = "vllm.vllm_flash_attn.flash_attn_varlen_func"
 #: "HeaddimV > 256 requires fp16 and bf16 data type" (measured with qv 64 + 512 in fp8).
 MAX_FP8_HEAD_DIM_V = 256
+#: s_aux (sinks): "We only support query heads <= 64 with S aux" (measured: the total of query heads, any group size).
+MAX_SINK_HEADS = 64
 #: fp8 q/k/v: "head_size should be a multiple of 16" (measured on the H100 with d40 in fp8 e4m3).
 FP8_HEAD_DIM_MULTIPLE = 16
 
@@ -108,6 +110,12 @@ def fa3_vllm_support(case: AttentionCase, cc: tuple[int, int] | None) -> Support
             False,
             f"sinks with head dims ({case.head_dim}, {case.dv}): 'We don't support S aux with hdim != hdim_v' "
             "(measured on the H100 by the fuzzer: 64/512 with and without qv, 192/128, 8/16)",
+        )
+    if case.sinks and case.num_heads > MAX_SINK_HEADS:
+        return Support(
+            False,
+            f"sinks with {case.num_heads} query heads: 'We only support query heads <= 64 with S aux' (measured on the "
+            "H100 by suite limits: 96, 128 and 256 heads, GQA, MHA and MQA alike; 64 heads pass)",
         )
     if case.qv and not (case.head_dim <= 64 and case.dv >= 256):
         return Support(False, f"qv with head dims ({case.head_dim}, {case.dv}): FA3 takes qv for d <= 64, dv >= 256")

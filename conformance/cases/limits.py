@@ -107,7 +107,7 @@ def _quant() -> list[AttentionCase]:
         out.append(_c(DECODE, 16, 1, 64, 512, causal=True, quant=quant, qv=True, kv_layout="NHD", block_size=64))
     for quant in ("int8_t1", "int8_t2"):
         out.append(_c(PREFILL, 8, 2, 128, causal=True, quant=quant))
-    for h in (16, 64, 128):
+    for h in (16, 64, 128, 256):
         out.append(_c(DECODE, h, 1, 64, 512, causal=True, qv=True, kv_layout="NHD", block_size=64))
     return out
 

@@ -9,6 +9,10 @@ test_layout.py``):
 * :mod:`~conformance.engines.sglang.metadata`: the memory pool and ``init_forward_metadata``,
   :class:`SGLangMetadataBuilder`;
 * :mod:`~conformance.engines.sglang.runner`: ``forward_extend`` / ``forward_decode``, :class:`SGLangForwardRunner`;
+* :mod:`~conformance.engines.sglang.graph_state`: the CUDA-graph buffers, capture and replay metadata
+  (``init_cuda_graph_state`` and the two ``init_forward_metadata_*_cuda_graph``), :class:`CudaGraphState`;
+* :mod:`~conformance.engines.sglang.graph_cases`: the graph scenarios as cases, their checks and kernel calls;
+* :mod:`~conformance.engines.sglang.graph`: the engine-level CUDA-graph replay, :class:`SGLangGraphRun`;
 * :mod:`~conformance.engines.sglang.fa`: the engine, :class:`SGLangFlashAttention`.
 """
 
@@ -17,11 +21,20 @@ from __future__ import annotations
 from .fa import SGLangFlashAttention
 from .local import VirtualBatches, check_call_metadata, effective_chunk_size, make_local_attention_virtual_batches
 from .metadata import KCall, SGLangMetadataBuilder, SGLMetadata, Step
+from .graph import SGLangGraphRun
+from .graph_state import FILL_VALUE, CudaGraphState, RunnerBuffers
 from .runner import SGLangForwardRunner
-from .scenarios import FINDINGS, SCENARIOS, Scenario, tree_paths
+from .scenarios import FINDINGS, GRAPH_FINDINGS, GRAPH_SCENARIOS, SCENARIOS, GraphScenario, Scenario, tree_paths
 
 __all__ = [
+    "FILL_VALUE",
     "FINDINGS",
+    "GRAPH_FINDINGS",
+    "GRAPH_SCENARIOS",
+    "CudaGraphState",
+    "GraphScenario",
+    "RunnerBuffers",
+    "SGLangGraphRun",
     "SCENARIOS",
     "KCall",
     "SGLMetadata",

@@ -1,6 +1,7 @@
 """Seed ``003``: SGLang's FlashAttention backend (``flashattention_backend.py``, 2025-09-22), replayed end to end.
 
-The replay follows the seed's ``init_forward_metadata`` (eager path, not the CUDA-graph capture/replay copies),
+The replay follows the seed's ``init_forward_metadata`` (eager path; the CUDA-graph path is
+:mod:`conformance.engines.sglang.graph`, scenarios :data:`GRAPH_SCENARIOS`),
 ``forward_extend`` and ``forward_decode``, written here from the seed (no copied code), on an SGLang-style memory
 pool: ``req_to_token`` (request x position -> token slot ``page * page_size + offset``, pages handed out in a
 shuffled order, one spare) and one layer's K/V buffer ``(num_pages, page_size, hk, d)`` (``view(-1, page_size,
@@ -53,9 +54,11 @@ page multiples (both fixed upstream by sglang PR 32902, reported as an illegal m
 MIXED steps build no local metadata, so chunked-local layers attend the whole context; top-k > 1 verify passes
 ``sinks`` to both cascade calls (the sink counted twice by the merge); the encoder page table is never strided to
 pages; fp8 descales are ``(batch_size, hk)`` where virtual batches have more sequences (FA3: ``CHECK_SHAPE(k_descale,
-batch_size, num_heads_k)``).  Not modelled: CUDA-graph metadata copies, draft decode and draft extend, hybrid SWA
-pools (``full_to_swa_index_mapping``), FA4 (``fa_impl_ver``), fp8 with MLA (head dim 576 > 256: no descales, the
-fp8 cache cast to q's dtype without a scale).
+batch_size, num_heads_k)``).  CUDA-graph scenarios (decode, local decode, target verify and draft decode with
+top-k 1 and > 1): captured at a bucket and replayed for every batch size up to it
+(:mod:`conformance.engines.sglang.graph`; draft decode only there).  Not modelled: draft extend, hybrid SWA pools
+(``full_to_swa_index_mapping``), FA4 (``fa_impl_ver``), fp8 with MLA (head dim 576 > 256: no descales, the fp8
+cache cast to q's dtype without a scale).
 
 Where it lives: this module is the engine, :class:`SGLangFlashAttention` (cases and their checks, the top-k tree's
 reference).  Its base classes hold the backend: :class:`~conformance.engines.sglang.runner.SGLangForwardRunner`
@@ -75,11 +78,16 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.cases.sweep import MLA_SCALE
 
-from ..base import call_inputs
+from attnfast.base import Backend, KernelOutput, Support
+
+from ..base import Kernel, call_inputs
 from ..calls import call_case, prefix_sums
+from .graph import SGLangGraphRun
+from .graph_state import CudaGraphState
+from .graph_cases import check_graph_case, graph_case, graph_layer, graph_plan, graph_support
 from .metadata import KCall, SGLangMetadataBuilder, SGLMetadata, Step
 from .runner import SGLangForwardRunner
-from .scenarios import FINDINGS, SCENARIOS, Scenario, tree_paths
+from .scenarios import FINDINGS, GRAPH_FINDINGS, GRAPH_SCENARIOS, SCENARIOS, Scenario, tree_paths
 
 __all__ = [
     "FINDINGS",
@@ -119,6 +127,8 @@ class SGLangFlashAttention(SGLangForwardRunner):
     """Seed 003 replayed: SGLang's FlashAttention backend (see the module docstring)."""
 
     name = "sglang_fa"
+    #: the CUDA-graph state class (``init_cuda_graph_state`` and the capture / replay metadata; tests plant bugs)
+    graph_state = CudaGraphState
     seed = "003"
     description = (
         "SGLang FlashAttention backend: page table, virtual batches, windows, top-k verify cascade, cross, MLA, fp8"
@@ -151,16 +161,53 @@ class SGLangFlashAttention(SGLangForwardRunner):
         )
 
     def cases(self) -> list[AttentionCase]:
-        return [self._case(name, sc) for name, sc in SCENARIOS.items()]
+        eager = [self._case(name, sc) for name, sc in SCENARIOS.items()]
+        return eager + [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
 
     def scenario(self, case: AttentionCase) -> Scenario:
         sc = SCENARIOS.get(case.scenario) or FINDINGS.get(case.scenario)
         if sc is None:
-            known = sorted(SCENARIOS) + sorted(FINDINGS)
+            known = sorted(SCENARIOS) + sorted(FINDINGS) + sorted(GRAPH_SCENARIOS)
             raise ValueError(f"scenario must be one of {known} for engine {self.name}, got {case.scenario!r}")
         return sc
 
+    # ------------------------------------------------------------------ CUDA-graph scenarios (graph.py)
+    @staticmethod
+    def is_graph(case: AttentionCase) -> bool:
+        return case.scenario in GRAPH_SCENARIOS or case.scenario in GRAPH_FINDINGS
+
+    def plan(self, case: AttentionCase) -> list[tuple[str, AttentionCase]]:
+        if self.is_graph(case):
+            self.check(case)
+            return graph_plan(case)
+        return super().plan(case)
+
+    def supports(self, case: AttentionCase, backend: Backend, device: str) -> Support:
+        if not self.is_graph(case):
+            return super().supports(case, backend, device)
+        if device.split(":")[0] not in backend.devices:
+            return Support(False, f"runs on {'/'.join(backend.devices)}, not {device}")
+        return graph_support(case, backend, device, self.plan(case))
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs, backend: Backend, device: str):
+        if self.is_graph(case):
+            return SGLangGraphRun(self, case, inputs, backend, device)
+        return super().prepare(case, inputs, backend, device)
+
+    def forward(self, case: AttentionCase, inputs: CaseInputs, kernel: Kernel) -> KernelOutput:
+        if self.is_graph(case):
+            raise ValueError(f"scenario {case.scenario!r} replays the CUDA-graph path: run it through prepare()")
+        return super().forward(case, inputs, kernel)
+
     def check(self, case: AttentionCase) -> None:
+        if self.is_graph(case):
+            check_graph_case(self.name, case)
+            return
+        if case.graph:
+            raise ValueError(
+                f"graph: scenario {case.scenario!r} is an eager step; the CUDA-graph replays are the scenarios "
+                f"{sorted(GRAPH_SCENARIOS)}"
+            )
         canon = self._case(case.scenario, self.scenario(case))
         for f in _SCENARIO_FIELDS:
             if getattr(case, f) != getattr(canon, f):
@@ -195,6 +242,11 @@ class SGLangFlashAttention(SGLangForwardRunner):
         return tree, ins
 
     def reference(self, case: AttentionCase, inputs: CaseInputs) -> AttnResult:
+        if self.is_graph(case):
+            from conformance.verdict.reference import reference
+
+            layer = graph_layer(case, inputs)
+            return reference(*layer) if layer is not None else super().reference(case, inputs)
         if not self.scenario(case).tree:
             return super().reference(case, inputs)
         from conformance.verdict.reference import reference
@@ -202,6 +254,11 @@ class SGLangFlashAttention(SGLangForwardRunner):
         return reference(*self._tree_layer(case, inputs))
 
     def baseline(self, case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.is_graph(case):
+            from conformance.verdict.baseline import baseline
+
+            layer = graph_layer(case, inputs)
+            return baseline(*layer) if layer is not None else super().baseline(case, inputs)
         if not self.scenario(case).tree:
             return super().baseline(case, inputs)
         from conformance.verdict.baseline import baseline

@@ -4,7 +4,9 @@ replays, one ``engines``-suite case each (case ids come from these tables: keep 
 A :class:`Scenario` is one forward step of the backend: SGLang's forward mode, the requests, and what an
 ``AttentionCase`` cannot say (page size of the pool, the draft tree of a top-k verify, MLA, the chunked-prefix
 capacity).  :data:`SCENARIOS` are the steps the seed gets right (the ``engines`` suite); :data:`FINDINGS` the steps
-where the seed's code diverges from its layer, kept out of the suite and shown by the tests.
+where the seed's code diverges from its layer, kept out of the suite and shown by the tests.  A
+:class:`GraphScenario` is one CUDA-graph configuration (:data:`GRAPH_SCENARIOS`, replayed by
+:mod:`conformance.engines.sglang.graph`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from ..base import Request
 
-__all__ = ["FINDINGS", "SCENARIOS", "Scenario", "tree_paths"]
+__all__ = ["FINDINGS", "GRAPH_FINDINGS", "GRAPH_SCENARIOS", "SCENARIOS", "GraphScenario", "Scenario", "tree_paths"]
 
 R = Request
 
@@ -93,3 +95,88 @@ def tree_paths(tree: tuple[int, ...]) -> list[list[int]]:
             node = tree[node]
         out.append(sorted(path))
     return out
+
+
+@dataclass(frozen=True)
+class GraphScenario:
+    """One CUDA-graph configuration of the backend.  ``mode``: ``decode``, ``target_verify`` or ``draft_decode``;
+    ``batches``: the default replay batches as ``ForwardBatch.seq_lens`` (the committed tokens; a decode's
+    ``seq_lens`` include its token), the capture bucket first (its size is ``bs``); ``tree``: the top-k > 1
+    verify's draft tree (parent per draft token); ``draft_tokens``: ``speculative_num_draft_tokens``; ``topk``,
+    ``num_steps``, ``step_id``: the draft model's ``topk``, ``speculative_num_steps``, ``speculative_step_id``."""
+
+    mode: str
+    batches: tuple[tuple[int, ...], ...]
+    page_size: int = 16
+    max_context_len: int = 512
+    chunk: int | None = None
+    tree: tuple[int, ...] = ()
+    draft_tokens: int = 0
+    topk: int = 1
+    num_steps: int = 0
+    step_id: int = 0
+    deterministic: bool = False
+
+    @property
+    def q_len(self) -> int:
+        """Query rows per request: 1 (decode, top-k 1 draft), ``draft_tokens`` (verify), ``topk`` (draft)."""
+        if self.mode == "target_verify":
+            return self.draft_tokens
+        return self.topk if self.mode == "draft_decode" else 1
+
+    @property
+    def new_keys(self) -> int:
+        """Keys a request's queries see beyond its ``seq_lens``: verify's draft tokens, the draft steps so far."""
+        if self.mode == "target_verify":
+            return self.draft_tokens
+        if self.mode == "draft_decode":
+            return self.topk * (self.step_id + 1)
+        return 0
+
+    @property
+    def allocated(self) -> int:
+        """Tokens allocated per request beyond ``seq_lens`` (draft decode: every step of every branch)."""
+        return self.topk * self.num_steps if self.mode == "draft_decode" else self.new_keys
+
+
+GRAPH_SCENARIOS: dict[str, GraphScenario] = {
+    "graph_decode": GraphScenario("decode", ((300, 41, 129, 7), (500, 3, 64), (17, 260), (1,))),
+    "graph_decode_deterministic": GraphScenario(
+        "decode", ((300, 41, 129, 7), (500, 3, 64), (17, 260), (1,)), deterministic=True
+    ),
+    # chunk = page size: the capture's one-page virtual batches (seq_lens at the fill value) fit every replay
+    "graph_local_decode": GraphScenario("decode", ((69, 31, 32, 40), (100, 33, 64), (45, 90), (37,)), chunk=16),
+    "graph_verify_chain": GraphScenario("target_verify", ((30, 57, 100), (140, 9), (64,)), draft_tokens=4),
+    "graph_verify_topk": GraphScenario(
+        "target_verify",
+        ((30, 57, 100), (140, 9), (64,)),
+        page_size=1,
+        max_context_len=256,
+        tree=(-1, 0, 0, 1),
+        draft_tokens=4,
+        topk=2,
+    ),
+    "graph_draft_decode": GraphScenario(
+        "draft_decode", ((30, 57, 100), (140, 9), (64,)), draft_tokens=4, num_steps=3, step_id=1
+    ),
+    "graph_draft_decode_topk": GraphScenario(
+        "draft_decode",
+        ((30, 57, 100), (140, 9), (64,)),
+        page_size=1,
+        max_context_len=256,
+        draft_tokens=4,
+        topk=2,
+        num_steps=3,
+        step_id=1,
+    ),
+}
+
+#: Graph configurations where the seed's CUDA-graph path diverges (kept out of ``cases()``; the tests show each).
+GRAPH_FINDINGS: dict[str, GraphScenario] = {
+    # _update_local_attn_metadata_for_capture sizes the local_block_table view by the capture batch, whose
+    # seq_lens are the fill value 1: the chunk adjusted to one page, a view one column wide; replays write
+    # chunk // page_size = 2 columns into the buffer behind it.  Refused (ValueError naming local_block_table and the
+    # bucket).  Measured on an H100 with the check lifted: vLLM 0.24.0's FA3 reads the table by the buffer's row
+    # stride and the replay passes (max error 0.006); a kernel that honours the view's shape sees one page
+    "graph_local_decode_wide_chunk": GraphScenario("decode", ((69, 31, 32, 40), (100, 33), (45,)), chunk=32),
+}
