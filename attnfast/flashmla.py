@@ -15,8 +15,9 @@ fp64 reference; not log2) to ``(h, total_q)``, with ``+inf`` (written for rows t
 cache, or the top rows of a causal ``s_q > kv_len`` request, measured) normalised to ``-inf``.
 
 Limits, measured with ``scripts/probe_vllm_kernels.py`` on an H100: page size 64 only ("Currently
-page_block_size must be 64"); one kv head (MLA); bf16 and fp16; 1 to 256 query heads (256 by suite ``limits``).  The dense decode
-path takes no descale, and an fp8 cache with a bf16 query raises "query and key must have the same dtype".
+page_block_size must be 64"); one kv head (MLA); bf16 and fp16; 1 to 256 query heads (256 by suite
+``limits``).  The dense decode path takes no descale, and an fp8 cache with a bf16 query raises "query and
+key must have the same dtype".
 """
 
 from __future__ import annotations
