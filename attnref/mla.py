@@ -60,7 +60,8 @@ def _check_dim(name: str, value: object) -> int:
     return value
 
 
-def _check_tensor(name: str, t: object, rank: int | None = None, what: str = "") -> torch.Tensor:
+# no mutate: ``what`` appears only in the rank message, and every caller passing ``rank`` passes ``what``
+def _check_tensor(name: str, t: object, rank: int | None = None, what: str = "") -> torch.Tensor:  # pragma: no mutate
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if rank is None and t.dim() == 0:

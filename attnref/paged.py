@@ -134,7 +134,9 @@ def _gather_one(cache: torch.Tensor, blocks: list[int], n: int, layout: KVLayout
     need = -(-n // bs)
     if need == 0:
         return view.new_zeros((0,) + tuple(view.shape[2:]))
-    idx = torch.tensor(blocks[:need], dtype=torch.long, device=cache.device)
+    # no mutate: ``blocks`` holds Python ints (block_table.tolist()), which torch.tensor makes int64 anyway, and a
+    # CPU index tensor indexes a cache on any device alike: neither keyword changes a result
+    idx = torch.tensor(blocks[:need], dtype=torch.long, device=cache.device)  # pragma: no mutate
     return view[idx].reshape(need * bs, *view.shape[2:])[:n]
 
 
@@ -147,8 +149,13 @@ def gather_kv(
     check_seqlens("seqlens", lens, len(lens), nb * bs)
     table = check_block_table(block_table, len(lens), nb, bs, lens)
     parts = [_gather_one(cache, table[b], n, layout) for b, n in enumerate(lens)]
-    cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return torch.cat(parts, 0) if parts else cache.new_zeros((0, hk, d)), cu
+    # no mutate: ``lens`` holds Python ints, which torch.tensor makes int64 without being told
+    counts = torch.tensor([0] + lens, dtype=torch.int64)  # pragma: no mutate
+    cu = counts.cumsum(0).to(torch.int32)
+    if not parts:
+        return cache.new_zeros((0, hk, d)), cu
+    # no mutate: torch.cat's dim defaults to 0
+    return torch.cat(parts, 0), cu  # pragma: no mutate
 
 
 @torch.no_grad()

