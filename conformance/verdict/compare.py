@@ -47,6 +47,13 @@ def compare(
     return compare_details(ref, base, kernel_out, tol)[0]
 
 
+def _as_ref(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``x`` on ``ref``'s device, in ``ref``'s dtype: every comparison is made in the reference's dtype."""
+    # no mutate: every tensor of a CPU test is on the CPU already, so no test can observe the device move
+    on_device = x.to(ref.device)  # pragma: no mutate
+    return on_device.to(ref.dtype)
+
+
 def _masked_max(x: torch.Tensor, keep: torch.Tensor) -> float:
     return float(torch.where(keep, x, torch.zeros_like(x)).max()) if x.numel() else 0.0
 
@@ -68,18 +75,18 @@ def compare_details(
     if missing:
         raise ValueError(f"tol must be resolved (conformance.verdict.tolerance.resolve); unset fields: {missing}")
     r = ref.out
-    ct, dev = r.dtype, r.device
+    ct = r.dtype
     if tuple(kernel_out.out.shape) != tuple(r.shape):
         got = tuple(kernel_out.out.shape)
         raise ValueError(f"kernel out must have the reference's shape {tuple(r.shape)}, got {got}")
-    o = kernel_out.out.to(dev, ct)
+    o = _as_ref(kernel_out.out, r)
     _, h, dv = r.shape
     n = r.numel()
 
     def where_out(flat: int) -> str:
         return f"(token {flat // (h * dv)}, head {(flat // dv) % h}, dim {flat % dv})"
 
-    berr = (base[0].to(dev, ct) - r).abs()
+    berr = (_as_ref(base[0], r) - r).abs()
     bfin = torch.isfinite(berr)  # a non-finite baseline element must not widen the bound: left out
     base_nonfinite = {"out": int((~bfin & torch.isfinite(r)).sum()), "lse": 0}
     b_max = _masked_max(berr, bfin)
@@ -89,7 +96,8 @@ def compare_details(
     allowed_max = tol.factor * b_max + tol.atol
     allowed = allowed_max + tol.rtol * r.abs()
     ratio = err / allowed.clamp_min(torch.finfo(ct).tiny)
-    worst_flat = int(ratio.argmax()) if n else 0
+    # no mutate: with n == 0 worst_flat is never read (worst is (-1, -1, -1) and max_error cannot fail)
+    worst_flat = int(ratio.argmax()) if n else 0  # pragma: no mutate
     error_ratio = float(ratio.max()) if n else 0.0
     over = int((ratio > 1).sum())
     mismatch_frac = over / n if n else 0.0
@@ -97,7 +105,8 @@ def compare_details(
     mean_abs = float(err.mean()) if n else 0.0
     max_rel = float((err / r.abs().clamp_min(max(tol.atol, torch.finfo(ct).tiny))).max()) if n else 0.0
     nonfinite = int((~finite & torch.isfinite(r)).sum())
-    cosine = _cosine(o, r) if not nonfinite else math.nan
+    # no mutate: the guard only saves work; _cosine of an output with a NaN/Inf is NaN anyway (inf/inf, nan)
+    cosine = _cosine(o, r) if not nonfinite else math.nan  # pragma: no mutate
     mean_allowed = tol.mean_factor * b_mean + tol.mean_atol
 
     details: dict[str, str] = {}
@@ -126,7 +135,7 @@ def compare_details(
 
     masked_notes: list[str] = []
     zero_rows = (r == 0).all(dim=-1)  # (total_q, h): fully masked rows, output exactly 0
-    row_err = err.amax(dim=-1) if dv else torch.zeros_like(zero_rows, dtype=ct)
+    row_err = err.amax(dim=-1) if dv else r.new_zeros(zero_rows.shape)
     bad_rows = zero_rows & (row_err > tol.atol)
     if bool(bad_rows.any()):
         t, hh = (int(x) for x in torch.nonzero(bad_rows)[0])
@@ -168,7 +177,7 @@ def compare_details(
 
 def _baseline_lse_nonfinite(ref_lse: torch.Tensor, base_lse: torch.Tensor) -> int:
     """Rows whose baseline LSE is not finite where the reference LSE is (left out of the LSE bound)."""
-    return int((torch.isfinite(ref_lse) & ~torch.isfinite(base_lse.to(ref_lse.device, ref_lse.dtype))).sum())
+    return int((torch.isfinite(ref_lse) & ~torch.isfinite(_as_ref(base_lse, ref_lse))).sum())
 
 
 def _compare_lse(ref_lse: torch.Tensor, base_lse: torch.Tensor, kernel_lse: torch.Tensor, tol: Tolerance):
@@ -178,7 +187,7 @@ def _compare_lse(ref_lse: torch.Tensor, base_lse: torch.Tensor, kernel_lse: torc
     has error +inf and fails.  Rows with reference LSE ``-inf`` (fully masked, no sink) need exactly
     ``-inf``.  Baseline rows that are not finite are left out of the bound's baseline term.
     """
-    ct, dev = ref_lse.dtype, ref_lse.device
+    ct = ref_lse.dtype
     if tuple(kernel_lse.shape) != tuple(ref_lse.shape):
         got = tuple(kernel_lse.shape)
         raise ValueError(f"kernel lse must have the reference's shape {tuple(ref_lse.shape)}, got {got}")
@@ -187,7 +196,7 @@ def _compare_lse(ref_lse: torch.Tensor, base_lse: torch.Tensor, kernel_lse: torc
     def where_row(flat: int) -> str:
         return f"(token {flat % total_q}, head {flat // total_q})"
 
-    lk = kernel_lse.to(dev, ct)
+    lk = _as_ref(kernel_lse, ref_lse)
     live = torch.isfinite(ref_lse)
     masked_note = ""
     bad_masked = ~live & (lk != ref_lse)  # the reference's only non-finite value is -inf
@@ -200,7 +209,7 @@ def _compare_lse(ref_lse: torch.Tensor, base_lse: torch.Tensor, kernel_lse: torc
         )
     if not bool(live.any()):
         return 0.0, tol.lse_atol, "", masked_note
-    lb = base_lse.to(dev, ct)
+    lb = _as_ref(base_lse, ref_lse)
     b_err = (lb - ref_lse).abs()
     b_max = _masked_max(b_err, live & torch.isfinite(b_err))
     kernel_finite = torch.isfinite(lk)
