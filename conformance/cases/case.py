@@ -31,6 +31,10 @@ Engine replays (``engine`` and ``scenario``, :mod:`conformance.engines`): the ca
 backend's attention layer, replayed as that engine composes its kernel calls; ``requests`` are the step's
 sequences and the other fields the layer's configuration.
 
+The tables the fields draw on (:data:`DTYPES`, :data:`LAYOUTS`, :data:`QUANTS`, :data:`DESCALES`,
+:data:`FEATURES`, :data:`OPT_IN_FEATURES`) are :mod:`conformance.cases.case_tables`, re-exported here; what a case
+derives from its fields (sizes, features, the id) is :mod:`conformance.cases.case_derived`.
+
 JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from their defaults, so
 adding a field with a default keeps every existing id, hash and record valid; :meth:`from_json`
 ignores keys it does not know (records written by a newer version stay readable).
@@ -39,99 +43,18 @@ ignores keys it does not know (records written by a newer version stay readable)
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from conformance.cases.case_derived import CaseDerived
+from conformance.cases.case_tables import DESCALES, DTYPES, FEATURES, LAYOUTS, OPT_IN_FEATURES, QUANTS
 from conformance.cases.graph_fields import graph_problems
 
 __all__ = ["AttentionCase", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
 
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-LAYOUTS = ("contiguous", "NHD", "HND")
-#: Quantization modes: which tensors are stored in which format (the case's ``quant`` field).
-QUANTS: dict[str, str] = {
-    "none": "q, k, v in the activation dtype",
-    "fp8_e4m3": "k, v (and q, qv unless quant_q is False) fp8 e4m3 with fp32 descales",
-    "fp8_e5m2": "k, v (and q, qv unless quant_q is False) fp8 e5m2 with fp32 descales",
-    "int8_t1": "seed 001 type 1: int8 q, k per token and head; int8 v with a static per-channel scale",
-    "int8_t2": "seed 001 type 2: int8 q, k per token and head; v in the activation dtype",
-}
-#: Descale granularity per quantization family (the first is the default when ``descale`` is None).
-DESCALES: dict[str, tuple[str, ...]] = {"fp8": ("tensor", "head"), "int8": ("token",)}
-
-#: Every feature a case can exercise; backends declare support for each (see attnfast.base).
-FEATURES: dict[str, str] = {
-    "prefill": "every request has q_len == kv_len",
-    "decode": "every request has q_len == 1",
-    "chunked": "some request has 1 < q_len < kv_len (chunked prefill / spec decode)",
-    "mixed": "decode and prefill requests in one batch",
-    "cross": "q_len and kv_len unrelated, no causal mask (encoder-decoder / cross attention)",
-    "sq_gt_sk": "some request has q_len > kv_len",
-    "empty_kv": "some request has kv_len == 0",
-    "varlen": "more than one request",
-    "paged": "keys read from a paged cache through a block table",
-    "hnd": "paged cache in HND layout (num_blocks, hk, block, d)",
-    "causal": "bottom-right causal mask",
-    "window": "sliding window (left and/or right bounded)",
-    "local_chunk": "chunked local attention (FA3 attention_chunk)",
-    "softcap": "logits soft-cap",
-    "alibi": "ALiBi slopes",
-    "sinks": "per-head attention sinks",
-    "scale": "custom softmax scale",
-    "gqa": "1 < q heads / kv heads < q heads",
-    "mqa": "a single kv head",
-    "dv": "value head dim differs from the qk head dim",
-    "append": "the kernel writes the new k/v into the cache itself (kvcache append)",
-    "splits": "split-KV with a pinned num_splits > 1",
-    "fp16": "fp16 inputs",
-    "bf16": "bf16 inputs",
-    "fp32": "fp32 inputs",
-    "fp8_e4m3": "k, v (and q) stored as fp8 e4m3 with fp32 descales",
-    "fp8_e5m2": "k, v (and q) stored as fp8 e5m2 with fp32 descales",
-    "fp8_kv_only": "fp8 k, v with q (and qv) in the activation dtype",
-    "descale_head": "fp8 descales per (sequence, kv head) rather than per tensor",
-    "int8_t1": "int8 q, k per token and head, int8 v per channel (seed 001 type 1)",
-    "int8_t2": "int8 q, k per token and head, v in the activation dtype (seed 001 type 2)",
-    "qv": "MLA absorbed: a query part scored against V (FA3 qv, FlashMLA's 576-wide cache)",
-    "v_pad": "V zero-padded to the qk head dim, output stripped back (seed 004)",
-    "sched_meta": "precomputed FA3 scheduler metadata (vLLM's CUDA-graph path)",
-    "cp": "context parallel: a causal call over one rank's interleave-1 key shard (FA3 cp_world_size/cp_rank)",
-    "graph": "CUDA-graph mode: captured on a bucket's static buffers, replayed for several batches",
-    "inv_run": "invariance: the same call twice, bitwise",
-    "inv_batch": "invariance: a request alone, in a batch, at another position, beside other lengths, bitwise",
-    "inv_splits": "invariance: num_splits 1 vs pinned values vs the heuristic, bitwise",
-}
-
-#: Features an adapter must declare in ``Backend.accepts`` to be given (refused otherwise, with a
-#: reason): they arrived after the adapter API, and an adapter written before them would otherwise
-#: be fed dequantized or concatenated tensors it never asked for.
-OPT_IN_FEATURES: frozenset[str] = frozenset(
-    {
-        "fp8_e4m3",
-        "fp8_e5m2",
-        "fp8_kv_only",
-        "descale_head",
-        "int8_t1",
-        "int8_t2",
-        "qv",
-        "v_pad",
-        "sched_meta",
-        "cp",
-        "graph",
-    }
-)
-
-
-def _fmt_num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x).replace(".", "p")
-
 
 @dataclass(frozen=True)
-class AttentionCase:
+class AttentionCase(CaseDerived):
     """One attention call.  All fields are plain values; see the module docstring."""
 
     requests: tuple[tuple[int, int], ...]
@@ -255,191 +178,6 @@ class AttentionCase:
                 "append cannot be combined with quant: engines quantize new keys while writing the cache "
                 "(attnref.quant.write_kv_cache_fp8 / _int8) before the kernel reads it"
             )
-
-    # ------------------------------------------------------------------ derived values
-    @property
-    def dv(self) -> int:
-        return self.head_dim if self.head_dim_v is None else self.head_dim_v
-
-    @property
-    def qk_dim(self) -> int:
-        """Width of the q.k product: ``head_dim``, plus ``dv`` with ``qv`` (MLA absorbed: q_v scored against V)."""
-        return self.head_dim + (self.dv if self.qv else 0)
-
-    @property
-    def quant_family(self) -> str | None:
-        """``"fp8"``, ``"int8"`` or None (not quantized)."""
-        return None if self.quant == "none" else self.quant.split("_")[0]
-
-    @property
-    def descale_mode(self) -> str | None:
-        """The descale granularity in force: ``descale``, or the family's default; None when not quantized."""
-        family = self.quant_family
-        return None if family is None else (self.descale or DESCALES[family][0])
-
-    @property
-    def paged(self) -> bool:
-        return self.kv_layout != "contiguous"
-
-    @property
-    def batch(self) -> int:
-        return len(self.requests)
-
-    @property
-    def q_lens(self) -> list[int]:
-        return [q for q, _ in self.requests]
-
-    @property
-    def kv_lens(self) -> list[int]:
-        return [k for _, k in self.requests]
-
-    @property
-    def cached_kv_lens(self) -> list[int]:
-        """Keys already in the cache before the call: ``kv_len - q_len`` when appending, else ``kv_len``."""
-        return [kl - (ql if self.append else 0) for ql, kl in self.requests]
-
-    @property
-    def total_q(self) -> int:
-        return sum(self.q_lens)
-
-    @property
-    def total_kv(self) -> int:
-        return sum(self.kv_lens)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
-
-    @property
-    def has_window(self) -> bool:
-        return self.window != (None, None)
-
-    def features(self) -> frozenset[str]:
-        """The :data:`FEATURES` this case exercises."""
-        f = {self.dtype}
-        ql, kl = self.q_lens, self.kv_lens
-        if all(q == k for q, k in self.requests):
-            f.add("prefill")
-        if all(q == 1 for q in ql):
-            f.add("decode")
-        if any(1 < q < k for q, k in self.requests):
-            f.add("chunked")
-        if any(q == 1 for q in ql) and any(q > 1 for q in ql):
-            f.add("mixed")
-        if any(q > k for q, k in self.requests):
-            f.add("sq_gt_sk")
-        if any(k == 0 for k in kl):
-            f.add("empty_kv")
-        if not self.causal and not self.has_window and self.chunk is None and any(q != k for q, k in self.requests):
-            f.add("cross")
-        if self.batch > 1:
-            f.add("varlen")
-        if self.paged:
-            f.add("paged")
-        if self.kv_layout == "HND":
-            f.add("hnd")
-        for name in ("causal", "alibi", "sinks", "append"):
-            if getattr(self, name):
-                f.add(name)
-        if self.has_window:
-            f.add("window")
-        if self.chunk is not None:
-            f.add("local_chunk")
-        if self.softcap is not None:
-            f.add("softcap")
-        if self.scale is not None:
-            f.add("scale")
-        if self.num_kv_heads == 1 and self.num_heads > 1:
-            f.add("mqa")
-        elif self.num_heads != self.num_kv_heads:
-            f.add("gqa")
-        if self.dv != self.head_dim:
-            f.add("dv")
-        if self.num_splits is not None and self.num_splits > 1:
-            f.add("splits")
-        if self.quant != "none":
-            f.add(self.quant)
-            if not self.quant_q:
-                f.add("fp8_kv_only")
-            if self.descale_mode == "head":
-                f.add("descale_head")
-        for name, feature in (("qv", "qv"), ("v_padded", "v_pad"), ("scheduler_metadata", "sched_meta")):
-            if getattr(self, name):
-                f.add(feature)
-        if self.cp_world > 1:
-            f.add("cp")
-        if self.graph:
-            f.add("graph")
-        if self.invariance:
-            f.add(f"inv_{self.invariance}")
-        return frozenset(f)
-
-    # ------------------------------------------------------------------ naming
-    @property
-    def id(self) -> str:
-        """Deterministic readable id, unique per case: readable axes plus a short content hash."""
-        h, hk = self.num_heads, self.num_kv_heads
-        kind = "mha" if h == hk else ("mqa" if hk == 1 else "gqa")
-        parts = [f"{self.engine}-{self.scenario}"] if self.engine else []
-        parts.append(f"{kind}_h{h}_kv{hk}_d{self.head_dim}")
-        if self.dv != self.head_dim:
-            parts.append(f"dv{self.dv}")
-        parts.append(self.dtype)
-        parts.append(self.batch_name or f"b{self.batch}")
-        parts.append(f"ps{self.block_size}{self.kv_layout.lower()}" if self.paged else "contig")
-        if self.causal:
-            parts.append("causal")
-        if self.has_window:
-            l, r = ("inf" if w is None else str(w) for w in self.window)
-            parts.append(f"win{l}-{r}")
-        if self.chunk is not None:
-            parts.append(f"chunk{self.chunk}")
-        if self.softcap is not None:
-            parts.append(f"cap{_fmt_num(self.softcap)}")
-        if self.alibi:
-            parts.append("alibi")
-        if self.sinks:
-            parts.append("sink")
-        if self.scale is not None:
-            parts.append(f"scale{_fmt_num(self.scale)}")
-        if self.append:
-            parts.append("append")
-        if self.num_splits is not None:
-            parts.append(f"split{self.num_splits}")
-        if self.quant != "none":
-            parts.append(self.quant.replace("_", "") + ("kv" if not self.quant_q else ""))
-            if self.descale is not None:
-                parts.append(f"ds{self.descale}")
-        for name in ("qv", "v_padded", "scheduler_metadata"):
-            if getattr(self, name):
-                parts.append({"qv": "qv", "v_padded": "vpad", "scheduler_metadata": "sched"}[name])
-        if self.cp_world > 1:
-            parts.append(f"cp{self.cp_world}r{self.cp_rank}")
-        if self.graph:
-            parts.append(
-                "graph" + ".".join(map(str, self.graph)) + (f"fill{self.graph_fill}" if self.graph_fill else "")
-            )
-        if self.invariance:
-            parts.append(f"inv{self.invariance}")
-        return "_".join(parts) + "-" + self.digest()
-
-    def digest(self) -> str:
-        """Six hex digits of the canonical JSON (the batch label excluded)."""
-        payload = {k: v for k, v in self.to_json().items() if k != "batch_name"}
-        return hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:6]
-
-    def summary(self) -> str:
-        """One line of shapes and modes, never data."""
-        reqs = self.requests
-        shown = ", ".join(f"{q}/{k}" for q, k in reqs[:6]) + (f", ... ({len(reqs)} requests)" if len(reqs) > 6 else "")
-        mods = sorted(self.features() - {self.dtype})
-        return (
-            f"q/kv lens [{shown}] h={self.num_heads} hk={self.num_kv_heads} d={self.head_dim} dv={self.dv} "
-            f"{self.dtype} {f'paged {self.kv_layout} block {self.block_size}' if self.paged else 'contiguous'}"
-            f" window={self.window} softcap={self.softcap}"
-            f"{f' quant={self.quant} descale={self.descale_mode}' if self.quant != 'none' else ''}"
-            f"{f' cp rank {self.cp_rank} of {self.cp_world}' if self.cp_world > 1 else ''} [{' '.join(mods)}]"
-        )
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict[str, Any]:

@@ -1,3 +1,3 @@
 """Reading results: Markdown/HTML reports (:mod:`.report`, :mod:`.plots`, ``templates/``), the
-known-failure ledgers (:mod:`.ledger`, data in ``conformance/ledgers/``) and upgrade diffs
-(:mod:`.compare`)."""
+known-failure ledgers (:mod:`.ledger`, data in ``conformance/ledgers/``), upgrade diffs
+(:mod:`.compare`) and shard merging (:mod:`.shards`, :mod:`.shard_parts`)."""

@@ -13,11 +13,10 @@ checks that they belong together before anything is compared with a baseline:
   from its header (``argv`` re-parsed, the suite built by this checkout, and the same number of cases as
   the header recorded); otherwise they are counted from the header's case count.
 
-A file is read as segments, one per header line: a resumed run has several headers of one shard, the
-``cat`` of several shard files one segment per shard, and a merged file one header
-whose ``env.merge`` lists the shards it holds (so merged files merge again).  The merged file has one
-header: the first shard's, with ``env.run.shard`` cleared, ``env.run.cases`` summed and ``env.merge``
-recording the sources, the shards held, and what is missing.
+A file is read as segments, one per header line (:mod:`conformance.reporting.shard_parts` reads them and checks
+that two headers belong to one sweep; a merged file's header lists the shards it holds, so merged files merge
+again).  The merged file has one header: the first shard's, with ``env.run.shard`` cleared, ``env.run.cases``
+summed and ``env.merge`` recording the sources, the shards held, and what is missing.
 """
 
 from __future__ import annotations
@@ -26,48 +25,18 @@ import gzip
 import json
 import os
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from conformance.records import CheckResult, Header, Status
+from conformance.reporting.shard_parts import MergeError, Pair, ShardPart, agree, read_parts
 
 __all__ = ["MergeError", "MergedRun", "ShardPart", "merge_shards", "read_parts", "render_markdown", "write_merged"]
 
-Pair = tuple[str, str]  # (case id, backend)
-#: run options that every shard of one sweep shares (``env.run`` keys; the device compared by type)
-RUN_KEYS = ("device", "seed", "time", "tol", "tol_file")
 #: most missing pairs listed in a merged header or summary (the count is always exact)
 MAX_LISTED = 1000
-
-
-class MergeError(ValueError):
-    """The files do not belong to one sweep, or two of them disagree; the message names the file and field."""
-
-
-@dataclass(frozen=True)
-class ShardPart:
-    """The records of one shard (or of the shards a merged file holds) as found in one file."""
-
-    source: str
-    shard_count: int
-    covers: tuple[int, ...]
-    header: Header
-    results: tuple[CheckResult, ...]
-    #: selected (case, backend) pairs without a record: named when the selection could be rebuilt
-    missing: tuple[Pair, ...] = ()
-    #: how many selected pairs lack a record (>= len(missing)); None when the header does not say
-    missing_count: int | None = 0
-    #: selected cases, from the header(s); None when the header does not say
-    cases: int | None = None
-    #: header lines of this shard in the file (more than one: the run was resumed)
-    segments: int = 1
-
-    @property
-    def label(self) -> str:
-        shards = ",".join(str(i) for i in self.covers)
-        return f"{self.source} (shard {shards}/{self.shard_count})"
 
 
 @dataclass(frozen=True)
@@ -113,150 +82,6 @@ class MergedRun:
         return out
 
 
-# --------------------------------------------------------------------------------------------- reading
-
-
-def _lines(path: Path) -> Iterator[dict[str, Any]]:
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for raw in fh:
-            raw = raw.strip()
-            if not raw:
-                continue
-            try:
-                yield json.loads(raw)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill (records.read_records skips it too)
-
-
-def _segments(path: Path) -> list[tuple[Header, list[CheckResult]]]:
-    segments: list[tuple[Header, list[CheckResult]]] = []
-    for line in _lines(path):
-        kind = line.get("type")
-        if kind == "header":
-            segments.append((Header.from_json(line), []))
-        elif kind == "result":
-            if not segments:
-                raise MergeError(f"{path}: a result record comes before any header line")
-            segments[-1][1].append(CheckResult.from_json(line))
-    if not segments:
-        raise MergeError(f"{path}: no header line (not a results file of `attnconf run`)")
-    return segments
-
-
-def _coverage(h: Header, source: Path) -> tuple[int, tuple[int, ...]]:
-    """(n, shard indices) a header's records belong to: its shard, a merged file's shards, or 0/1."""
-    merge = h.env.get("merge")
-    if isinstance(merge, dict) and "shards" in merge:
-        try:
-            return int(merge["shard_count"]), tuple(sorted(int(i) for i in merge["shards"]))
-        except (KeyError, TypeError, ValueError):
-            raise MergeError(f"{source}: field env.merge is not readable: {merge!r}") from None
-    shard = h.run_options.get("shard")
-    if shard is None:
-        return 1, (0,)
-    try:
-        i, n = (int(x) for x in shard)
-    except (TypeError, ValueError):
-        raise MergeError(f"{source}: field env.run.shard must be [i, n], got {shard!r}") from None
-    if not 0 <= i < n:
-        raise MergeError(f"{source}: field env.run.shard needs 0 <= i < n, got {shard!r}")
-    return n, (i,)
-
-
-def _selection(h: Header, shard: tuple[int, int]) -> list[str] | None:
-    """Case ids a shard's run selected, rebuilt from its argv; None when that is not possible here."""
-    argv = list(h.argv)
-    if len(argv) < 2 or argv[1] != "run":
-        return None
-    from conformance.cli import build_parser
-    from conformance.running.selection import select_cases, selection_kwargs
-    from conformance.running.usage import UsageError
-
-    try:
-        args = build_parser().parse_args(argv[1:])
-        shard_arg = shard if shard[1] > 1 else None
-        chosen = selection_kwargs(args)
-        cases = select_cases(args.suite, tuple(args.case), args.case_json, shard_arg, args.limit, **chosen)
-    except (SystemExit, UsageError, OSError, ValueError, KeyError, TypeError):
-        return None  # a flag this version lacks, a suite it does not know, a --case-json file not here
-    return [c.id for c in cases]
-
-
-def _missing(
-    h: Header, shard: tuple[int, int], results: Sequence[CheckResult]
-) -> tuple[tuple[Pair, ...], int | None, int | None]:
-    """(named missing pairs, missing count or None, selected cases or None) of one shard's run."""
-    merge = h.env.get("merge")
-    if isinstance(merge, dict):  # a merged file: what it was missing stays missing
-        pairs = tuple((str(c), str(b)) for c, b in merge.get("missing_pairs", []))
-        count = merge.get("missing_count")
-        return pairs, (None if count is None else int(count)), h.run_options.get("cases")
-    backends = list(h.backends)
-    recorded = {(r.case_id, r.backend) for r in results}
-    n_cases = h.run_options.get("cases")
-    ids = _selection(h, shard)
-    if ids is not None and (n_cases is None or len(ids) == n_cases):
-        expected = [(c, b) for c in ids for b in backends]
-        if not {p for p in recorded if p[1] in backends} - set(expected):  # else the rebuilt selection is not it
-            missing = tuple(p for p in expected if p not in recorded)
-            return missing, len(missing), len(ids)
-    if n_cases is None:
-        return (), None, None
-    have = len({p for p in recorded if p[1] in backends})
-    return (), max(0, int(n_cases) * len(backends) - have), int(n_cases)
-
-
-def read_parts(path: Path | str) -> list[ShardPart]:
-    """The shards one file holds, in file order (a resumed shard's segments are one part)."""
-    path = Path(path)
-    grouped: dict[tuple[int, tuple[int, ...]], list[tuple[Header, list[CheckResult]]]] = {}
-    for header, results in _segments(path):
-        grouped.setdefault(_coverage(header, path), []).append((header, results))
-    parts = []
-    for (n, covers), segments in grouped.items():
-        first = segments[0][0]
-        for other, _ in segments[1:]:
-            _agree(first, str(path), other, f"{path} (a later header of shard {covers[0]}/{n})")
-        latest: dict[Pair, CheckResult] = {}
-        for _, results in segments:
-            for r in results:  # within one file the last record of a pair wins, as in reports
-                latest.pop((r.case_id, r.backend), None)
-                latest[r.case_id, r.backend] = r
-        results = tuple(latest.values())
-        missing, count, cases = _missing(first, (covers[0], n), results)
-        parts.append(ShardPart(str(path), n, covers, first, results, missing, count, cases, len(segments)))
-    return parts
-
-
-# --------------------------------------------------------------------------------------------- checks
-
-
-def _identity(h: Header) -> dict[str, Any]:
-    run = h.run_options
-    ident: dict[str, Any] = {
-        "suite": h.suite,
-        "env.git_commit": h.env.get("git_commit"),
-        "backends": {name: info.get("version", "") for name, info in sorted(h.backends.items())},
-    }
-    for key in RUN_KEYS:
-        value = run.get(key)
-        if key == "device" and isinstance(value, str):
-            value = value.split(":")[0]  # cuda:0 and cuda:1 are one device type
-        ident[f"env.run.{key}"] = value
-    return ident
-
-
-def _agree(ref: Header, ref_source: str, other: Header, source: str) -> None:
-    mine, theirs = _identity(ref), _identity(other)
-    for key, value in theirs.items():
-        if value != mine[key]:
-            raise MergeError(
-                f"{source}: field {key} is {value!r}, but {ref_source} has {mine[key]!r}; "
-                "the shards of one sweep must agree (merge each sweep on its own)"
-            )
-
-
 def _verdict(r: CheckResult) -> tuple[Any, ...]:
     s = r.stats
     figures = None if s is None else (s.max_abs, s.lse_max_abs, s.error_ratio, s.nonfinite)
@@ -275,7 +100,7 @@ def merge_shards(paths: Iterable[Path | str]) -> MergedRun:
     ref = parts[0]
     owner: dict[int, ShardPart] = {}
     for part in parts:
-        _agree(ref.header, ref.source, part.header, part.source)
+        agree(ref.header, ref.source, part.header, part.source)
         if part.shard_count != ref.shard_count:
             raise MergeError(
                 f"{part.source}: field env.run.shard is {part.covers[0]}/{part.shard_count}, but {ref.source} "

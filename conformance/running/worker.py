@@ -35,28 +35,24 @@ order, so the parent may send the next request before the previous reply arrives
 worker then never waits for the parent's bookkeeping).
 
 Backends are named by registry name or ``module:Class`` (:func:`conformance.running.env.resolve_backend`).
-:class:`WorkerClient` is the parent's side of the protocol: it starts the process, sends one
-request, waits for the reply with a deadline, and turns a dead or silent worker into a
-:class:`Reply` of kind ``crash`` or ``timeout``.  :meth:`WorkerClient.request` is one request and its
-reply; :meth:`WorkerClient.submit` and :meth:`WorkerClient.collect` split it for pipelining.
+This module is the worker's side: the serve loop (:func:`main`) and the requests' handlers.  The parent's
+side, :class:`~conformance.running.worker_client.WorkerClient` (with :class:`Reply` and
+:class:`WorkerStartError`, re-exported here), starts the process and waits for its replies with a deadline.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import os
-import queue
 import signal
-import subprocess
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, Any
+
+from conformance.running.worker_client import Reply, WorkerClient, WorkerStartError
 
 __all__ = ["Reply", "WorkerClient", "WorkerStartError", "load_overrides", "main"]
 
@@ -261,267 +257,6 @@ def main() -> int:
             return 0  # the parent is gone; nobody is left to tell
         replied = time.perf_counter()
     return 0
-
-
-@dataclass
-class Reply:
-    """What became of one request: ``ok`` (``data`` holds the reply), ``crash`` or ``timeout``."""
-
-    kind: str
-    data: dict[str, Any] = field(default_factory=dict)
-    reason: str = ""
-    wall_s: float = 0.0
-
-
-class WorkerStartError(RuntimeError):
-    """The worker died or stayed silent before it said it was ready."""
-
-
-_REPO = Path(__file__).resolve().parents[2]
-_TAIL_CHARS = 3000
-
-
-def _exit_text(returncode: int | None) -> str:
-    if returncode is None:
-        return "worker closed its channel but is still running"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"worker killed by {name} (exit status {returncode})"
-    return f"worker exited with status {returncode}"
-
-
-class WorkerClient:
-    """The parent's handle on one worker process; a new one is started after a crash or timeout.
-
-    Replies are read by a thread into a queue (each stamped with its arrival time) so the parent can
-    wait with a deadline; stderr is drained by another thread into a bounded tail (an undrained pipe
-    would block the worker), which is quoted in crash and timeout reasons.
-
-    ``env`` adds (or, with value None, removes) environment variables of every worker this client
-    starts: the runner's pool places a worker on a GPU with ``CUDA_VISIBLE_DEVICES`` and gives it its
-    share of the CPU cores with ``OMP_NUM_THREADS``.
-    """
-
-    def __init__(
-        self,
-        *,
-        startup_timeout: float = 180.0,
-        python: str = sys.executable,
-        env: dict[str, str | None] | None = None,
-    ) -> None:
-        self.startup_timeout = startup_timeout
-        self.python = python
-        self.env: dict[str, str | None] = dict(env or {})
-        #: backend specs every fresh worker imports before its first request (set once they resolved).
-        self.preload: list[str] = []
-        self.proc: subprocess.Popen[str] | None = None
-        self.starts = 0
-        self._replies: queue.Queue[tuple[float, dict[str, Any] | None]] = queue.Queue()
-        self._tail: collections.deque[str] = collections.deque(maxlen=200)
-        self._err_thread: threading.Thread | None = None
-        self._sent: collections.deque[float] = collections.deque()  # send times of the requests in flight
-        self._last_arrival = 0.0
-        self._unready = False  # spawned, its ready line not read yet
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
-    def in_flight(self) -> int:
-        """Requests sent to the current worker whose replies were not collected yet."""
-        return len(self._sent)
-
-    def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        # The worker must import this checkout and whatever `module:Class` backends the parent can.
-        paths = [str(_REPO), os.getcwd()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        env["PYTHONUNBUFFERED"] = "1"
-        for key, value in self.env.items():
-            if value is None:
-                env.pop(key, None)
-            else:
-                env[key] = value
-        return env
-
-    def spawn(self) -> None:
-        """Start a worker process without waiting for it; the next request (or :meth:`start`) waits for its
-        ``ready`` line.  A pool spawns all of its workers at once, so their imports overlap."""
-        if self._unready:
-            return
-        self.proc = subprocess.Popen(
-            [self.python, "-m", "conformance.running.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,  # a terminal's Ctrl-C reaches the parent, which cleans up
-            env=self._environment(),
-        )
-        self.starts += 1
-        self._unready = True
-        replies: queue.Queue[tuple[float, dict[str, Any] | None]] = queue.Queue()
-        tail: collections.deque[str] = collections.deque(maxlen=200)
-        self._replies, self._tail = replies, tail
-        self._sent.clear()
-        threading.Thread(target=self._read_replies, args=(self.proc.stdout, replies, tail), daemon=True).start()
-        self._err_thread = threading.Thread(target=self._read_stderr, args=(self.proc.stderr, tail), daemon=True)
-        self._err_thread.start()
-
-    def start(self) -> None:
-        """Start a worker (or take the one :meth:`spawn` started) and wait for its ``ready`` line."""
-        if not self._unready:
-            self.spawn()
-        assert self.proc is not None
-        self._unready = False
-        try:
-            ready = self._replies.get(timeout=self.startup_timeout)[1]
-        except queue.Empty:
-            ready = None
-        if not ready or ready.get("op") != "ready":
-            self.kill()
-            raise WorkerStartError(f"worker did not start: {_exit_text(self.proc.returncode)}\n{self.stderr_tail()}")
-        self._last_arrival = time.perf_counter()
-        if self.preload:
-            reply = self.request({"op": "load", "backends": self.preload}, timeout=self.startup_timeout)
-            if reply.kind != "ok" or not reply.data.get("ok"):
-                self.kill()
-                raise WorkerStartError(
-                    f"worker could not load {self.preload}: {reply.reason or reply.data.get('errors')}"
-                )
-
-    @staticmethod
-    def _read_replies(stream: IO[str], replies: queue.Queue, tail: collections.deque) -> None:
-        for line in stream:
-            try:
-                replies.put((time.perf_counter(), json.loads(line)))
-            except json.JSONDecodeError:
-                tail.append("[not a protocol message] " + line.rstrip())
-        replies.put((time.perf_counter(), None))  # EOF: the worker is gone
-
-    @staticmethod
-    def _read_stderr(stream: IO[str], tail: collections.deque) -> None:
-        for line in stream:
-            tail.append(line.rstrip("\n"))
-
-    def stderr_tail(self, lines: int = 25) -> str:
-        """The last lines the worker wrote to stderr (bounded, for a record's reason)."""
-        text = "\n".join(list(self._tail)[-lines:])
-        return text[-_TAIL_CHARS:] if text else "(worker stderr was empty)"
-
-    def request(self, message: dict[str, Any], timeout: float) -> Reply:
-        """Send one request; wait at most ``timeout`` seconds for its reply."""
-        if self._sent:
-            raise RuntimeError(f"request() with {len(self._sent)} pipelined requests in flight: collect() them first")
-        self.submit(message)
-        return self.collect(timeout)
-
-    def submit(self, message: dict[str, Any]) -> None:
-        """Send one request without waiting for its reply (:meth:`collect` returns replies in order).
-
-        A worker is started when none is running and nothing is in flight.  With requests in flight a
-        dead worker is not replaced here: their :meth:`collect` reports the crash first, and the caller
-        resends what it still wants after :meth:`kill`.
-        """
-        if not self._sent and (self._unready or not self.alive):
-            self.start()
-        assert self.proc is not None and self.proc.stdin is not None
-        self._sent.append(time.perf_counter())
-        try:
-            self.proc.stdin.write(json.dumps(message, allow_nan=True) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass  # the worker is dead (or its stdin closed); the reader thread reports EOF to collect()
-
-    def collect(self, timeout: float) -> Reply:
-        """The reply to the oldest request in flight, waiting until ``timeout`` seconds after the worker
-        could start it (its send, or the previous reply's arrival when it was queued behind that one).
-
-        ``wall_s`` of the reply is that wait: the time from when the worker could take the request up to
-        when its reply arrived.  A crash or timeout kills the worker; the other requests in flight are
-        dropped (:attr:`in_flight` becomes 0) and must be resent.
-        """
-        if not self._sent:
-            raise RuntimeError("collect() with no request in flight")
-        began = max(self._sent.popleft(), self._last_arrival)
-        try:
-            arrived, reply = self._replies.get(timeout=max(0.0, began + timeout - time.perf_counter()))
-        except queue.Empty:
-            self._dump_stacks()
-            self.kill()
-            return Reply(
-                "timeout",
-                reason=f"no reply within {timeout:g} s; worker killed\n{self.stderr_tail()}",
-                wall_s=time.perf_counter() - began,
-            )
-        if reply is None:
-            self._sent.clear()
-            return Reply("crash", reason=f"{self._reap()}\n{self.stderr_tail()}", wall_s=arrived - began)
-        self._last_arrival = arrived
-        return Reply("ok", data=reply, wall_s=arrived - began)
-
-    def _dump_stacks(self) -> None:
-        """Ask a hung worker for its Python stacks (faulthandler on SIGUSR1) before killing it."""
-        if self.alive and hasattr(signal, "SIGUSR1"):
-            assert self.proc is not None
-            try:
-                os.kill(self.proc.pid, signal.SIGUSR1)
-                time.sleep(0.5)
-            except OSError:
-                pass
-
-    def _reap(self) -> str:
-        assert self.proc is not None
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        if self._err_thread is not None:
-            self._err_thread.join(timeout=2)  # let the last stderr lines (faulthandler's) arrive
-        return _exit_text(self.proc.returncode)
-
-    def kill(self) -> None:
-        """Kill the worker (and anything it started) without waiting for it to cooperate."""
-        self._sent.clear()
-        self._unready = False
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except OSError:
-                self.proc.kill()
-        self.proc.wait()
-        if self._err_thread is not None:
-            self._err_thread.join(timeout=2)
-
-    def close_input(self) -> None:
-        """Tell the worker to exit (stdin EOF) without waiting; :meth:`close` then waits.  Closing every
-        worker of a pool this way first lets them exit together."""
-        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-
-    def close(self) -> None:
-        """Ask the worker to exit (stdin EOF); kill it if it does not within a few seconds."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.close_input()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,120 @@
+"""``attnconf``: the command line (also ``python -m conformance``).
+
+Subcommands and exit statuses (2 is always a usage error: bad flags or option values, unknown suite or
+backend, an empty selection, an unwritable ``--out``; printed as one line, never a traceback; 130 on Ctrl-C):
+
+* ``run``: sweep cases x backends into a JSONL file (:mod:`conformance.running.runner`); 0 when every
+  problem (fail/error/crash/timeout) of the selected (case, backend) pairs is a known failure of the ledger,
+  1 when some problem is unexpected (with ``--strict``: any problem, or an unexpected pass), 130 when
+  interrupted (Ctrl-C; the records are kept, the message says how to resume).  It ends by listing the
+  unexpected problems (status, backend, case id, one-line reason, repro) and the known ones per ledger entry;
+  ``--json PATH`` writes the same as JSON.
+* ``--version``: the package version; 0.
+* ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`); 0,
+  2 when a file is missing or unreadable or the files hold no result (skipped lines are counted on stderr).
+* ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed, 2
+  when the files may not be compared (:mod:`conformance.reporting.compare_inputs`: unreadable, empty, skipped
+  lines, other suite or tolerance, NEW lacking pairs of OLD), one line naming the file and the reason.
+* ``merge``: the shard files of one sweep into one results file (:mod:`conformance.reporting.shards`); 1 when
+  shards or (case, backend) pairs are missing (the file is written all the same), 2 when the files do not
+  belong to one sweep or disagree.
+* ``backends``: capability matrix of the installed backends; 0.
+* ``fuzz``: random cases, failures shrunk and grouped (:mod:`conformance.fuzz`); 1 when any case failed.
+* ``cases``: the cases of a suite, selected as ``run`` selects them (``--case``, ``--feature``, ``--exclude``,
+  ``--exclude-feature``: :mod:`conformance.running.selection`); 0.
+
+The subcommands live by group (:mod:`conformance.cli.run`, :mod:`conformance.cli.results` for report / compare /
+merge, :mod:`conformance.cli.inventory` for backends / cases, :mod:`conformance.fuzz.cli`,
+:mod:`conformance.reporting.ledger_cli`); this module builds the parser from them and dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["build_parser", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``attnconf run: argument --timeout: must be ...``), exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("attnconf")
+    except PackageNotFoundError:  # a checkout run without `pip install -e .`
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser ``attnconf`` runs (the CLI reference of the docs is rendered from it)."""
+    from conformance.cli import inventory, results
+    from conformance.cli import run as run_cmd
+    from conformance.fuzz.cli import add_parser as add_fuzz_parser
+    from conformance.reporting.ledger_cli import add_parser as add_ledger_parser
+
+    p = _Parser(prog="attnconf", description="Attention-kernel conformance harness.")
+    p.add_argument("--version", action="version", version=f"attnconf {_version()}")
+    sub = p.add_subparsers(dest="command", required=True)
+    run_cmd.add_parser(sub)
+    results.add_parsers(sub)
+    inventory.add_backends_parser(sub)
+    add_fuzz_parser(sub)
+    add_ledger_parser(sub)
+    inventory.add_cases_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``attnconf``; returns the exit status (see the module docstring)."""
+    from conformance.cli import inventory, results
+    from conformance.cli import run as run_cmd
+    from conformance.running.usage import UsageError
+    from conformance.running.worker import WorkerStartError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits 2 on bad flags, 0 on --help
+        return int(exc.code or 0)
+    try:
+        if args.command == "run":
+            return run_cmd.run(args, argv)
+        if args.command == "report":
+            return results.report(args)
+        if args.command == "compare":
+            return results.compare(args)
+        if args.command == "merge":
+            return results.merge(args)
+        if args.command == "backends":
+            return inventory.backends(args)
+        if args.command == "fuzz":
+            from conformance.fuzz.cli import main as fuzz_main
+
+            return fuzz_main(args, argv)
+        if args.command == "ledger":
+            from conformance.reporting.ledger_cli import main as ledger_main
+
+            return ledger_main(args)
+        return inventory.cases(args)
+    except UsageError as exc:
+        print(f"attnconf {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except WorkerStartError as exc:  # not the user's fault: the machine or an adapter import is broken
+        print(f"attnconf {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a run's sweep handles its own (records kept, resume command); this is the rest
+        hint = ""
+        if args.command == "run":
+            from conformance.running.outcome import resume_command
+
+            hint = f"; records already written are kept: resume with: {resume_command(('attnconf', *argv))}"
+        print(f"attnconf {args.command}: interrupted (Ctrl-C){hint}", file=sys.stderr)
+        return 130

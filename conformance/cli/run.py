@@ -1,0 +1,74 @@
+"""``attnconf run``: its subparser (the options themselves are :mod:`conformance.running.run_args`, which the
+shard merge re-reads too) and the command, a :class:`~conformance.running.runner.RunConfig` handed to the runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from conformance.running.run_args import add_run_arguments
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub) -> None:
+    """The ``run`` subparser."""
+    r = sub.add_parser(
+        "run",
+        help="run a suite against backends, one JSON line per (case, backend)",
+        description="Exit status: 0 when every problem (fail, error, crash, timeout) of the selected (case, "
+        "backend) pairs is a known failure of the ledger (--ledger-dir), 1 when some problem is unexpected "
+        "(with --strict: any problem, or a case a ledger entry expects to fail passing), 130 when interrupted "
+        "(Ctrl-C: the records are kept; the message gives the --resume command), 2 on usage errors. The run "
+        "ends by listing every unexpected problem (status, backend, case id, reason, repro command) and the "
+        "known ones counted per ledger entry; --json writes the same as JSON.",
+    )
+    add_run_arguments(r)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """``attnconf run``: the options as a :class:`~conformance.running.runner.RunConfig`, run by the runner."""
+    from conformance.running.runner import RunConfig, UsageError, main_run, parse_shard
+
+    device = args.device
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    backends = args.backend
+    if not backends:
+        from attnfast.registry import runnable_names
+
+        backends = runnable_names(device)
+        if not backends:
+            raise UsageError(f"no installed backend runs on {device}; name one with --backend")
+        print(f"attnconf run: device {device}, backends {', '.join(backends)}", file=sys.stderr)
+    config = RunConfig(
+        backends=tuple(backends),
+        suite=args.suite or ("models" if args.model else None),
+        device=device,
+        out=args.out,
+        resume=args.resume,
+        shard=parse_shard(args.shard) if args.shard else None,
+        timeout=args.timeout,
+        seed=args.seed,
+        case_patterns=tuple(args.case),
+        case_json=args.case_json,
+        time=args.time,
+        tol=tuple(args.tol),
+        tol_file=args.tol_file,
+        limit=args.limit,
+        progress=not args.no_progress,
+        argv=("attnconf", *argv),
+        jobs=args.jobs,
+        gpus=args.gpus,
+        exclude=tuple(args.exclude),
+        features=tuple(args.feature),
+        exclude_features=tuple(args.exclude_feature),
+        models=tuple(args.model),
+        strict=args.strict,
+        ledger_dir=args.ledger_dir,
+        summary_json=args.summary_json,
+    )
+    return main_run(config)

@@ -1,0 +1,131 @@
+"""The arguments of ``attnconf run``, apart from the command line that offers them.
+
+Two readers need them: the command line (:mod:`conformance.cli`), which parses what a user types, and the
+shard merge (:mod:`conformance.reporting.shards`), which re-parses the ``argv`` a results file's header
+recorded to rebuild the cases that run selected (:func:`parse_run_argv`).  Keeping them here, in the running
+layer, lets the report layer read a run's options without importing the command line (that was an import cycle:
+``cli`` -> ``reporting.shards`` -> ``cli``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from conformance.running.selection import add_selection_args
+from conformance.running.usage import UsageError, positive_int, positive_seconds, seed_int
+
+__all__ = ["add_run_arguments", "parse_run_argv"]
+
+
+def _jobs(text: str) -> int | None:
+    """``--jobs``: ``auto`` (None) or an integer >= 1 (:func:`conformance.running.pool.parse_jobs`)."""
+    from conformance.running.pool import PlacementError, parse_jobs
+
+    try:
+        return parse_jobs(text)
+    except PlacementError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--jobs ")) from None
+
+
+def _gpus(text: str) -> str:
+    """``--gpus``: checked here (``all`` or ``0,1,...``), resolved against the visible GPUs by the runner."""
+    from conformance.running.pool import PlacementError, parse_gpus
+
+    try:
+        parse_gpus(text)
+    except PlacementError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--gpus ")) from None
+    return text
+
+
+def add_run_arguments(r: argparse.ArgumentParser) -> None:
+    """Every option of ``attnconf run``, in the order ``--help`` lists them."""
+    r.add_argument("--suite", help="suite name (see `attnconf cases`); optional with --case-json")
+    r.add_argument(
+        "--backend",
+        action="append",
+        metavar="NAME",
+        help="registry name or module:Class; repeat for several (cases outer, backends inner); "
+        "default: every installed backend available on the device",
+    )
+    r.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when present; default)")
+    r.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results.jsonl"),
+        help="results file (default results.jsonl); without --resume an existing one moves to the first free "
+        "numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten)",
+    )
+    r.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the file's records and run only the missing (case, backend) pairs; refused (exit 2) when the "
+        "file holds another sweep (suite, selection, seed, device or tolerance differ)",
+    )
+    r.add_argument("--shard", metavar="I/N", help="run every N-th case starting at the I-th (0 <= I < N)")
+    r.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=300.0,
+        help="seconds (> 0) per (case, backend) before the worker is killed (default 300)",
+    )
+    r.add_argument("--seed", type=seed_int, default=0, help="input seed, 0 <= SEED < 2**32 (default 0)")
+    add_selection_args(r)
+    r.add_argument("--case-json", metavar="JSON", help="a case (or list) as AttentionCase JSON, or @file")
+    r.add_argument("--time", action="store_true", help="time each kernel (conformance.perf.timing)")
+    r.add_argument(
+        "--tol",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="tolerance override (conformance.verdict.tolerance), repeatable",
+    )
+    r.add_argument("--tol-file", metavar="TOML", help="tolerance overrides from a TOML file (below --tol)")
+    r.add_argument("--limit", type=positive_int, help="at most N >= 1 cases (after the filters and --shard)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    r.add_argument(
+        "--jobs",
+        type=_jobs,
+        default=None,
+        metavar="N|auto",
+        help="crash-isolated workers at once, in total (default auto: on cpu one per core, at most 16; on cuda "
+        "one per core but one, at most 12 per GPU, at least one per GPU; with --time one per GPU, or 1 on cpu)",
+    )
+    r.add_argument(
+        "--gpus",
+        type=_gpus,
+        default=None,
+        metavar="all|0,1,..",
+        help="GPUs the workers go to, round-robin, each worker seeing its GPU as cuda:0 through "
+        "CUDA_VISIBLE_DEVICES (needs --device cuda; default with --device cuda: all visible GPUs)",
+    )
+    r.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 on known failures (ledger) and unexpected passes too, not only on unexpected problems",
+    )
+    r.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
+    r.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        dest="summary_json",
+        help="write a JSON summary here: exit status, counts, every unexpected problem with its repro, known "
+        "problems per ledger entry, unexpected passes, wall time, the results file",
+    )
+
+
+class _Quiet(argparse.ArgumentParser):
+    """A parser that raises :class:`UsageError` instead of printing and exiting."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message)
+
+
+def parse_run_argv(argv: list[str]) -> argparse.Namespace:
+    """The options of a recorded ``attnconf run`` command line (``argv`` without ``attnconf run``);
+    :class:`UsageError` when this version does not read them (a flag it lacks, a value it refuses)."""
+    parser = _Quiet(prog="attnconf run", add_help=False)
+    add_run_arguments(parser)
+    return parser.parse_args(argv)
