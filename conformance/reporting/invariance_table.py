@@ -1,7 +1,8 @@
 """The report's invariance matrix: which kernel keeps which invariance, in which mode (issue 18).
 
 Rows are (kernel, mode): mode ``num_splits = 1`` holds the cases that pin one split (vLLM's batch-invariant mode,
-SGLang's deterministic inference), ``default`` the others.  Columns:
+SGLang's deterministic inference), ``default`` the others, and ``engine <name>`` an engine's own CUDA-graph path
+(the engine replays' graph scenarios).  Columns:
 
 * ``run``, ``batch``, ``splits``: the invariance cases (``extra["invariance"]``, :mod:`conformance.graphs.invariance`);
 * ``graph = eager``: every replay of a graph case equal to the same call run eagerly on the same buffers;
@@ -28,7 +29,11 @@ COLUMNS = ("run", "batch", "splits", "graph = eager", "graph vs own call")
 
 
 def _mode(case: dict[str, Any]) -> str:
-    return "num_splits = 1" if case.get("num_splits") == 1 else "default"
+    """``default``, ``num_splits = 1`` or, for an engine's own graph path, ``engine <name>[, num_splits = 1]``."""
+    pinned = case.get("num_splits") == 1
+    if case.get("engine"):
+        return f"engine {case['engine']}" + (", num_splits = 1" if pinned else "")
+    return "num_splits = 1" if pinned else "default"
 
 
 def _entries(r: CheckResult) -> list[tuple[str, bool | None, str]]:
@@ -81,8 +86,9 @@ def invariance_sections(results: Iterable[CheckResult], backends: list[str]) -> 
     if not cells:
         return None
     rows = []
+    engine_modes = sorted({m for _, m, _ in cells if m.startswith("engine ")})
     for b in backends:
-        for mode in ("default", "num_splits = 1"):
+        for mode in ("default", "num_splits = 1", *engine_modes):
             row = [cells.get((b, mode, c)) for c in COLUMNS]
             if any(x is not None for x in row):
                 rows.append({"backend": b, "mode": mode, "cells": [_text(x) for x in row]})

@@ -6,6 +6,8 @@ test_layout.py``):
 * :mod:`~conformance.engines.vllm_v0.metadata`: V0's ``FlashAttentionMetadataBuilder`` (prefills first, slot
   mappings, block tables, encoder and cross fields) and its checks;
 * :mod:`~conformance.engines.vllm_v0.scenarios`: the :data:`SCENARIOS` table and the layer configurations;
+* :mod:`~conformance.engines.vllm_v0.graph`: the CUDA-graph decode (``graph_block_tables``, padded slots), its
+  scenarios and run;
 * :mod:`~conformance.engines.vllm_v0.fa`: the engine, :class:`VllmV0FlashAttention`.
 """
 

@@ -31,9 +31,11 @@ converted with :func:`attnref.window_from_fa2`.  The seed's ``__init__`` spells 
 attention type; the symmetric encoder-only spelling is vLLM V1's (``../shared/SEMANTICS.md`` section 2), so the
 seed taken literally is the planted bug "encoder window spelled as decoder".
 
-Not modelled: CUDA-graph padding (``graph_block_tables``, ``PAD_SLOT_ID`` rows), block-manager v1's
-sliding-window block reuse (``curr_sliding_window_blocks``), multi-step ``advance_step``, multi-modal
-placeholder maps, soft-cap scenarios (the field is passed through), FA2's ``out=`` buffer semantics.
+CUDA-graph decode (``graph_block_tables``, padded ``seq_lens`` and ``PAD_SLOT_ID`` slots, ``use_cuda_graph``): the
+graph scenarios, :mod:`conformance.engines.vllm_v0.graph` (captured at a bucket, replayed for every batch size up to
+it).  Not modelled: block-manager v1's sliding-window block reuse (``curr_sliding_window_blocks``), multi-step
+``advance_step``, multi-modal placeholder maps, soft-cap scenarios (the field is passed through), FA2's ``out=``
+buffer semantics.
 
 Where it lives: this module is the engine, :class:`VllmV0FlashAttention` (cases and checks, the calls, the cache,
 the forward); :mod:`conformance.engines.vllm_v0.metadata` the builder, :mod:`conformance.engines.vllm_v0.scenarios`
@@ -43,10 +45,11 @@ the :data:`SCENARIOS` table and layer configurations.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from attnfast.base import KernelOutput
+from attnfast.base import KernelOutput, Support
 from attnref import dequantize, expand_descale, quantize, window_from_fa2, write_kv_cache, write_kv_cache_fp8
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
@@ -54,6 +57,8 @@ from conformance.cases.quant_inputs import QuantTensors
 
 from ..base import Call, Engine, Kernel
 from ..calls import STALE, PagedKV, allocate_cache, blocks_needed, call_case, contiguous_call, paged_call
+from ..graph_call import graph_support
+from .graph import GRAPH_SCENARIOS, V0GraphRun, captured_call, check_graph_case, graph_case
 from .metadata import Seq, V0Metadata, build_metadata
 from .scenarios import CONFIGS, DECODER, ENCODER, ENCODER_DECODER, ENCODER_ONLY, SCENARIOS, Scenario
 
@@ -105,9 +110,11 @@ class VllmV0FlashAttention(Engine):
                         scenario=scenario,
                     )
                 )
-        return out
+        return out + [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
 
     def check(self, case: AttentionCase) -> None:
+        if case.scenario in GRAPH_SCENARIOS:
+            return check_graph_case(case, GRAPH_SCENARIOS[case.scenario])
         if case.scenario not in SCENARIOS:
             raise ValueError(
                 f"scenario must be one of {sorted(SCENARIOS)} for engine {self.name}, got {case.scenario!r}"
@@ -246,14 +253,37 @@ class VllmV0FlashAttention(Engine):
         return own, [[next(nxt) for _ in range(blocks_needed(s.request.encoder, bs))] for s in seqs]
 
     def plan(self, case: AttentionCase) -> list[tuple[str, AttentionCase]]:
+        if case.scenario in GRAPH_SCENARIOS:
+            self.check(case)
+            return [("decode: flash_attn_with_kvcache (captured, use_cuda_graph)", captured_call(case))]
         scn = self._scenario(case)
         seqs = [scn.seqs[i] for i in self.schedule(scn)]
         bs = case.block_size or 16
         meta = self.build_metadata(scn, seqs, *self._tables(scn, seqs, bs), bs, "cpu")
         return [(s.label, s.case) for s in self._calls(case, scn, meta)]
 
+    # ------------------------------------------------------------------ CUDA graphs (graph.py)
+    #: the graph scenarios' run (planted bugs replace it).
+    graph_run: ClassVar[type[V0GraphRun]] = V0GraphRun
+
+    def supports(self, case, backend, device):
+        if case.scenario not in GRAPH_SCENARIOS:
+            return super().supports(case, backend, device)
+        if device.split(":")[0] not in backend.devices:
+            return Support(False, f"runs on {'/'.join(backend.devices)}, not {device}")
+        self.check(case)
+        return graph_support(backend, captured_call(case), device)
+
+    def prepare(self, case, inputs, backend, device):
+        if case.scenario not in GRAPH_SCENARIOS:
+            return super().prepare(case, inputs, backend, device)
+        self.check(case)
+        return self.graph_run(case, inputs, backend, device, captured_call(case))
+
     # ------------------------------------------------------------------ forward
     def forward(self, case: AttentionCase, inputs: CaseInputs, kernel: Kernel) -> KernelOutput:
+        if case.scenario in GRAPH_SCENARIOS:
+            raise ValueError(f"scenario {case.scenario!r} is a CUDA-graph replay: it runs through prepare()")
         scn = self._scenario(case)
         order = self.schedule(scn)
         seqs = [scn.seqs[i] for i in order]

@@ -10,6 +10,9 @@ test_layout.py``):
 * :mod:`~conformance.engines.vllm_v1.collectives`: DCP's LSE-corrected all-gather / reduce-scatter and its groups;
 * :mod:`~conformance.engines.vllm_v1.dcp_kernel`: DCP through the kernel's own cp arguments (one call per rank);
 * :mod:`~conformance.engines.vllm_v1.dcp`: the seed's DCP forward (two calls per rank), ranks as threads;
+* :mod:`~conformance.engines.vllm_v1.graph_builder`: the builder's full-CUDA-graph part (AOT ``scheduler_metadata``
+  in its preallocated buffer, ``max_num_splits``);
+* :mod:`~conformance.engines.vllm_v1.graph`: the graph scenarios, captured at a bucket and replayed for every batch;
 * :mod:`~conformance.engines.vllm_v1.fa`: the engine, :class:`VllmV1FlashAttention`;
 * :mod:`~conformance.engines.vllm_v1.dcp_dist`: the DCP replay across processes and its script
   (``python -m conformance.engines.vllm_v1.dcp_dist``; not imported here).

@@ -85,7 +85,7 @@ from typing import ClassVar
 
 import torch
 
-from attnfast.base import KernelOutput
+from attnfast.base import KernelOutput, Support
 from attnref import AttnResult, gather_kv
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
@@ -93,8 +93,10 @@ from conformance.cases.quant_inputs import QuantTensors
 
 from ..base import Call, Kernel, call_inputs
 from ..calls import PagedKV, call_case, contiguous_call, cu_seqlens, paged_call
+from ..graph_call import graph_support
 from ..merge import merge_attn_states
 from .dcp import dcp_calls, dcp_forward
+from .graph import GRAPH_SCENARIOS, V1GraphRun, captured_call, check_graph_case, graph_case
 from .runner import (
     KVCache,
     Step,
@@ -123,7 +125,7 @@ class VllmV1FlashAttention(VllmV1Runner):
                 requests=tuple((r.new, r.kv) for r in sc.requests), engine=self.name, scenario=name, **sc.layer
             )
             for name, sc in SCENARIOS.items()
-        ]
+        ] + [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
 
     def scenario(self, case: AttentionCase) -> Scenario:
         if case.scenario not in SCENARIOS:
@@ -133,6 +135,8 @@ class VllmV1FlashAttention(VllmV1Runner):
         return SCENARIOS[case.scenario]
 
     def check(self, case: AttentionCase) -> None:
+        if case.scenario in GRAPH_SCENARIOS:
+            return check_graph_case(case, GRAPH_SCENARIOS[case.scenario])
         sc = self.scenario(case)
         want = tuple((r.new, r.kv) for r in sc.requests)
         if case.requests != want:
@@ -186,6 +190,8 @@ class VllmV1FlashAttention(VllmV1Runner):
     def layer_inputs(self, case: AttentionCase, inputs: CaseInputs) -> CaseInputs:
         """The case's inputs with the shared prompt made real: every sharer's first ``shared_prefix`` keys and
         values are the first sharer's (the same tokens, hence the same K/V in the shared blocks)."""
+        if case.scenario in GRAPH_SCENARIOS:
+            return inputs
         sc = self.scenario(case)
         sharers = sc.sharers()
         if len(sharers) < 2:
@@ -231,7 +237,33 @@ class VllmV1FlashAttention(VllmV1Runner):
         return out
 
     def plan(self, case: AttentionCase) -> list[tuple[str, AttentionCase]]:
+        if case.scenario in GRAPH_SCENARIOS:
+            self.check(case)
+            return [("decode (captured at the bucket)", captured_call(case, GRAPH_SCENARIOS[case.scenario]))]
         return self.calls(case, self.step(case))
+
+    # ------------------------------------------------------------------ CUDA graphs (graph.py)
+    #: the graph scenarios' run (planted bugs replace it).
+    graph_run: ClassVar[type[V1GraphRun]] = V1GraphRun
+
+    def _graph_call(self, case: AttentionCase, backend) -> AttentionCase:
+        sched = "sched_meta" not in backend.refusals()  # vLLM V1 schedules AOT only for FA3
+        return captured_call(case, GRAPH_SCENARIOS[case.scenario], sched)
+
+    def supports(self, case, backend, device):
+        if case.scenario not in GRAPH_SCENARIOS:
+            return super().supports(case, backend, device)
+        if device.split(":")[0] not in backend.devices:
+            return Support(False, f"runs on {'/'.join(backend.devices)}, not {device}")
+        self.check(case)
+        return graph_support(backend, self._graph_call(case, backend), device)
+
+    def prepare(self, case, inputs, backend, device):
+        if case.scenario not in GRAPH_SCENARIOS:
+            return super().prepare(case, inputs, backend, device)
+        self.check(case)
+        sc = GRAPH_SCENARIOS[case.scenario]
+        return self.graph_run(case, inputs, backend, device, sc, self._graph_call(case, backend))
 
     def paged(
         self,
@@ -290,6 +322,8 @@ class VllmV1FlashAttention(VllmV1Runner):
 
     # ------------------------------------------------------------------ forward
     def forward(self, case: AttentionCase, inputs: CaseInputs, kernel: Kernel) -> KernelOutput:
+        if case.scenario in GRAPH_SCENARIOS:
+            raise ValueError(f"scenario {case.scenario!r} is a CUDA-graph replay: it runs through prepare()")
         inputs = self.layer_inputs(case, inputs)
         step = self.step(case)
         if self.scenario(case).encoder:  # _forward_encoder_attention: q, k, v as given, no cache

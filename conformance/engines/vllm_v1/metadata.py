@@ -191,7 +191,8 @@ def get_dcp_local_seq_lens(seq_lens: torch.Tensor, world: int, rank: int, interl
 
 
 class FlashAttentionMetadataBuilder:
-    """The seed's ``FlashAttentionMetadataBuilder.build`` (AOT scheduling and CUDA graphs left out)."""
+    """The seed's ``FlashAttentionMetadataBuilder.build`` (its AOT scheduling and CUDA-graph part:
+    :class:`~conformance.engines.vllm_v1.graph_builder.V1GraphBuilder`)."""
 
     def __init__(
         self,

@@ -1,0 +1,257 @@
+"""Seed ``002``'s CUDA-graph decode: ``graph_block_tables``, padded slots and ``use_cuda_graph``, captured at a
+bucket and replayed for every batch size up to it (the graph scenarios of the engine ``vllm_v0_fa``).
+
+What the seed's ``FlashAttentionMetadataBuilder.build(seq_lens, query_lens, cuda_graph_pad_size, batch_size)``
+writes for a captured decode batch (:meth:`V0GraphRun.build`, literally):
+
+* ``use_captured_graph = cuda_graph_pad_size != -1``; ``slot_mapping`` extended with ``PAD_SLOT_ID`` for the padded
+  requests (their cache writes are skipped); ``self.block_tables.extend([] * cuda_graph_pad_size)``, which extends by
+  nothing (``[] * n`` is ``[]``), so only the real requests have block lists;
+* ``_get_graph_runner_block_tables(num_seqs, block_tables)``: the runner's persistent ``graph_block_tables``
+  ``(max_batch_size, max_blocks)``, rows ``[:num_seqs]``; each real row's first ``len(block_table)`` entries
+  overwritten (a longer list cut at ``max_blocks``), everything else keeps what earlier batches wrote: entries past
+  a request's pages and the padded rows are stale block ids;
+* ``num_decode_tokens = batch_size - num_prefill_tokens`` (the padded batch), ``use_cuda_graph=True``.
+
+The runner side (vLLM V0's ``model_runner.py``, not in the seed): the batch is padded to the captured size with
+``seq_lens`` of 1 per padded request; ``CUDAGraphRunner.forward`` copies ``seq_lens_tensor`` and ``block_tables``
+into the graph's input buffers before replaying.  The decode call is ``flash_attn_with_kvcache`` with
+``cache_seqlens = seq_lens_tensor`` and ``block_table = block_tables`` (the seed's decode path for
+``max_decode_query_len == 1``; V0 captures decode only).
+
+A bug that leaves a stale row where a real request's table should be reads another batch's pages and fails the
+layer's numerical verdict; each replay is also compared bitwise with the same call run eagerly on the same buffers.
+A batch larger than the bucket (``graph_block_tables``' rows) or a sequence longer than its columns raises
+``ValueError`` naming the field and the bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnfast.base import KernelOutput
+from attnref import write_kv_cache
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
+from conformance.graphs.composed import ComposedRun
+
+from ..base import Request
+from ..calls import STALE, blocks_needed, call_case, token_slots
+from ..graph_call import CapturedCall
+from .metadata import PAD_SLOT_ID
+
+__all__ = ["GRAPH_SCENARIOS", "GraphScenario", "V0GraphRun", "captured_call", "check_graph_case", "graph_case"]
+
+#: The padded requests' ``seq_lens`` (V0's model runner pads with 1).
+PAD_SEQ_LEN = 1
+
+
+@dataclass(frozen=True)
+class GraphScenario:
+    """Decode batches captured at a bucket (the first batch's size), replayed in order; ``layer`` the case fields."""
+
+    batches: tuple[tuple[Request, ...], ...]
+    layer: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def requests(self) -> tuple[Request, ...]:
+        return tuple(r for b in self.batches for r in b)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(len(b) for b in self.batches)
+
+
+def _d(*cached: int) -> tuple[Request, ...]:
+    return tuple(Request(new=1, cached=c) for c in cached)
+
+
+#: Capture at the bucket, then shorter batches (stale rows past them) and longer sequences than the capture's.
+GRAPH_SCENARIOS: dict[str, GraphScenario] = {
+    "graph_decode": GraphScenario(
+        (_d(33, 7, 90, 15), _d(120), _d(2, 64), _d(49, 1, 17), _d(70, 8, 111, 30)),
+        dict(num_heads=8, num_kv_heads=2, head_dim=64, dtype="bf16", kv_layout="NHD", block_size=16, causal=True),
+    ),
+    "graph_decode_bs256": GraphScenario(
+        (_d(300, 20, 130), _d(470), _d(5, 260), _d(90, 400, 1)),
+        dict(num_heads=4, num_kv_heads=4, head_dim=128, dtype="fp16", kv_layout="NHD", block_size=256, causal=True),
+    ),
+}
+
+
+def graph_case(engine: str, name: str, sc: GraphScenario) -> AttentionCase:
+    """The ``engines``-suite case of a graph scenario: every replayed request in batch order, ``graph`` the sizes,
+    ``graph_fill`` 1 (V0's padded ``seq_lens``)."""
+    return AttentionCase(
+        requests=tuple((r.new, r.kv) for r in sc.requests),
+        graph=sc.sizes,
+        graph_fill=PAD_SEQ_LEN,
+        engine=engine,
+        scenario=name,
+        **sc.layer,
+    )
+
+
+def check_graph_case(case: AttentionCase, sc: GraphScenario) -> None:
+    """``ValueError`` naming the field when ``case`` is not the graph scenario it names."""
+    want = tuple((r.new, r.kv) for r in sc.requests)
+    if case.requests != want:
+        raise ValueError(f"requests must be scenario {case.scenario!r}'s {list(want)}, got {list(case.requests)}")
+    if case.graph != sc.sizes:
+        raise ValueError(f"graph must be scenario {case.scenario!r}'s sizes {list(sc.sizes)}, got {list(case.graph)}")
+    if max(case.graph) > case.graph[0]:
+        raise ValueError(
+            f"graph_block_tables: replay batch of {max(case.graph)} requests exceeds the captured bucket of "
+            f"{case.graph[0]} rows (graph[0], the capture batch)"
+        )
+    if case.kv_layout != "NHD" or (case.block_size or 0) % 16 or not case.causal or case.graph_fill != PAD_SEQ_LEN:
+        raise ValueError("V0 graph decode: causal over the NHD cache, block_size a multiple of 16, graph_fill 1")
+    if case.quant != "none" or case.alibi or case.has_window or case.sinks or case.num_splits is not None:
+        raise ValueError("V0 graph scenarios replay plain 16-bit decode (no quant, ALiBi, window, sinks, splits)")
+
+
+def bucket_width(case: AttentionCase) -> int:
+    """``graph_block_tables``' columns: the longest sequence's blocks plus one (entries past every request's pages)."""
+    return blocks_needed(max(case.kv_lens), case.block_size or 16) + 1
+
+
+def captured_call(case: AttentionCase) -> AttentionCase:
+    """The decode call the graph captures: the bucket's requests of one query at ``max_blocks * block_size`` keys."""
+    bs = case.block_size or 16
+    return call_case(case, [(1, bucket_width(case) * bs)] * case.graph[0], graph=(), graph_fill=0)
+
+
+class V0GraphRun(ComposedRun):
+    """The callable the engine's ``prepare`` returns for a graph scenario: capture at the bucket, replay each batch."""
+
+    def __init__(self, case, inputs, backend, device, call: AttentionCase, seed: int = 0) -> None:
+        super().__init__(case, inputs, backend, device)
+        self.call, self.seed = call, seed
+
+    def _allocate(self) -> None:
+        case, dev = self.case, self.inputs.device
+        self.bucket, self.bs, self.width = case.graph[0], case.block_size or 16, bucket_width(case)
+        b, h, hk, d = self.bucket, case.num_heads, case.num_kv_heads, case.head_dim
+        self.num_blocks = b * self.width + 1
+        # the runner's persistent host array (np.zeros((max_batch_size, max_blocks), dtype=np.int32) in V0)
+        self.graph_block_tables = torch.zeros(b, self.width, dtype=torch.int32)
+        cache = torch.full((2, self.num_blocks, self.bs, hk, d), STALE, dtype=torch.float32).to(dev, case.torch_dtype)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.buffers = CaseInputs(  # CUDAGraphRunner's input buffers
+            case=self.call,
+            q=torch.full((b, h, d), STALE, dtype=case.torch_dtype, device=dev),
+            k=torch.zeros(0, hk, d, dtype=case.torch_dtype, device=dev),
+            v=torch.zeros(0, hk, d, dtype=case.torch_dtype, device=dev),
+            cu_seqlens_q=torch.arange(0, b + 1, **i32),
+            cu_seqlens_k=torch.zeros(b + 1, **i32),
+            seqlens_k=torch.zeros(b, **i32),
+            k_cache=cache[0],
+            v_cache=cache[1],
+            block_table=torch.zeros(b, self.width, **i32),
+        )
+        self.gen = torch.Generator().manual_seed(int(case.digest(), 16) + self.seed)
+
+    # ------------------------------------------------------------------ the seed's build (planted bugs override)
+    def get_graph_runner_block_tables(self, num_seqs: int, block_tables: list[list[int]]) -> torch.Tensor:
+        """The seed's ``_get_graph_runner_block_tables``: real rows' first entries written, the rest kept."""
+        max_batch_size, max_blocks = self.graph_block_tables.shape
+        if num_seqs > max_batch_size:  # the seed asserts max_batch_size >= num_seqs
+            raise ValueError(
+                f"graph_block_tables: batch of {num_seqs} sequences exceeds the captured bucket of {max_batch_size}"
+            )
+        rows = self.graph_block_tables[:num_seqs]
+        for i, block_table in enumerate(block_tables):
+            if block_table:
+                n = len(block_table)
+                rows[i, : min(n, max_blocks)] = torch.tensor(block_table[:max_blocks], dtype=torch.int32)
+        return rows
+
+    def build(self, live: list[Request]) -> tuple[list[int], list[int], torch.Tensor]:
+        """``(seq_lens, slot_mapping, block_tables)`` of the padded batch, and the cache pages of the live requests
+        (block manager: shuffled ids) written with their context (earlier steps) and the step's new token."""
+        bs, pad = self.bs, self.bucket - len(live)
+        perm = torch.randperm(self.num_blocks - 1, generator=self.gen).tolist()
+        block_tables, slot_mapping, cursor = [], [], 0
+        for i, r in enumerate(live):
+            if r.kv > self.width * bs:
+                raise ValueError(
+                    f"seq_lens[{i}] = {r.kv} exceeds graph_block_tables' {self.width} blocks of {bs} (the bucket's "
+                    "max_seq_len_to_capture)"
+                )
+            n = blocks_needed(r.kv, bs)
+            block_tables.append(perm[cursor : cursor + n])
+            cursor += n
+            slot_mapping += token_slots(block_tables[-1], range(r.cached, r.kv), bs)
+        seq_lens = [r.kv for r in live] + [PAD_SEQ_LEN] * pad  # the runner pads seq_lens with 1
+        slot_mapping += [PAD_SLOT_ID] * pad
+        block_tables.extend([] * pad)  # as the seed writes it: extends by nothing
+        return seq_lens, slot_mapping, self.get_graph_runner_block_tables(len(seq_lens), block_tables)
+
+    def write_batch(self, group: list[int], live: list[Request], tables: torch.Tensor, slot_mapping: list[int]):
+        """The context earlier steps cached, the step's new tokens through ``slot_mapping`` (pads skipped), q."""
+        buf, bs = self.buffers, self.bs
+        cu_q, cu_k = self.inputs.cu_seqlens_q.tolist(), self.inputs.cu_seqlens_k.tolist()
+        ks, vs, ctx_slots, new_rows = [], [], [], []
+        for slot, (r, req) in enumerate(zip(group, live)):
+            row = tables[slot].tolist()
+            ctx_slots += token_slots(row, range(req.cached), bs)
+            ks.append(self.inputs.k[cu_k[r] : cu_k[r] + req.cached])
+            vs.append(self.inputs.v[cu_k[r] : cu_k[r] + req.cached])
+            new_rows += list(range(cu_k[r] + req.cached, cu_k[r + 1]))
+            buf.q[slot] = self.inputs.q[cu_q[r]]
+        dev = buf.q.device
+        k_cache, v_cache = buf.k_cache, buf.v_cache
+        assert k_cache is not None and v_cache is not None
+        if ctx_slots:
+            flat = torch.tensor(ctx_slots, dtype=torch.int64, device=dev)
+            write_kv_cache(torch.cat(ks), torch.cat(vs), k_cache, v_cache, flat, layout="NHD")
+        new = torch.tensor(new_rows, dtype=torch.long, device=dev)
+        k_new = torch.cat([self.inputs.k[new], self.inputs.k.new_zeros(self.bucket - len(live), *buf.k.shape[1:])])
+        v_new = torch.cat([self.inputs.v[new], self.inputs.v.new_zeros(self.bucket - len(live), *buf.v.shape[1:])])
+        sm = torch.tensor(slot_mapping, dtype=torch.int64, device=dev)  # reshape_and_cache_flash: -1 skipped
+        write_kv_cache(k_new, v_new, k_cache, v_cache, sm, layout="NHD")
+
+    def copy_inputs(self, seq_lens: list[int], tables: torch.Tensor) -> None:
+        """``CUDAGraphRunner.forward``: ``seq_lens_tensor`` and ``block_tables`` into the graph's input buffers."""
+        buf = self.buffers
+        assert buf.block_table is not None
+        buf.seqlens_k.copy_(torch.tensor(seq_lens, dtype=torch.int32))
+        buf.cu_seqlens_k.copy_(torch.cumsum(torch.tensor([0] + seq_lens), 0).to(torch.int32))
+        buf.block_table.copy_(tables)
+
+    def run(self) -> KernelOutput:
+        self._allocate()
+        case, captured = self.case, None
+        outs, replays, start = [], [], 0
+        for i, n in enumerate(case.graph):
+            if n > self.bucket:
+                raise ValueError(
+                    f"graph_block_tables: replay batch of {n} requests exceeds the captured bucket of {self.bucket}"
+                )
+            group = list(range(start, start + n))
+            start += n
+            live = [Request(new=1, cached=case.kv_lens[r] - 1) for r in group]
+            seq_lens, slot_mapping, tables = self.build(live)
+            self.write_batch(group, live, tables, slot_mapping)
+            self.copy_inputs(seq_lens, tables)
+            if captured is None:
+                captured = CapturedCall(self.backend, self.device, self.call, self.buffers, self.notes)
+            got, same, plain = captured.replay([(1, case.kv_lens[r]) for r in group])
+            if not same.equal:
+                self.problems.append(
+                    f"graph: replay {i} ({n} requests) differs from the same call run eagerly on the same buffers: "
+                    f"{same.describe()}"
+                )
+            replays.append({"requests": n, "vs_eager": same.to_json(), "vs_plain": plain.to_json()})
+            outs.append(got.out)
+        self.extra["graph"] = {
+            "captured": bool(captured and captured.captured),
+            "bucket": {"batch": self.bucket, "q_len": 1, "width": self.width, "fill": PAD_SEQ_LEN},
+            "replays": replays,
+            "graph_vs_eager_kept": all(r["vs_plain"]["equal"] for r in replays),
+            "promised": False,  # V0 pins no split count
+        }
+        return KernelOutput(torch.cat(outs), None)  # V0's forward returns no LSE
