@@ -4,22 +4,24 @@ returned in a stable order.  The sweeps live by suite family (:mod:`conformance.
 :mod:`~conformance.cases.suite_perf`); this module assembles them into :data:`SUITES`.  Adding a sweep or an axis
 value is a one-line change there; the runner, reports and tests pick it up without edits.
 
-Suites: ``smoke`` (~140 small cases, a minute on 2 CPU cores), ``default`` (~3,800, the CI suite on a GPU: 2,142
-hand-picked sweep cases, 1,657 covering-array cases and the fuzzer's findings, :mod:`conformance.cases.found`),
-``full`` (~15,900: 13,577 sweep cases with long contexts up to 32k, default's covering and found cases and 672
-covering cases of its own), ``perf`` (long prefill and paged decode for timing
-against the roofline), ``engines`` (engine replays), ``models`` (real models' configurations,
-:mod:`conformance.models`), ``graphs`` (CUDA-graph mode and invariances, :mod:`conformance.graphs`).
+Suites: ``smoke`` (~140 small cases, a minute on 2 CPU cores, six small graph and invariance cases included),
+``default`` (~5,100, the CI suite on a GPU: 2,146 hand-picked sweep cases, 2,927 covering-array cases, the
+fuzzer's findings, :mod:`conformance.cases.found`, and the six small graph and invariance cases), ``full``
+(~17,500: 15,622 sweep cases with long contexts up to 32k, default's covering and found cases and 1,004 covering
+cases of its own), ``perf`` (long prefill and paged decode for timing against the roofline), ``engines`` (engine
+replays), ``models`` (real models' configurations, :mod:`conformance.models`), ``graphs`` (CUDA-graph mode and
+invariances, :mod:`conformance.graphs`), ``limits`` (probes of the kernels' limits,
+:mod:`conformance.cases.limits`).
 
 Covering arrays (:mod:`conformance.cases.covering` over :mod:`conformance.cases.space`): ``default`` adds the
 cases that make it cover every pair of levels of all axes and every triple of the kernel axes
 (:data:`~conformance.cases.covering.DEFAULT_STRENGTHS`), ``full`` every triple of all axes
 (:data:`~conformance.cases.covering.FULL_STRENGTHS`).  The generator is seeded with the sweep cases, so only
 tuples they leave uncovered add cases, and the sweep cases keep their ids and come first; the tuples of plain
-levels (:data:`~conformance.cases.space.PLAIN`) are covered by plain cases first (fa2 runs 819 of default's 1,657), so a
-backend that refuses fp8, sinks or an HND cache still runs them; the added cases use the space's small canonical
-batches.  ``attnconf cases --suite S --coverage [--backend B]`` prints the figures.  The added cases (and their
-ids) change when the sweeps or the space change; the sweep cases never do.
+levels (:data:`~conformance.cases.space.PLAIN`) are covered by plain cases first (fa2 runs 1,617 of default's
+2,927), so a backend that refuses fp8, sinks or an HND cache still runs them; the added cases use the space's
+small canonical batches.  ``attnconf cases --suite S --coverage [--backend B]`` prints the figures.  The added
+cases (and their ids) change when the sweeps or the space change; the sweep cases never do.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from conformance.cases.suite_full import FULL
 from conformance.cases.suite_perf import perf_cases
 from conformance.cases.suite_smoke import SMOKE
 from conformance.cases.sweep import BATCHES, MASKS, Sweep
+from conformance.cases.limits import limits_cases
 from conformance.graphs.suite import graphs_suite
+from conformance.graphs.suite import small_cases as graph_small_cases
 from conformance.models.suite import model_cases
 
 __all__ = [
@@ -79,13 +83,14 @@ def covering_cases(name: str) -> tuple[AttentionCase, ...]:
 
 
 SUITES: dict[str, Callable[[], list[AttentionCase]]] = {
-    "smoke": lambda: _union(SMOKE),
-    "default": lambda: _union(DEFAULT, covering_cases("default") + found_cases()),
+    "smoke": lambda: _union(SMOKE, graph_small_cases()),
+    "default": lambda: _union(DEFAULT, covering_cases("default") + found_cases() + tuple(graph_small_cases())),
     "full": lambda: _union(FULL, covering_cases("default") + covering_cases("full") + found_cases()),
     "perf": perf_cases,
     "engines": _engine_cases,
     "models": model_cases,
     "graphs": graphs_suite,
+    "limits": limits_cases,
 }
 
 

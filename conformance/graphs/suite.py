@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from conformance.cases.case import AttentionCase
 
-__all__ = ["DEFAULT_BATCHES", "graph_cases", "graphs_suite", "invariance_cases"]
+__all__ = ["DEFAULT_BATCHES", "graph_cases", "graphs_suite", "invariance_cases", "small_cases"]
 
 #: DeepSeek V3's 128 query heads (config.json ``num_attention_heads``) at tensor parallelism 8.
 MLA_HEADS = 128 // 8
@@ -96,6 +96,25 @@ def invariance_cases() -> list[AttentionCase]:
         AttentionCase(decode, invariance="batch", **mla, kv_layout="NHD", block_size=64),
     ]
     return out
+
+
+def small_cases() -> list[AttentionCase]:
+    """A few small graph and invariance cases for suites ``smoke`` and ``default`` (every feature there): a decode
+    bucket replayed for smaller, longer and padded batches, with and without a pinned split count, a verify
+    bucket, and each invariance, at most 300 keys a request."""
+    gqa = dict(num_heads=8, num_kv_heads=2, head_dim=64, dtype="bf16", causal=True, kv_layout="NHD", block_size=16)
+    batches = ((120, 17, 260), (290, 3), (40, 200, 9), (1,))
+    sizes, dec = _requests(batches, 1)
+    _, ver = _requests(batches, 3)
+    decode = ((1, 300), (1, 17), (1, 120), (1, 64))
+    return [
+        AttentionCase(dec, graph=sizes, batch_name="graphsmall", **gqa),
+        AttentionCase(dec, graph=sizes, graph_fill=1, num_splits=1, batch_name="graphsmall", **gqa),
+        AttentionCase(ver, graph=sizes, graph_fill=1, batch_name="graphsmall", **gqa),
+        AttentionCase(decode, invariance="run", batch_name="invsmall", **gqa),
+        AttentionCase(decode, invariance="batch", num_splits=1, batch_name="invsmall", **gqa),
+        AttentionCase(decode[:2], invariance="splits", batch_name="invsmall", **gqa),
+    ]
 
 
 def graphs_suite() -> list[AttentionCase]:
