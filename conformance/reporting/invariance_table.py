@@ -58,8 +58,13 @@ def _entries(r: CheckResult) -> list[tuple[str, bool | None, str]]:
         return [(kind, bool(inv.get("kept")), why)]
     g = r.extra["graph"]
     out = []
-    for col, key in (("graph = eager", "vs_eager"), ("graph vs own call", "vs_plain")):
-        bad = [(i, p[key]) for i, p in enumerate(g.get("replays", [])) if not p[key]["equal"]]
+    for col, keys in (("graph = eager", ("vs_eager",)), ("graph vs own call", ("vs_plain", "vs_own_call"))):
+        # the SGLang engine's records name the second comparison vs_own_call
+        found = [next((p[k] for k in keys if k in p), None) for p in g.get("replays", [])]
+        if not found or any(d is None for d in found):
+            out.append((col, None, f"no {keys[0]} comparison in the record's replays"))
+            continue
+        bad = [(i, d) for i, d in enumerate(found) if not d["equal"]]
         why = ", ".join(f"replay {i}: {d['rows']} rows, max |diff| {d['max_abs']:.3g}" for i, d in bad[:2])
         out.append((col, not bad, why))
     return out

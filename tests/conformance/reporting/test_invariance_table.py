@@ -1,0 +1,62 @@
+"""The report's invariance matrix (conformance/reporting/invariance_table.py)."""
+
+from __future__ import annotations
+
+from conformance.records import CheckResult, Status
+from conformance.reporting.invariance_table import COLUMNS, invariance_sections
+
+
+def _rec(backend, case, status=Status.PASS, extra=None, reason=""):
+    return CheckResult(
+        case_id=str(sorted(case.items())),
+        backend=backend,
+        family="f",
+        status=status,
+        case=case,
+        reason=reason,
+        extra=extra or {},
+    )
+
+
+def _eq(equal=True, rows=0):
+    return {"equal": equal, "rows": rows, "total_rows": 4, "max_abs": 0.0 if equal else 0.5}
+
+
+def test_cells_modes_and_notes():
+    inv_kept = {"invariance": {"kind": "run", "kept": True, "promised": True, "pairs": [{"a": "x", "b": "y", **_eq()}]}}
+    inv_broken = {
+        "invariance": {
+            "kind": "batch",
+            "kept": False,
+            "promised": False,
+            "pairs": [{"a": "in batch", "b": "alone", **_eq(False, 1)}],
+        }
+    }
+    graph = {"graph": {"replays": [{"vs_eager": _eq(), "vs_plain": _eq(False, 2)}]}}
+    sglang = {"graph": {"replays": [{"vs_eager": _eq(), "vs_own_call": _eq()}]}}
+    records = [
+        _rec("k", {"invariance": "run"}, extra=inv_kept),
+        _rec("k", {"invariance": "batch", "num_splits": 1}, Status.FAIL, inv_broken),
+        _rec("k", {"graph": [2, 1]}, extra=graph),
+        _rec("k", {"graph": [2, 1], "engine": "sglang_fa"}, extra=sglang),
+        _rec("k", {"invariance": "splits"}, Status.UNSUPPORTED, reason="splits: no num_splits"),
+        _rec("k", {"requests": [[1, 1]]}),  # neither: not in the matrix
+    ]
+    m = invariance_sections(records, ["k", "other"])
+    assert m["columns"] == list(COLUMNS)
+    rows = {(r["backend"], r["mode"]): [c and c["text"] for c in r["cells"]] for r in m["rows"]}
+    assert rows[("k", "default")] == ["kept 1/1", None, "n/a", "kept 1/1", "broken 1/1"]
+    assert rows[("k", "num_splits = 1")] == [None, "broken 1/1, FAIL 1", None, None, None]
+    assert rows[("k", "engine sglang_fa")] == [None, None, None, "kept 1/1", "kept 1/1"]
+    assert not any(b == "other" for b, _ in rows)
+    assert any("'alone' vs 'in batch': 1 rows" in n for n in m["notes"])
+    assert any("graph vs own call" in n and "replay 0: 2 rows" in n for n in m["notes"])
+
+
+def test_no_matrix_without_such_records_and_missing_comparisons_are_not_a_pass():
+    assert invariance_sections([_rec("k", {"requests": [[1, 1]]})], ["k"]) is None
+    bare = _rec("k", {"graph": [1]}, extra={"graph": {"replays": [{"vs_eager": _eq()}]}})
+    m = invariance_sections([bare], ["k"])
+    cells = m["rows"][0]["cells"]
+    assert cells[3]["text"] == "kept 1/1" and cells[4]["text"] == "n/a"
+    assert "no vs_plain comparison" in cells[4]["reason"]
