@@ -1,22 +1,19 @@
 """The layout of ``conformance/engines/``: one sub-package per engine, imports in one direction, modules kept small.
 
-The import graph is read from the source (``ast``), every ``import`` and ``from ... import`` of a module counted
-wherever it stands (module level, inside a function, under ``TYPE_CHECKING``): a lazy import only hides a cycle
-from the interpreter, not from the design.  An edge goes to the module named (``from .pkg import name`` to
-``pkg.name`` when that is a module, else to ``pkg``: its ``__init__``); the implicit import of a module's parent
-packages is not an edge (a package ``__init__`` re-exporting its modules is no cycle unless one of them imports
-the package back).
+The import graph and the cycle search are ``tests/test_package_layout.py``'s (what counts as an edge is said
+there), over ``conformance/engines/`` alone.
 """
 
 from __future__ import annotations
 
-import ast
 import textwrap
 from pathlib import Path
 
 import pytest
 
 import conformance.engines
+from tests.test_package_layout import find_cycle
+from tests.test_package_layout import import_graph as package_import_graph
 
 ROOT = Path(conformance.engines.__file__).parent
 PREFIX = "conformance.engines"
@@ -37,54 +34,9 @@ def module_files(root: Path, prefix: str) -> dict[str, Path]:
     return out
 
 
-def _package_of(name: str, path: Path) -> str:
-    return name if path.name == "__init__.py" else name.rpartition(".")[0]
-
-
 def import_graph(root: Path, prefix: str) -> dict[str, set[str]]:
-    """``module -> modules under root it imports`` (see the module docstring for what counts as an edge)."""
-    files = module_files(root, prefix)
-    graph: dict[str, set[str]] = {}
-    for name, path in files.items():
-        edges: set[str] = set()
-        package = _package_of(name, path)
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                    source = f"{base}.{node.module}" if node.module else base
-                else:
-                    source = node.module or ""
-                targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in files else source for a in node.names]
-            edges.update(t for t in targets if t in files and t != name)
-        graph[name] = edges
-    return graph
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as ``[a, b, ..., a]``, or None (depth-first search, nodes grey while on the stack)."""
-    state: dict[str, int] = {}  # 1 on the stack, 2 done
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :] + [nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (found := visit(node)):
-            return found
-    return None
+    """``module -> modules under root it imports`` (the edges of ``tests/test_package_layout.py``'s graph)."""
+    return package_import_graph(module_files(root, prefix))
 
 
 def _engine_package(name: str) -> str | None:
