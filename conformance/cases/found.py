@@ -195,6 +195,29 @@ FOUND += (
 )
 
 
+FOUND += (
+    Found(
+        # The original draw of the campaign over the widened space (its shrinker went on to d80 at page 1, the
+        # flaky d80 entry): d176 with a right-only window, key tile 96 through the non-TMA loader.
+        _c(
+            "fa4pg176",
+            [(54, 53), (124, 82), (64, 64), (63, 63), (78, 51)],
+            num_heads=34,
+            num_kv_heads=2,
+            head_dim=176,
+            dtype="fp16",
+            kv_layout="NHD",
+            block_size=64,
+            scale=0.0016,
+            window=(None, 64),
+        ),
+        ("fa4",),
+        "FA4's non-TMA paged loader at d176 (key tile 96, a right-only window): wrong output (error ratio 165)",
+        "reports/fuzz-h100-2026-11-25/fuzz-widened-h100.jsonl.gz",
+    ),
+)
+
+
 def found_cases() -> tuple[AttentionCase, ...]:
     """The cases of :data:`FOUND`, in order."""
     return tuple(f.case for f in FOUND)

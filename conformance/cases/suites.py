@@ -85,7 +85,9 @@ def covering_cases(name: str) -> tuple[AttentionCase, ...]:
 SUITES: dict[str, Callable[[], list[AttentionCase]]] = {
     "smoke": lambda: _union(SMOKE, graph_small_cases()),
     "default": lambda: _union(DEFAULT, covering_cases("default") + found_cases() + tuple(graph_small_cases())),
-    "full": lambda: _union(FULL, covering_cases("default") + covering_cases("full") + found_cases()),
+    "full": lambda: _union(
+        FULL, covering_cases("default") + covering_cases("full") + found_cases() + tuple(graph_small_cases())
+    ),
     "perf": perf_cases,
     "engines": _engine_cases,
     "models": model_cases,
