@@ -24,7 +24,7 @@ from attnfast.base import Backend, KernelOutput, Support
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.graphs.bitwise import Diff, diff_rows
-from conformance.graphs.replay import NO_CAPTURE, _capture, _rows, _run_poisoned
+from conformance.graphs.replay import NO_CAPTURE, capture, live_rows, run_poisoned
 
 __all__ = ["CapturedCall", "graph_support"]
 
@@ -55,7 +55,7 @@ class CapturedCall:
         make = lambda: self.backend.prepare_graph(self.call, self.inputs)  # noqa: E731
         self._replay: Any
         if self.device.startswith("cuda"):
-            self._replay, self._outputs = _capture(make)
+            self._replay, self._outputs = capture(make)
             self.captured = True
         else:
             self.notes.append(NO_CAPTURE)
@@ -66,9 +66,9 @@ class CapturedCall:
         rows); the live rows, how they differ from the same call prepared afresh and run eagerly on the same
         buffers, and from the batch's own eager call."""
         rows = sum(q for q, _ in requests)
-        got = _rows(_run_poisoned(self._replay, self._outputs), rows)
+        got = live_rows(run_poisoned(self._replay, self._outputs), rows)
         eager = self.backend.prepare_graph(self.call, self.inputs)
-        same = _rows(_run_poisoned(eager, eager), rows)
+        same = live_rows(run_poisoned(eager, eager), rows)
         return got, diff_rows(got, same), diff_rows(got, self.own_call(requests))
 
     def own_call(self, requests: list[tuple[int, int]]) -> KernelOutput:
@@ -86,4 +86,4 @@ class CapturedCall:
             seqlens_k=buf.seqlens_k[:n],
             block_table=buf.block_table[:n],
         )
-        return _rows(self.backend.prepare(case, inputs)(), rows)
+        return live_rows(self.backend.prepare(case, inputs)(), rows)

@@ -46,7 +46,7 @@ from .bitwise import diff_rows
 from .buffers import GraphBuffers
 from .composed import ComposedRun
 
-__all__ = ["GRAPH", "GraphReplay", "GraphRun", "pins_splits"]
+__all__ = ["GRAPH", "GraphReplay", "GraphRun", "capture", "live_rows", "pins_splits", "run_poisoned"]
 
 #: Why nothing is captured off CUDA (the record's note).
 NO_CAPTURE = "not captured: CUDA graphs need a CUDA device; each replay ran the graph-safe call eagerly on the buffers"
@@ -58,7 +58,7 @@ def _poison(res: KernelOutput) -> None:
         res.lse.fill_(float("nan"))
 
 
-def _rows(res: KernelOutput, rows: int) -> KernelOutput:
+def live_rows(res: KernelOutput, rows: int) -> KernelOutput:
     """Copies of the first ``rows`` query rows (the real requests; padded rows follow)."""
     return KernelOutput(res.out[:rows].clone(), None if res.lse is None else res.lse[:, :rows].clone())
 
@@ -83,7 +83,7 @@ class GraphRun(ComposedRun):
         )
         replay: Callable[[], KernelOutput]
         if cuda:
-            replay, captured = _capture(lambda: backend.prepare_graph(call, buffers.inputs))
+            replay, captured = capture(lambda: backend.prepare_graph(call, buffers.inputs))
         else:
             self.notes.append(NO_CAPTURE)
             fn = backend.prepare_graph(call, buffers.inputs)
@@ -94,12 +94,12 @@ class GraphRun(ComposedRun):
             if i:
                 buffers.write(case, self.inputs, group)
             rows = len(group) * bucket.q_len
-            res = _run_poisoned(replay, captured)
-            got = _rows(res, rows)
+            res = run_poisoned(replay, captured)
+            got = live_rows(res, rows)
             # the same call, never captured, prepared afresh for this batch as an engine's eager step would be (a
             # plan kept from an earlier batch is the stale-metadata bug, e.g. FlashMLA's sched_meta reused)
             eager = backend.prepare_graph(call, buffers.inputs)
-            same = _rows(_run_poisoned(eager, eager), rows)
+            same = live_rows(run_poisoned(eager, eager), rows)
             exact_case = buffers.exact(case, group)
             plain = backend.prepare(exact_case.case, exact_case)()
             vs_eager, vs_plain = diff_rows(got, same), diff_rows(got, plain)
@@ -137,7 +137,7 @@ def pins_splits(case: AttentionCase, backend: Backend, device: str) -> bool:
     return bool(backend.supports(probe, device))
 
 
-def _run_poisoned(run: Callable[[], KernelOutput], outputs: Any) -> KernelOutput:
+def run_poisoned(run: Callable[[], KernelOutput], outputs: Any) -> KernelOutput:
     """Poison the outputs the run writes (the captured result for a graph), refresh, run; the outputs."""
     target = getattr(outputs, "result", None)
     if isinstance(target, KernelOutput):
@@ -168,7 +168,7 @@ class _Captured:
         return self.result
 
 
-def _capture(make: Callable[[], Any]) -> tuple[Callable[[], KernelOutput], Any]:
+def capture(make: Callable[[], Any]) -> tuple[Callable[[], KernelOutput], Any]:
     """Warm up one prepared call on a side stream, then capture a fresh one; returns (replay, captured)."""
     warm = make()
     stream = torch.cuda.Stream()
@@ -183,8 +183,15 @@ def _capture(make: Callable[[], Any]) -> tuple[Callable[[], KernelOutput], Any]:
     if hasattr(kernel, "refresh"):
         kernel.refresh()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = kernel()
+    caller = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph):
+            result = kernel()
+    except Exception:
+        # torch.cuda.graph's __exit__ skips restoring the stream when capture_end raises (as perf/timing.py's
+        # capture handles it): put the caller's stream back so the worker's next case does not run on it
+        torch.cuda.set_stream(caller)
+        raise
     if not isinstance(result, KernelOutput):
         raise TypeError(f"the graph-mode callable must return KernelOutput, got {type(result).__name__}")
     captured = _Captured(graph, kernel, result)

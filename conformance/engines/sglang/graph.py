@@ -17,7 +17,7 @@ each replay batch, the capture bucket ``bs`` first (every later batch has at mos
 3. the forward's kernel calls on the metadata views, each through the adapter's ``prepare_graph`` (the bucket's
    call; the adapter must declare ``graph``, else the case is ``unsupported`` with its reason), merged with
    ``merge_state_v2`` for top-k > 1, captured together in one CUDA graph on a CUDA device
-   (:func:`conformance.graphs.replay._capture`), run eagerly on the buffers on CPU;
+   (:func:`conformance.graphs.replay.capture`), run eagerly on the buffers on CPU;
 4. per batch: the runner pads it to the bucket, its queries go into the static query buffer (padded rows stale),
    ``init_forward_metadata_replay_cuda_graph`` rewrites the metadata in place, the outputs are NaN-poisoned and
    the graph replayed; the real requests' rows are kept.
@@ -45,7 +45,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.graphs.bitwise import diff_rows
 from conformance.graphs.buffers import DECOY_SCALE
-from conformance.graphs.replay import NO_CAPTURE, _capture, _run_poisoned, pins_splits
+from conformance.graphs.replay import NO_CAPTURE, capture, live_rows, pins_splits, run_poisoned
 
 from ..base import call_inputs
 from ..calls import hand_out_blocks, prefix_sums, token_slots
@@ -197,7 +197,7 @@ class SGLangGraphRun:
         )
         self.notes += [f"{c.label}: {backend.name} {c.case.summary()}" for c in calls]
         if cuda:
-            replay, captured = _capture(make)
+            replay, captured = capture(make)
         else:
             self.notes.append(NO_CAPTURE)
             replay = captured = make()
@@ -219,9 +219,9 @@ class SGLangGraphRun:
             for c in calls:
                 c.check_fits(bs)
             rows = n * ql
-            got = _rows(_run_poisoned(replay, captured), rows)
+            got = live_rows(run_poisoned(replay, captured), rows)
             eager = make()
-            same = _rows(_run_poisoned(eager, eager), rows)
+            same = live_rows(run_poisoned(eager, eager), rows)
             own = self._own(calls, ins, n, rows, qbuf, pool)
             vs_eager, vs_own = diff_rows(got, same), diff_rows(got, own)
             replays.append({"requests": n, "vs_eager": vs_eager.to_json(), "vs_own_call": vs_own.to_json()})
@@ -271,9 +271,4 @@ class SGLangGraphRun:
                 block_table=c.table[:seqs].clone(),
             )
             kernels.append(self.backend.prepare(cc, own))
-        return _rows(_Forward(kernels, self.engine.merge_state)(), rows)
-
-
-def _rows(res: KernelOutput, rows: int) -> KernelOutput:
-    """Copies of the first ``rows`` query rows (the real requests; padded rows follow)."""
-    return KernelOutput(res.out[:rows].clone(), None if res.lse is None else res.lse[:, :rows].clone())
+        return live_rows(_Forward(kernels, self.engine.merge_state)(), rows)
