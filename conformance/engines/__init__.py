@@ -4,7 +4,9 @@ One sub-package per engine backend (its scenarios, metadata builder, runner and 
 module), each engine an :class:`~conformance.engines.base.Engine` (the protocol and how a replay is judged:
 :mod:`conformance.engines.base`); the framework the engines share stays here: :mod:`~conformance.engines.base`,
 :mod:`~conformance.engines.calls` (call cases, paged caches, block managers), :mod:`~conformance.engines.graph_call`
-(the kernel call an engine's CUDA-graph path captures and replays) and :mod:`~conformance.engines.merge`
+(the support rule of an engine's captured CUDA-graph call; the capture and replays are
+:class:`conformance.graphs.captured.CapturedCall`'s), :mod:`~conformance.engines.invariance` (an engine case's
+invariance: its step per variant, request 0 compared bitwise) and :mod:`~conformance.engines.merge`
 (``merge_attn_states``, also an engine of its own).  ``attnconf run --suite engines`` runs every engine's scenarios
 on the backends named with ``--backend``; a case's ``engine`` field names the entry of :data:`ENGINES`.
 

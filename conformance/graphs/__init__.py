@@ -4,6 +4,7 @@
 module                 concern
 =====================  ===============================================================================
 ``buffers``            a bucket's static buffers and how each replay batch is written into them in place
+``captured``           the capture / replay / compare loop every graph path uses (kernel and engines)
 ``replay``             kernel-level graph mode: capture on the bucket, replay every batch, judge each
 ``bitwise``            bit-for-bit comparison of two outputs (graph vs eager, invariances)
 ``assemble``           a call built from chosen requests of a case (the batches an invariance compares)

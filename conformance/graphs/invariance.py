@@ -35,7 +35,7 @@ from .bitwise import diff_rows
 from .composed import ComposedRun
 from .replay import pins_splits
 
-__all__ = ["INVARIANCE", "Invariance", "Variant", "variants"]
+__all__ = ["INVARIANCE", "Invariance", "InvarianceRun", "Variant", "variants"]
 
 #: pinned split counts the ``splits`` invariance tries beside 1 and the heuristic.
 PINNED_SPLITS = (2, 3)
@@ -95,7 +95,23 @@ def _promised(case: AttentionCase, backend: Backend, device: str) -> bool:
 
 
 class InvarianceRun(ComposedRun):
-    """The callable :meth:`Invariance.prepare` returns: every variant's call, then the bitwise comparisons."""
+    """The callable :meth:`Invariance.prepare` returns: every variant's call, then the bitwise comparisons.
+
+    :meth:`call` (one variant's call) and :meth:`promised` are the hooks an engine-level invariance overrides
+    (:mod:`conformance.engines.invariance`)."""
+
+    def call(self, v: Variant, call: AttentionCase, inputs: CaseInputs) -> KernelOutput:
+        """Run one variant's call on the backend (``call``/``inputs``: the variant's batch, assembled)."""
+        call = dataclasses.replace(call, num_splits=v.case.num_splits)
+        inputs = dataclasses.replace(inputs, case=call)
+        fn = self.backend.prepare(call, inputs)
+        out = fn()
+        self.notes.append(f"{v.label}: {call.summary()} (num_splits {call.num_splits})")
+        return out
+
+    def promised(self) -> bool:
+        """Whether a difference fails the case (else it is reported in ``extra["invariance"]`` only)."""
+        return _promised(self.case, self.backend, self.device)
 
     def run(self) -> KernelOutput:
         results, built = [], {}
@@ -103,13 +119,9 @@ class InvarianceRun(ComposedRun):
             if v.picks not in built:  # one set of buffers per batch: the same call twice reads the same memory
                 built[v.picks] = assemble(self.case, self.inputs, v.picks)
             call, inputs = built[v.picks]
-            call = dataclasses.replace(call, num_splits=v.case.num_splits)
-            inputs = dataclasses.replace(inputs, case=call)
-            fn = self.backend.prepare(call, inputs)
-            results.append((v, fn()))
-            self.notes.append(f"{v.label}: {call.summary()} (num_splits {call.num_splits})")
+            results.append((v, self.call(v, call, inputs)))
         base_v, base = results[0]
-        pairs, promised = [], _promised(self.case, self.backend, self.device)
+        pairs, promised = [], self.promised()
         first = _target(base_v, base)
         for v, res in results[1:]:
             d = diff_rows(first, _target(v, res))

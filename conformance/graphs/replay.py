@@ -4,7 +4,8 @@ A graph case (``AttentionCase.graph``, :mod:`conformance.graphs.buffers`) is jud
 (:mod:`conformance.engines.base`): its requests are the replay batches one after the other, the reference is
 plain attention of every request (each request's output depends on its own keys only), and the backend's
 "output" is what the replays produced for the real requests, batch after batch.  :class:`GraphRun` does what an
-engine does:
+engine does, through the capture / replay / compare loop every graph path shares
+(:class:`~conformance.graphs.captured.CapturedCall`):
 
 1. allocate the bucket's buffers and write the capture batch into them;
 2. ``backend.prepare_graph(bucket call, buffers)`` (the adapter's graph-safe call, :mod:`attnfast.base`), run it
@@ -31,9 +32,7 @@ notes say so.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -42,25 +41,11 @@ from attnref import AttnResult
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from .bitwise import diff_rows
 from .buffers import GraphBuffers
+from .captured import CapturedCall
 from .composed import ComposedRun
 
-__all__ = ["GRAPH", "GraphReplay", "GraphRun", "capture", "live_rows", "pins_splits", "run_poisoned"]
-
-#: Why nothing is captured off CUDA (the record's note).
-NO_CAPTURE = "not captured: CUDA graphs need a CUDA device; each replay ran the graph-safe call eagerly on the buffers"
-
-
-def _poison(res: KernelOutput) -> None:
-    res.out.fill_(float("nan"))
-    if res.lse is not None:
-        res.lse.fill_(float("nan"))
-
-
-def live_rows(res: KernelOutput, rows: int) -> KernelOutput:
-    """Copies of the first ``rows`` query rows (the real requests; padded rows follow)."""
-    return KernelOutput(res.out[:rows].clone(), None if res.lse is None else res.lse[:, :rows].clone())
+__all__ = ["GRAPH", "GraphReplay", "GraphRun", "pins_splits"]
 
 
 @dataclass
@@ -75,55 +60,26 @@ class GraphRun(ComposedRun):
         bucket = buffers.bucket
         groups = bucket.groups(case)
         buffers.write(case, self.inputs, groups[0])
-        call = bucket.call_case(case)
-        cuda = self.device.startswith("cuda")
         self.notes.append(
             f"bucket: {bucket.batch} requests x {bucket.q_len} queries, {bucket.width} pages of {bucket.block_size} "
             f"(capacity {bucket.capacity} keys), padded requests at seqused_k = {bucket.fill}"
         )
-        replay: Callable[[], KernelOutput]
-        if cuda:
-            replay, captured = capture(lambda: backend.prepare_graph(call, buffers.inputs))
-        else:
-            self.notes.append(NO_CAPTURE)
-            fn = backend.prepare_graph(call, buffers.inputs)
-            replay, captured = fn, fn
-        outs, lses, replays = [], [], []
-        pinned = pins_splits(case, backend, self.device)
+        pinned = case.num_splits if pins_splits(case, backend, self.device) else None
+        # the eager forward is prepared afresh for every batch, as an engine's eager step would be (a plan kept from
+        # an earlier batch is the stale-metadata bug, e.g. FlashMLA's sched_meta reused)
+        captured = CapturedCall.kernel(
+            backend, self.device, bucket.call_case(case), buffers.inputs, self.notes, self.problems, pinned
+        )
+        outs, lses = [], []
         for i, group in enumerate(groups):
             if i:
                 buffers.write(case, self.inputs, group)
-            rows = len(group) * bucket.q_len
-            res = run_poisoned(replay, captured)
-            got = live_rows(res, rows)
-            # the same call, never captured, prepared afresh for this batch as an engine's eager step would be (a
-            # plan kept from an earlier batch is the stale-metadata bug, e.g. FlashMLA's sched_meta reused)
-            eager = backend.prepare_graph(call, buffers.inputs)
-            same = live_rows(run_poisoned(eager, eager), rows)
-            exact_case = buffers.exact(case, group)
-            plain = backend.prepare(exact_case.case, exact_case)()
-            vs_eager, vs_plain = diff_rows(got, same), diff_rows(got, plain)
-            replays.append({"requests": len(group), "vs_eager": vs_eager.to_json(), "vs_plain": vs_plain.to_json()})
-            if not vs_eager.equal:
-                self.problems.append(
-                    f"graph: replay {i} ({len(group)} requests) differs from the same call run eagerly on the same "
-                    f"buffers: {vs_eager.describe()}"
-                )
-            if pinned and not vs_plain.equal:
-                self.problems.append(
-                    f"graph vs eager: replay {i} ({len(group)} requests) with num_splits pinned to {case.num_splits} "
-                    f"differs from the batch's own eager call: {vs_plain.describe()}"
-                )
+            got, _, _ = captured.replay([case.requests[r] for r in group])
             outs.append(got.out)
             if got.lse is not None:
                 lses.append(got.lse)
-        self.extra["graph"] = {
-            "captured": cuda,
-            "bucket": {"batch": bucket.batch, "q_len": bucket.q_len, "width": bucket.width, "fill": bucket.fill},
-            "replays": replays,
-            "graph_vs_eager_kept": all(r["vs_plain"]["equal"] for r in replays),
-            "promised": pinned,
-        }
+        b = {"batch": bucket.batch, "q_len": bucket.q_len, "width": bucket.width, "fill": bucket.fill}
+        self.extra["graph"] = captured.summary(b)
         lse = torch.cat(lses, dim=1) if len(lses) == len(outs) else None
         return KernelOutput(torch.cat(outs), lse)
 
@@ -135,67 +91,6 @@ def pins_splits(case: AttentionCase, backend: Backend, device: str) -> bool:
         return False
     probe = case.replace(num_splits=2, graph=(), graph_fill=0, invariance="", requests=case.requests[:1])
     return bool(backend.supports(probe, device))
-
-
-def run_poisoned(run: Callable[[], KernelOutput], outputs: Any) -> KernelOutput:
-    """Poison the outputs the run writes (the captured result for a graph), refresh, run; the outputs."""
-    target = getattr(outputs, "result", None)
-    if isinstance(target, KernelOutput):
-        _poison(target)
-    refresh = getattr(run, "refresh", None)
-    if refresh is not None:
-        refresh()
-    return run()
-
-
-@dataclass
-class _Captured:
-    """A captured graph: ``refresh()`` runs the adapter's host-side update, ``()`` replays and returns the
-    captured outputs (``result``)."""
-
-    graph: Any
-    kernel: Any
-    result: KernelOutput
-
-    def refresh(self) -> None:
-        fn = getattr(self.kernel, "refresh", None)
-        if fn is not None:
-            fn()
-
-    def __call__(self) -> KernelOutput:
-        self.graph.replay()
-        torch.cuda.synchronize()
-        return self.result
-
-
-def capture(make: Callable[[], Any]) -> tuple[Callable[[], KernelOutput], Any]:
-    """Warm up one prepared call on a side stream, then capture a fresh one; returns (replay, captured)."""
-    warm = make()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        if hasattr(warm, "refresh"):
-            warm.refresh()
-        warm()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    kernel = make()
-    if hasattr(kernel, "refresh"):
-        kernel.refresh()
-    graph = torch.cuda.CUDAGraph()
-    caller = torch.cuda.current_stream()
-    try:
-        with torch.cuda.graph(graph):
-            result = kernel()
-    except Exception:
-        # torch.cuda.graph's __exit__ skips restoring the stream when capture_end raises (as perf/timing.py's
-        # capture handles it): put the caller's stream back so the worker's next case does not run on it
-        torch.cuda.set_stream(caller)
-        raise
-    if not isinstance(result, KernelOutput):
-        raise TypeError(f"the graph-mode callable must return KernelOutput, got {type(result).__name__}")
-    captured = _Captured(graph, kernel, result)
-    return captured, captured
 
 
 class GraphReplay:

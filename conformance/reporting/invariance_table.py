@@ -1,8 +1,9 @@
 """The report's invariance matrix: which kernel keeps which invariance, in which mode (issue 18).
 
 Rows are (kernel, mode): mode ``num_splits = 1`` holds the cases that pin one split (vLLM's batch-invariant mode,
-SGLang's deterministic inference), ``default`` the others, and ``engine <name>`` an engine's own CUDA-graph path
-(the engine replays' graph scenarios).  Columns:
+SGLang's deterministic inference), ``default`` the others, and ``engine <name>`` an engine's own records (its
+CUDA-graph scenarios and its invariance scenarios, :mod:`conformance.engines.invariance`; ``engine <name>,
+num_splits = 1`` its batch-invariant configuration).  Columns:
 
 * ``run``, ``batch``, ``splits``: the invariance cases (``extra["invariance"]``, :mod:`conformance.graphs.invariance`);
 * ``graph = eager``: every replay of a graph case equal to the same call run eagerly on the same buffers;
@@ -59,7 +60,7 @@ def _entries(r: CheckResult) -> list[tuple[str, bool | None, str]]:
     g = r.extra["graph"]
     out = []
     for col, keys in (("graph = eager", ("vs_eager",)), ("graph vs own call", ("vs_plain", "vs_own_call"))):
-        # the SGLang engine's records name the second comparison vs_own_call
+        # records written before the graph paths shared one loop (SGLang's engine) name it vs_own_call
         found = [next((p[k] for k in keys if k in p), None) for p in g.get("replays", [])]
         if not found or any(d is None for d in found):
             out.append((col, None, f"no {keys[0]} comparison in the record's replays"))

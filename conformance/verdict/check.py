@@ -56,7 +56,8 @@ class CaseContext:
 
 
 def composition_of(case: AttentionCase) -> Any:
-    """What composes the kernel calls of ``case``: its engine (``case.engine``), the graph replay
+    """What composes the kernel calls of ``case``: its engine (``case.engine``; with ``case.invariance`` the
+    engine's invariance run, :mod:`conformance.engines.invariance`), the graph replay
     (``case.graph``, :mod:`conformance.graphs.replay`), the invariance run (``case.invariance``,
     :mod:`conformance.graphs.invariance`), or None for a single call.  Each has ``supports(case, backend,
     device)``, ``prepare(case, inputs, backend, device)``, ``reference`` and ``baseline``; the callable
@@ -65,6 +66,10 @@ def composition_of(case: AttentionCase) -> Any:
     if case.engine:
         from conformance.engines import get_engine
 
+        if case.invariance:  # an engine's invariance: its forward per variant (conformance.engines.invariance)
+            from conformance.engines.invariance import EngineInvariance
+
+            return EngineInvariance(get_engine(case.engine))
         return get_engine(case.engine)
     if case.graph:
         from conformance.graphs.replay import GRAPH

@@ -71,6 +71,8 @@ re-exported here.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from attnref import AttnResult
@@ -80,14 +82,14 @@ from conformance.cases.sweep import MLA_SCALE
 
 from attnfast.base import Backend, KernelOutput, Support
 
-from ..base import Kernel, call_inputs
+from ..base import Kernel, Request, call_inputs
 from ..calls import call_case, prefix_sums
 from .graph import SGLangGraphRun
 from .graph_state import CudaGraphState
 from .graph_cases import check_graph_case, graph_case, graph_layer, graph_plan, graph_support
 from .metadata import KCall, SGLangMetadataBuilder, SGLMetadata, Step
 from .runner import SGLangForwardRunner
-from .scenarios import FINDINGS, GRAPH_FINDINGS, GRAPH_SCENARIOS, SCENARIOS, Scenario, tree_paths
+from .scenarios import FINDINGS, GRAPH_FINDINGS, GRAPH_SCENARIOS, INVARIANCE_SCENARIOS, SCENARIOS, Scenario, tree_paths
 
 __all__ = [
     "FINDINGS",
@@ -162,9 +164,14 @@ class SGLangFlashAttention(SGLangForwardRunner):
 
     def cases(self) -> list[AttentionCase]:
         eager = [self._case(name, sc) for name, sc in SCENARIOS.items()]
-        return eager + [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
+        graphs = [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
+        inv = [self._case(name, sc).replace(invariance=kind) for name, (kind, sc) in INVARIANCE_SCENARIOS.items()]
+        return eager + graphs + inv
 
     def scenario(self, case: AttentionCase) -> Scenario:
+        if case.scenario in INVARIANCE_SCENARIOS:  # the batch is the case's: one variant of the invariance
+            sc = INVARIANCE_SCENARIOS[case.scenario][1]
+            return dataclasses.replace(sc, requests=tuple(Request(new=q, cached=kv - q) for q, kv in case.requests))
         sc = SCENARIOS.get(case.scenario) or FINDINGS.get(case.scenario)
         if sc is None:
             known = sorted(SCENARIOS) + sorted(FINDINGS) + sorted(GRAPH_SCENARIOS)

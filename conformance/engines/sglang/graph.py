@@ -17,7 +17,8 @@ each replay batch, the capture bucket ``bs`` first (every later batch has at mos
 3. the forward's kernel calls on the metadata views, each through the adapter's ``prepare_graph`` (the bucket's
    call; the adapter must declare ``graph``, else the case is ``unsupported`` with its reason), merged with
    ``merge_state_v2`` for top-k > 1, captured together in one CUDA graph on a CUDA device
-   (:func:`conformance.graphs.replay.capture`), run eagerly on the buffers on CPU;
+   (:class:`conformance.graphs.captured.CapturedCall`, the loop every graph path shares), run eagerly on the
+   buffers on CPU;
 4. per batch: the runner pads it to the bucket, its queries go into the static query buffer (padded rows stale),
    ``init_forward_metadata_replay_cuda_graph`` rewrites the metadata in place, the outputs are NaN-poisoned and
    the graph replayed; the real requests' rows are kept.
@@ -43,9 +44,9 @@ from attnfast.base import Backend, KernelOutput
 from attnref import write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
-from conformance.graphs.bitwise import diff_rows
 from conformance.graphs.buffers import DECOY_SCALE
-from conformance.graphs.replay import NO_CAPTURE, capture, live_rows, pins_splits, run_poisoned
+from conformance.graphs.captured import CapturedCall, live_rows
+from conformance.graphs.replay import pins_splits
 
 from ..base import call_inputs
 from ..calls import hand_out_blocks, prefix_sums, token_slots
@@ -190,22 +191,25 @@ class SGLangGraphRun:
         def make() -> _Forward:
             return _Forward([backend.prepare_graph(c.case, i) for c, i in zip(calls, ins)], eng.merge_state)
 
-        cuda = self.device.startswith("cuda")
         self.notes.append(
             f"bucket bs={bs} ({sc.mode}, page_size {sc.page_size}, max_context_len {sc.max_context_len}); padded "
             f"requests at seq_lens = {FILL_VALUE} (get_cuda_graph_seq_len_fill_value)"
         )
         self.notes += [f"{c.label}: {backend.name} {c.case.summary()}" for c in calls]
-        if cuda:
-            replay, captured = capture(make)
-        else:
-            self.notes.append(NO_CAPTURE)
-            replay = captured = make()
-        pinned = pins_splits(calls[0].case, backend, self.device)
+        pinned = case.num_splits if pins_splits(calls[0].case, backend, self.device) else None
+        captured = CapturedCall(
+            make,
+            lambda requests: self._own(calls, ins, len(requests), len(requests) * ql, qbuf, pool),
+            self.device,
+            self.notes,
+            self.problems,
+            pinned,
+            what="calls",
+        )
         cu_q = inputs.cu_seqlens_q.tolist()
         seq_all = seq_lens_of(sc, case)
-        outs, lses, replays, start = [], [], [], 0
-        for i, n in enumerate(case.graph):
+        outs, lses, start = [], [], 0
+        for n in case.graph:
             group = list(range(start, start + n))
             start += n
             seq = [seq_all[r] for r in group]
@@ -218,34 +222,12 @@ class SGLangGraphRun:
                 local_cu_k[1:].copy_(torch.cumsum(md.local_attn_metadata.local_seqused_k, 0, dtype=torch.int32))
             for c in calls:
                 c.check_fits(bs)
-            rows = n * ql
-            got = live_rows(run_poisoned(replay, captured), rows)
-            eager = make()
-            same = live_rows(run_poisoned(eager, eager), rows)
-            own = self._own(calls, ins, n, rows, qbuf, pool)
-            vs_eager, vs_own = diff_rows(got, same), diff_rows(got, own)
-            replays.append({"requests": n, "vs_eager": vs_eager.to_json(), "vs_own_call": vs_own.to_json()})
-            if not vs_eager.equal:
-                self.problems.append(
-                    f"graph: replay {i} ({n} of bs={bs} requests) differs from the same calls run eagerly on the "
-                    f"same metadata buffers: {vs_eager.describe()}"
-                )
-            if pinned and not vs_own.equal:
-                self.problems.append(
-                    f"graph vs eager: replay {i} ({n} requests) with num_splits pinned to {case.num_splits} differs "
-                    f"from the batch's own eager calls: {vs_own.describe()}"
-                )
+            got, _, _ = captured.replay([(ql, s) for s in seq], f"{n} of bs={bs} requests")
             outs.append(got.out)
             if got.lse is not None:
                 lses.append(got.lse)
-        self.extra["graph"] = {
-            "captured": cuda,
-            "engine_level": True,
-            "bucket": {"batch": bs, "q_len": ql, "page_size": sc.page_size, "fill": FILL_VALUE},
-            "replays": replays,
-            "graph_vs_eager_kept": all(r["vs_own_call"]["equal"] for r in replays),
-            "promised": pinned,
-        }
+        bucket = {"batch": bs, "q_len": ql, "page_size": sc.page_size, "fill": FILL_VALUE}
+        self.extra["graph"] = captured.summary(bucket, engine_level=True)
         lse = torch.cat(lses, dim=1) if len(lses) == len(outs) else None
         return KernelOutput(torch.cat(outs), lse)
 

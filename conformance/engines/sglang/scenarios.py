@@ -4,7 +4,8 @@ replays, one ``engines``-suite case each (case ids come from these tables: keep 
 A :class:`Scenario` is one forward step of the backend: SGLang's forward mode, the requests, and what an
 ``AttentionCase`` cannot say (page size of the pool, the draft tree of a top-k verify, MLA, the chunked-prefix
 capacity).  :data:`SCENARIOS` are the steps the seed gets right (the ``engines`` suite); :data:`FINDINGS` the steps
-where the seed's code diverges from its layer, kept out of the suite and shown by the tests.  A
+where the seed's code diverges from its layer, kept out of the suite and shown by the tests;
+:data:`INVARIANCE_SCENARIOS` the invariance checks (:mod:`conformance.engines.invariance`).  A
 :class:`GraphScenario` is one CUDA-graph configuration (:data:`GRAPH_SCENARIOS`, replayed by
 :mod:`conformance.engines.sglang.graph`).
 """
@@ -15,7 +16,16 @@ from dataclasses import dataclass
 
 from ..base import Request
 
-__all__ = ["FINDINGS", "GRAPH_FINDINGS", "GRAPH_SCENARIOS", "SCENARIOS", "GraphScenario", "Scenario", "tree_paths"]
+__all__ = [
+    "FINDINGS",
+    "GRAPH_FINDINGS",
+    "GRAPH_SCENARIOS",
+    "INVARIANCE_SCENARIOS",
+    "SCENARIOS",
+    "GraphScenario",
+    "Scenario",
+    "tree_paths",
+]
 
 R = Request
 
@@ -179,4 +189,26 @@ GRAPH_FINDINGS: dict[str, GraphScenario] = {
     # bucket).  Measured on an H100 with the check lifted: vLLM 0.24.0's FA3 reads the table by the buffer's row
     # stride and the replay passes (max error 0.006); a kernel that honours the view's shape sees one page
     "graph_local_decode_wide_chunk": GraphScenario("decode", ((69, 31, 32, 40), (100, 33), (45,)), chunk=32),
+}
+
+
+_INV_DECODE = (R(1, 299), R(1, 44), R(1, 130), R(1, 7))
+_INV_EXTEND = (R(20, 64), R(7), R(33, 17), R(12, 90))
+_INV_VERIFY = (R(4, 30), R(4, 57), R(4, 9))
+
+#: name -> (invariance kind, step): request 0's rows through the whole step, compared bitwise
+#: (:mod:`conformance.engines.invariance`); the batch is the case's ``requests`` (each variant a step of its own).
+#: With ``deterministic`` (deterministic inference: ``num_splits = 1``) a ``batch`` difference fails on a kernel
+#: that takes a split count; without, it is reported.
+INVARIANCE_SCENARIOS: dict[str, tuple[str, Scenario]] = {
+    "inv_run_decode": ("run", Scenario("decode", _INV_DECODE, page_size=16)),
+    "inv_batch_decode": ("batch", Scenario("decode", _INV_DECODE, page_size=16)),
+    "inv_batch_extend": ("batch", Scenario("extend", _INV_EXTEND, page_size=16)),
+    "inv_batch_decode_deterministic": ("batch", Scenario("decode", _INV_DECODE, page_size=16, deterministic=True)),
+    "inv_batch_extend_deterministic": ("batch", Scenario("extend", _INV_EXTEND, page_size=16, deterministic=True)),
+    "inv_batch_verify_deterministic": (
+        "batch",
+        Scenario("target_verify", _INV_VERIFY, page_size=16, deterministic=True),
+    ),
+    "inv_run_extend_deterministic": ("run", Scenario("extend", _INV_EXTEND, page_size=16, deterministic=True)),
 }

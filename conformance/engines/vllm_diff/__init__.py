@@ -5,6 +5,8 @@ test_layout.py``):
 
 * :mod:`~conformance.engines.vllm_diff.scenarios`: the :data:`SCENARIOS` table;
 * :mod:`~conformance.engines.vllm_diff.metadata`: the builder's :class:`DiffMetadata` and its checks;
+* :mod:`~conformance.engines.vllm_diff.graph`: the CUDA-graph decode, :class:`DiffGraphRun` (both graph block
+  tables, padded slots, the four calls and the combination captured at a bucket, replayed for every batch size);
 * :mod:`~conformance.engines.vllm_diff.attention`: the engine, :class:`VllmDifferentialAttention` (the layer's
   parameters, the builder, the four calls, the combination, the two-softmax oracle).
 """

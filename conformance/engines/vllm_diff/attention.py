@@ -33,10 +33,10 @@ softmaxes and the combination in the activation dtype, as the seed computes it.
 Departures from the seed: the seed raises "prefix caching not supported" for a prompt with cached context
 (and its builder asserts chunked prefill off); the ``prefix_cached`` scenario replays what vLLM V0's
 FlashAttention backend (seed 002) does there, the same four calls with the prompts read through their block
-tables (``cu_seqlens_q`` + ``seqused_k``).  Not modelled: the cross-layer shared-KV path
-(``forward_with_kv_cache_only``: ``q.unsqueeze(1)`` with per-sequence block tables, consistent only for
-decodes), ALiBi (the seed passes H slopes to calls of H/2 heads), fp8 caches, CUDA-graph padding, and V0's
-sliding-window slot padding / cyclic blocks (never read within one step).
+tables (``cu_seqlens_q`` + ``seqused_k``).  The CUDA-graph decode (both graph block tables, padded slots,
+``use_cuda_graph``; the KV-generating layer and the KV-sharing layer's ``forward_with_kv_cache_only``, consistent
+only for decodes) is :mod:`conformance.engines.vllm_diff.graph`.  Not modelled: ALiBi (the seed passes H slopes to
+calls of H/2 heads), fp8 caches, and V0's sliding-window slot padding / cyclic blocks (never read within one step).
 
 Where it lives: this module is the engine, :class:`VllmDifferentialAttention` (the layer's parameters, the builder,
 the calls, the combination, the oracle); :mod:`conformance.engines.vllm_diff.metadata` the builder's fields and
@@ -47,19 +47,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 import attnref
-from attnfast.base import KernelOutput
+from attnfast.base import KernelOutput, Support
 from attnref import AttnResult
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
 from ..base import Engine, Kernel
+from ..graph_call import graph_support
 from ..calls import STALE, PagedKV, call_case, contiguous_call, cu_seqlens, hand_out_blocks, paged_call, token_slots
+from .graph import DiffGraphRun, captured_call, check_graph_case, graph_case
 from .metadata import DiffMetadata, diffs, validate_metadata
-from .scenarios import SCENARIOS
+from .scenarios import GRAPH_SCENARIOS, INVARIANCE_SCENARIOS, SCENARIOS
 
 __all__ = ["DiffParams", "VllmDifferentialAttention", "layer_params"]
 
@@ -83,7 +86,11 @@ class DiffParams:
 
 
 def layer_params(case: AttentionCase, device: torch.device | str = "cpu") -> DiffParams:
-    """Deterministic parameters of the case's layer (SambaYAttention's shapes and initialisation ranges)."""
+    """Deterministic parameters of the case's layer (SambaYAttention's shapes and initialisation ranges); an
+    invariance scenario's variants share its case's (one layer, several batches)."""
+    if case.scenario in INVARIANCE_SCENARIOS:
+        kind, reqs = INVARIANCE_SCENARIOS[case.scenario][:2]
+        case = case.replace(requests=tuple((r.new, r.kv) for r in reqs), invariance=kind)
     gen = torch.Generator().manual_seed(PARAM_SEED * 1_000_003 + int(case.digest(), 16) + 1)
     d = case.head_dim
     lq1, lk1, lq2, lk2 = (torch.randn(d, generator=gen) * 0.1 for _ in range(4))
@@ -146,13 +153,35 @@ class VllmDifferentialAttention(Engine):
                         scenario=scenario,
                     )
                 )
-        return out
+        graphs = [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
+        return out + self._invariance_cases() + graphs
+
+    def _invariance_cases(self) -> list[AttentionCase]:
+        """The invariance scenarios' cases (:mod:`conformance.engines.invariance`), bf16."""
+        return [
+            AttentionCase(
+                requests=tuple((r.new, r.kv) for r in reqs),
+                num_heads=h,
+                num_kv_heads=hk,
+                head_dim=64,
+                dtype="bf16",
+                kv_layout="NHD",
+                block_size=block,
+                causal=True,
+                window=window,
+                engine=self.name,
+                scenario=name,
+                invariance=kind,
+            )
+            for name, (kind, reqs, (h, hk), block, window) in INVARIANCE_SCENARIOS.items()
+        ]
 
     def check(self, case: AttentionCase) -> None:
-        if case.scenario not in SCENARIOS:
-            raise ValueError(
-                f"scenario must be one of {sorted(SCENARIOS)} for engine {self.name}, got {case.scenario!r}"
-            )
+        if case.scenario in GRAPH_SCENARIOS:
+            return check_graph_case(case, GRAPH_SCENARIOS[case.scenario])
+        if case.scenario not in SCENARIOS and case.scenario not in INVARIANCE_SCENARIOS:
+            known = sorted(SCENARIOS) + sorted(INVARIANCE_SCENARIOS)
+            raise ValueError(f"scenario must be one of {known} for engine {self.name}, got {case.scenario!r}")
         if case.num_heads % 2 or case.num_kv_heads % 2:
             raise ValueError(f"num_heads ({case.num_heads}) and num_kv_heads ({case.num_kv_heads}) must be even")
         if case.head_dim not in SUPPORTED_HEAD_SIZES or case.dv != case.head_dim:
@@ -217,11 +246,33 @@ class VllmDifferentialAttention(Engine):
         return [(f"{pair} {kind}", c) for pair in PAIRS for kind, c in parts]
 
     def plan(self, case: AttentionCase) -> list[tuple[str, AttentionCase]]:
+        if case.scenario in GRAPH_SCENARIOS:
+            self.check(case)
+            return [(f"{pair} decode: flash_attn_with_kvcache (captured)", captured_call(case)) for pair in PAIRS]
         self.check(case)
         meta = self.metadata(case)
         assert case.block_size is not None
         validate_metadata(meta, num_tokens=case.total_q, block_size=case.block_size)
         return self._calls(case, meta)
+
+    # ------------------------------------------------------------------ CUDA graphs (graph.py)
+    #: the graph scenarios' run (planted bugs replace it).
+    graph_run: ClassVar[type[DiffGraphRun]] = DiffGraphRun
+
+    def supports(self, case, backend, device):
+        if case.scenario not in GRAPH_SCENARIOS:
+            return super().supports(case, backend, device)
+        if device.split(":")[0] not in backend.devices:
+            return Support(False, f"runs on {'/'.join(backend.devices)}, not {device}")
+        self.check(case)
+        return graph_support(backend, captured_call(case), device)
+
+    def prepare(self, case, inputs, backend, device):
+        if case.scenario not in GRAPH_SCENARIOS:
+            return super().prepare(case, inputs, backend, device)
+        self.check(case)
+        sc, params = GRAPH_SCENARIOS[case.scenario], layer_params(case, inputs.device)
+        return self.graph_run(case, inputs, backend, device, engine=self, params=params, pairs=PAIRS, sc=sc)
 
     # ------------------------------------------------------------------ the impl's steps (overridable)
     def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,6 +296,8 @@ class VllmDifferentialAttention(Engine):
 
     # ------------------------------------------------------------------ forward
     def forward(self, case: AttentionCase, inputs: CaseInputs, kernel: Kernel) -> KernelOutput:
+        if case.scenario in GRAPH_SCENARIOS:
+            raise ValueError(f"scenario {case.scenario!r} is a CUDA-graph replay: it runs through prepare()")
         self.check(case)
         dev, dt, bs = inputs.q.device, case.torch_dtype, case.block_size
         assert bs is not None
@@ -274,11 +327,16 @@ class VllmDifferentialAttention(Engine):
             outs[pair] = self._generate(
                 pair, calls, meta, kernel, qs[gq], ks[gk], vs[gv], key_caches[gk], value_caches[gv], bs
             )
+        return KernelOutput(self.layer_output(outs, params, dt), None)
+
+    def layer_output(self, outs: dict[str, torch.Tensor], params: DiffParams, dtype: torch.dtype) -> torch.Tensor:
+        """The four calls' outputs combined: ``[attn11 | attn12] - lambda_full * [attn21 | attn22]``, ``subln``,
+        ``* (1 - lambda_init)``, heads merged back (the eager forward's and the captured graph's)."""
         attn1 = torch.cat([outs["attn11"], outs["attn12"]], dim=-1)
         attn2 = torch.cat([outs["attn21"], outs["attn22"]], dim=-1)
-        attn = self.combine(attn1, attn2, _lambda_full(params, dt))
+        attn = self.combine(attn1, attn2, _lambda_full(params, dtype))
         attn = self.scale_output(self.subln(attn, params.subln_weight), params.lambda_init)
-        return KernelOutput(_merge_heads(attn), None)
+        return _merge_heads(attn)
 
     def _generate(self, pair, calls, meta, kernel, q, k, v, k_cache, v_cache, bs) -> torch.Tensor:
         """``forward_generate_kv_cache``: prompts first (new keys, or the cache on a prefix hit), then decodes."""
@@ -309,6 +367,8 @@ class VllmDifferentialAttention(Engine):
             head_dim_v=2 * case.head_dim,
             kv_layout="contiguous",
             block_size=None,
+            graph=(),
+            graph_fill=0,
         )
 
     def _groups(self, inputs: CaseInputs, dtype: torch.dtype):

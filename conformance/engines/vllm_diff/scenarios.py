@@ -3,9 +3,11 @@ replays, two ``engines``-suite cases each (case ids come from this table: keep n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..base import Request
 
-__all__ = ["SCENARIOS"]
+__all__ = ["GRAPH_SCENARIOS", "INVARIANCE_SCENARIOS", "SCENARIOS", "GraphScenario"]
 
 #: scenario -> (requests, prompts first as V0 packs them; heads (H, Hk); block size; window)
 SCENARIOS: dict[str, tuple[tuple[Request, ...], tuple[int, int], int, tuple[int | None, int | None]]] = {
@@ -17,4 +19,66 @@ SCENARIOS: dict[str, tuple[tuple[Request, ...], tuple[int, int], int, tuple[int 
     "mixed": ((Request(30), Request(12), Request(1, cached=39), Request(1, cached=76)), (8, 8), 16, (None, None)),
     # per call 8 query heads on 2 kv heads; sliding window 48 (FA window (47, 0))
     "gqa": ((Request(70), Request(1, cached=90), Request(1, cached=20)), (16, 4), 16, (47, 0)),
+}
+
+#: invariance scenarios (:mod:`conformance.engines.invariance`): name -> (invariance kind, batch, heads, block size,
+#: window), request 0's rows through the whole layer compared bitwise, the batch the case's ``requests``.  V0 has
+#: no batch-invariant mode: a ``batch`` difference is reported, not failed.  Batches of one kind, so every variant
+#: keeps V0's prompts-first order; in ``inv_batch_prefill`` request 0 has no cached context, so alone it takes the
+#: contiguous prefill call and beside the prefix-cache hits the paged one.
+INVARIANCE_SCENARIOS: dict[
+    str, tuple[str, tuple[Request, ...], tuple[int, int], int, tuple[int | None, int | None]]
+] = {
+    "inv_run_mixed": (
+        "run",
+        (Request(30), Request(12), Request(1, cached=39), Request(1, cached=76)),
+        (8, 2),
+        16,
+        (None, None),
+    ),
+    "inv_batch_decode": ("batch", tuple(Request(1, cached=c) for c in (90, 49, 16, 128)), (8, 2), 32, (None, None)),
+    "inv_batch_prefill": (
+        "batch",
+        (Request(9), Request(24, cached=40), Request(16, cached=33)),
+        (8, 4),
+        16,
+        (None, None),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class GraphScenario:
+    """A CUDA-graph decode (:mod:`conformance.engines.vllm_diff.graph`): batches captured at a bucket (the first
+    batch's size), replayed in order; ``heads`` (H, Hk), the cache's ``block_size``, ``shared_kv`` the KV-sharing
+    layer (``forward_with_kv_cache_only``) instead of the KV-generating one."""
+
+    batches: tuple[tuple[Request, ...], ...]
+    heads: tuple[int, int]
+    block_size: int
+    shared_kv: bool = False
+
+    @property
+    def requests(self) -> tuple[Request, ...]:
+        return tuple(r for b in self.batches for r in b)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(len(b) for b in self.batches)
+
+
+def _d(*cached: int) -> tuple[Request, ...]:
+    return tuple(Request(new=1, cached=c) for c in cached)
+
+
+#: graph scenarios: capture at the bucket, then every smaller batch size (stale rows past them) and the bucket again,
+#: with sequences shorter and longer than the capture's; one case each (bf16, head_dim 64).
+GRAPH_SCENARIOS: dict[str, GraphScenario] = {
+    "graph_decode": GraphScenario(
+        (_d(33, 7, 90, 15), _d(120), _d(2, 64), _d(49, 1, 17), _d(70, 8, 111, 30)), (8, 2), 16
+    ),
+    # pages of 256 (FA2's paged decode takes only multiples of 256), sequences across a page boundary
+    "graph_decode_shared_kv": GraphScenario(
+        (_d(300, 20, 130), _d(470, 5), _d(90), _d(260, 3, 64)), (8, 4), 256, shared_kv=True
+    ),
 }

@@ -60,7 +60,17 @@ from ..calls import STALE, PagedKV, allocate_cache, blocks_needed, call_case, co
 from ..graph_call import graph_support
 from .graph import GRAPH_SCENARIOS, V0GraphRun, captured_call, check_graph_case, graph_case
 from .metadata import Seq, V0Metadata, build_metadata
-from .scenarios import CONFIGS, DECODER, ENCODER, ENCODER_DECODER, ENCODER_ONLY, SCENARIOS, Scenario
+from .scenarios import (
+    CONFIGS,
+    DECODER,
+    ENCODER,
+    ENCODER_DECODER,
+    ENCODER_ONLY,
+    INVARIANCE_SCENARIOS,
+    SCENARIOS,
+    Scenario,
+    invariance_batch,
+)
 
 __all__ = ["SCENARIOS", "Scenario", "VllmV0FlashAttention"]
 
@@ -90,7 +100,9 @@ class VllmV0FlashAttention(Engine):
 
     def cases(self) -> list[AttentionCase]:
         out = []
-        for scenario, scn in SCENARIOS.items():
+        inv = {name: kind for name, (kind, _) in INVARIANCE_SCENARIOS.items()}
+        tables = list(SCENARIOS.items()) + [(name, scn) for name, (_, scn) in INVARIANCE_SCENARIOS.items()]
+        for scenario, scn in tables:
             for (h, hk), d, dtype, bs in CONFIGS:
                 out.append(
                     AttentionCase(
@@ -108,6 +120,7 @@ class VllmV0FlashAttention(Engine):
                         descale="tensor" if scn.fp8 else None,
                         engine=self.name,
                         scenario=scenario,
+                        invariance=inv.get(scenario, ""),
                     )
                 )
         return out + [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
@@ -115,11 +128,16 @@ class VllmV0FlashAttention(Engine):
     def check(self, case: AttentionCase) -> None:
         if case.scenario in GRAPH_SCENARIOS:
             return check_graph_case(case, GRAPH_SCENARIOS[case.scenario])
-        if case.scenario not in SCENARIOS:
+        if case.scenario in INVARIANCE_SCENARIOS:  # the batch is the case's: one variant of the invariance
+            if any(not 1 <= q <= kv for q, kv in case.requests):
+                raise ValueError(f"requests: every request has 1 <= q_len <= kv_len, got {list(case.requests)}")
+            scn = invariance_batch(INVARIANCE_SCENARIOS[case.scenario][1], case.requests)
+        elif case.scenario not in SCENARIOS:
             raise ValueError(
                 f"scenario must be one of {sorted(SCENARIOS)} for engine {self.name}, got {case.scenario!r}"
             )
-        scn = SCENARIOS[case.scenario]
+        else:
+            scn = SCENARIOS[case.scenario]
         want = {
             "requests": scn.requests(),
             "causal": scn.attn_type == DECODER,
@@ -148,6 +166,8 @@ class VllmV0FlashAttention(Engine):
 
     def _scenario(self, case: AttentionCase) -> Scenario:
         self.check(case)
+        if case.scenario in INVARIANCE_SCENARIOS:
+            return invariance_batch(INVARIANCE_SCENARIOS[case.scenario][1], case.requests)
         return SCENARIOS[case.scenario]
 
     # ------------------------------------------------------------------ the engine's decisions (bugs go here)

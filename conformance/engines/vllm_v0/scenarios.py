@@ -4,7 +4,9 @@ keep names and fields stable).
 
 A :class:`Scenario` is one step's sequences (prompts and decodes, in the case's order), the layer's attention type
 (decoder, encoder, encoder-only, encoder-decoder cross) and the model's settings (sliding window ``w``, chunked
-prefill, ALiBi, fp8 cache).
+prefill, ALiBi, fp8 cache).  :data:`INVARIANCE_SCENARIOS` are the invariance checks
+(:mod:`conformance.engines.invariance`), in V0's only configuration (no batch-invariant mode: a ``batch``
+difference is reported, not failed).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ __all__ = [
     "ENCODER",
     "ENCODER_DECODER",
     "ENCODER_ONLY",
+    "INVARIANCE_SCENARIOS",
     "SCENARIOS",
     "Scenario",
+    "invariance_batch",
 ]
 
 DECODER, ENCODER, ENCODER_ONLY, ENCODER_DECODER = "decoder", "encoder", "encoder_only", "encoder_decoder"
@@ -91,3 +95,20 @@ SCENARIOS: dict[str, Scenario] = {
 #: (heads, kv heads), head dim, dtype, block size of the cases of each scenario (fp8 scenarios run in bf16, the
 #: only dtype the seed allows with fp8 scales).
 CONFIGS = (((8, 2), 64, "bf16", 16), ((4, 4), 128, "fp16", 256))
+
+#: name -> (invariance kind, step): request 0's rows through the whole step, compared bitwise
+#: (:mod:`conformance.engines.invariance`); the batch is the case's ``requests`` (:func:`invariance_batch`).
+INVARIANCE_SCENARIOS: dict[str, tuple[str, Scenario]] = {
+    "inv_run_mixed": ("run", Scenario((_d(1, 33), _p(24, 32), _d(1, 70), _p(10)), chunked_prefill=True)),
+    "inv_batch_decode": ("batch", Scenario((_d(1, 299), _d(1, 50), _d(1, 5), _d(1, 17)))),
+    "inv_batch_mixed": ("batch", Scenario((_d(1, 70), _p(24, 32), _d(1, 33), _p(10)), chunked_prefill=True)),
+    "inv_batch_prefix_prefill": ("batch", Scenario((_p(20, 48), _p(64, 16), _p(7), _p(9, 100)))),
+}
+
+
+def invariance_batch(scn: Scenario, requests: tuple[tuple[int, int], ...]) -> Scenario:
+    """An invariance scenario's step for the case's ``(q_len, kv_len)`` requests: a request of one new token after
+    cached ones is a decode, any other a prompt (chunk) after its cached tokens (the invariance scenarios hold no
+    speculative decodes)."""
+    seqs = tuple(Seq(Request(q, kv - q), prompt=q > 1 or kv == q) for q, kv in requests)
+    return Scenario(seqs, scn.attn_type, scn.sliding_window, scn.chunked_prefill, scn.alibi, scn.fp8)

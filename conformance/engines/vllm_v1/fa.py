@@ -54,6 +54,10 @@ prompt, see *cascade*).  What it follows in the seed, and what it checks:
   ships no int8 kernel).  In a decode-only step the fork fuses the cache write into the decode kernel
   (``save_key``/``save_value``/``save_key_scale``); the replay writes the same values just before the call.
 
+Invariance scenarios (:data:`~conformance.engines.vllm_v1.scenarios.INVARIANCE_SCENARIOS`) replay the case's batch;
+in batch-invariant mode every call takes ``num_splits = 1`` (the builder's ``max_num_splits = 1`` as upstream's
+forward passes it; the fork's eager calls pass no split count, so there the mode does not reach the kernel).
+
 Not replayed (see :meth:`VllmV1FlashAttention.check`): fp8 caches (the fork's prefill/decode calls pass no
 descales), ALiBi (the fork's ``sqrt_alibi`` variant), chunked local attention; cascade with int8 or DCP with int8
 (the fork's cascade/DCP paths read ``key_cache``, which the int8 branches never bind); DCP with sinks, windows or
@@ -91,7 +95,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.cases.quant_inputs import QuantTensors
 
-from ..base import Call, Kernel, call_inputs
+from ..base import Call, Kernel, Request, call_inputs
 from ..calls import PagedKV, call_case, contiguous_call, cu_seqlens, paged_call
 from ..graph_call import graph_support
 from ..merge import merge_attn_states
@@ -103,7 +107,7 @@ from .runner import (
     VllmV1Runner,
     kernel_block_size,
 )
-from .scenarios import SCENARIOS, Scenario
+from .scenarios import INVARIANCE_SCENARIOS, SCENARIOS, Scenario, invariance_cases
 
 __all__ = ["VllmV1FlashAttention"]
 
@@ -120,14 +124,21 @@ class VllmV1FlashAttention(VllmV1Runner):
 
     # ------------------------------------------------------------------ cases and checks
     def cases(self) -> list[AttentionCase]:
-        return [
-            AttentionCase(
-                requests=tuple((r.new, r.kv) for r in sc.requests), engine=self.name, scenario=name, **sc.layer
-            )
-            for name, sc in SCENARIOS.items()
-        ] + [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
+        return (
+            [
+                AttentionCase(
+                    requests=tuple((r.new, r.kv) for r in sc.requests), engine=self.name, scenario=name, **sc.layer
+                )
+                for name, sc in SCENARIOS.items()
+            ]
+            + [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
+            + invariance_cases(self.name)
+        )
 
     def scenario(self, case: AttentionCase) -> Scenario:
+        if case.scenario in INVARIANCE_SCENARIOS:  # the batch is the case's: one variant of the invariance
+            sc = INVARIANCE_SCENARIOS[case.scenario][1]
+            return dataclasses.replace(sc, requests=tuple(Request(new=q, cached=kv - q) for q, kv in case.requests))
         if case.scenario not in SCENARIOS:
             raise ValueError(
                 f"scenario must be one of {sorted(SCENARIOS)} for engine {self.name}, got {case.scenario!r}"
@@ -142,6 +153,13 @@ class VllmV1FlashAttention(VllmV1Runner):
         if case.requests != want:
             raise ValueError(f"requests must be scenario {case.scenario!r}'s {list(want)}, got {list(case.requests)}")
         problems = []
+        if any(r.new < 1 or r.cached < 0 for r in sc.requests):
+            problems.append("every request computes new tokens after its cached ones (1 <= q_len <= kv_len)")
+        if case.num_splits != (1 if sc.batch_invariant else None):
+            problems.append(
+                f"num_splits must be {1 if sc.batch_invariant else None} (batch-invariant mode: "
+                f"{sc.batch_invariant}), got {case.num_splits}"
+            )
         if sc.encoder:
             if case.causal or case.paged:
                 problems.append("encoder attention is bidirectional (causal=False) over contiguous q/k/v")
@@ -152,8 +170,8 @@ class VllmV1FlashAttention(VllmV1Runner):
                 problems.append("the fork's decoder calls are causal (hard-coded causal=True) over a paged cache")
             if case.paged and case.block_size % 16:
                 problems.append(f"block_size must be a multiple of 16 (get_kv_cache_shape), got {case.block_size}")
-        if case.dv != case.head_dim or case.qv or case.v_padded or case.append or case.num_splits is not None:
-            problems.append("K and V share one cache tensor (head_dim_v == head_dim); no qv, V padding, append, splits")
+        if case.dv != case.head_dim or case.qv or case.v_padded or case.append:
+            problems.append("K and V share one cache tensor (head_dim_v == head_dim); no qv, V padding or append")
         if case.quant_family == "fp8":
             problems.append("fp8: the fork's prefill/decode calls pass no q/k/v descales (scales read as 1)")
         if case.alibi or case.chunk is not None:

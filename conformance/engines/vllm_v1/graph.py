@@ -47,11 +47,11 @@ from attnfast.base import KernelOutput
 from attnref import write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.graphs.captured import CapturedCall
 from conformance.graphs.composed import ComposedRun
 
 from ..base import Request
 from ..calls import STALE, call_case
-from ..graph_call import CapturedCall
 from .graph_builder import GraphMetadata, V1GraphBuilder, graph_scheduler, host_scheduler_metadata
 from .metadata import cdiv
 from .runner import allocate_kv_cache
@@ -219,45 +219,32 @@ class V1GraphRun(ComposedRun):
             groups.append(list(range(start, start + n)))
             start += n
         captured: CapturedCall | None = None
-        outs, lses, replays, captured_splits = [], [], [], 0
+        outs, lses, captured_splits = [], [], 0
         for i, group in enumerate(groups):
             self.write_batch(group)
             meta = self.build(builder, len(group))
             if captured is None:
                 captured_splits = meta.max_num_splits
-                captured = CapturedCall(self.backend, self.device, self.call, self.buffers, self.notes)
-            self._check(i, group, builder, meta, captured_splits)
-            live = [(self.q_len, self.case.kv_lens[r]) for r in group]
-            got, same, plain = captured.replay(live)
-            if not same.equal:
-                self.problems.append(
-                    f"graph: replay {i} ({len(group)} requests) differs from the same call run eagerly on the same "
-                    f"buffers: {same.describe()}"
+                captured = CapturedCall.kernel(
+                    self.backend, self.device, self.call, self.buffers, self.notes, self.problems
                 )
-            replays.append(
-                {
-                    "requests": len(group),
-                    "max_num_splits": meta.max_num_splits,
-                    "scheduled_splits": meta.scheduled_splits,
-                    "metadata_entries": None if meta.scheduler_metadata is None else meta.scheduler_metadata.numel(),
-                    "vs_eager": same.to_json(),
-                    "vs_plain": plain.to_json(),
-                }
+            self._check(i, group, builder, meta, captured_splits)
+            got, _, _ = captured.replay([(self.q_len, self.case.kv_lens[r]) for r in group])
+            captured.replays[-1].update(
+                max_num_splits=meta.max_num_splits,
+                scheduled_splits=meta.scheduled_splits,
+                metadata_entries=None if meta.scheduler_metadata is None else meta.scheduler_metadata.numel(),
             )
             outs.append(got.out)
             if got.lse is not None:
                 lses.append(got.lse)
-        self.extra["graph"] = {
-            "captured": bool(captured and captured.captured),
-            "bucket": {"batch": self.bucket, "q_len": self.q_len, "width": self.width, "fill": 0},
-            "scheduler_metadata_entries": None
-            if builder.scheduler_metadata is None
-            else builder.scheduler_metadata.numel(),
-            "captured_num_splits": captured_splits,
-            "replays": replays,
-            "graph_vs_eager_kept": all(r["vs_plain"]["equal"] for r in replays),
-            "promised": False,  # the engine's call pins no single split (see the module docstring)
-        }
+        assert captured is not None
+        entries = None if builder.scheduler_metadata is None else builder.scheduler_metadata.numel()
+        self.extra["graph"] = captured.summary(  # the engine's call pins no single split (the module docstring)
+            {"batch": self.bucket, "q_len": self.q_len, "width": self.width, "fill": 0},
+            scheduler_metadata_entries=entries,
+            captured_num_splits=captured_splits,
+        )
         lse = torch.cat(lses, dim=1) if len(lses) == len(outs) else None
         return KernelOutput(torch.cat(outs), lse)
 

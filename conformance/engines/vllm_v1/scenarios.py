@@ -16,9 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.cases.case import AttentionCase
+
 from ..base import Request
 
-__all__ = ["SCENARIOS", "Scenario"]
+__all__ = ["INVARIANCE_SCENARIOS", "SCENARIOS", "Scenario", "invariance_cases"]
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,10 @@ class Scenario:
     is the block manager's block size when it differs from the kernel's (``case.block_size``); ``dcp`` and
     ``interleave`` are the DCP world size and ``cp_kv_cache_interleave_size``; ``kernel_cp`` runs DCP through the
     kernel's ``cp_world_size`` / ``cp_rank`` / ``cp_tot_seqused_k`` (one call per rank; the kernel's shard rule is
-    interleave 1, so ``interleave`` must be 1); ``cascade`` is what the heuristic decides (asserted by the tests).
+    interleave 1, so ``interleave`` must be 1); ``cascade`` is what the heuristic decides (asserted by the tests);
+    ``batch_invariant`` is vLLM's batch-invariant mode (``vllm_is_batch_invariant()``: the builder's
+    ``max_num_splits = 1``, which upstream's forward passes as every call's ``num_splits``; the case's
+    ``num_splits`` is 1).
     """
 
     requests: tuple[Request, ...]
@@ -46,6 +51,7 @@ class Scenario:
     encoder: bool = False
     cascade: bool = False
     kernel_cp: bool = False
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.kernel_cp and (self.dcp < 2 or self.interleave != 1):
@@ -139,3 +145,34 @@ SCENARIOS: dict[str, Scenario] = {
     "int8_t2_mixed": Scenario(_r((1, 44), (25, 0), (1, 99), (9, 61)), _layer("HND", 32, quant="int8_t2")),
     "int8_t1_decode": Scenario(_r((1, 79), (1, 129), (1, 11)), _layer("HND", 64, dtype="fp16", quant="int8_t1")),
 }
+
+#: decodes after a prefill in the caller's order, request 0 a decode (the reorder keeps it first among decodes).
+_INV_MIXED = _r((1, 69), (40, 0), (24, 50), (1, 32), (17, 0))
+_INV_DECODE = _r((1, 299), (1, 64), (1, 127), (1, 15), (1, 1))
+
+#: name -> (invariance kind, scenario): request 0's rows through the whole step, compared bitwise
+#: (:mod:`conformance.engines.invariance`); the batch is the case's ``requests`` (each variant a step of its own).
+#: With ``batch_invariant`` a ``batch`` difference fails (the mode's promise) on a kernel that takes a split count.
+INVARIANCE_SCENARIOS: dict[str, tuple[str, Scenario]] = {
+    "inv_run_mixed": ("run", Scenario(_INV_MIXED, _layer("HND", 16))),
+    "inv_batch_decode": ("batch", Scenario(_INV_DECODE, _layer("HND", 16))),
+    "inv_batch_mixed": ("batch", Scenario(_INV_MIXED, _layer("NHD", 16))),
+    "inv_batch_invariant_decode": ("batch", Scenario(_INV_DECODE, _layer("HND", 16), batch_invariant=True)),
+    "inv_batch_invariant_mixed": ("batch", Scenario(_INV_MIXED, _layer("NHD", 16), batch_invariant=True)),
+    "inv_run_batch_invariant": ("run", Scenario(_INV_MIXED, _layer("HND", 16), batch_invariant=True)),
+}
+
+
+def invariance_cases(engine: str) -> list[AttentionCase]:
+    """The invariance scenarios' ``engines``-suite cases (``num_splits = 1`` in batch-invariant mode)."""
+    return [
+        AttentionCase(
+            requests=tuple((r.new, r.kv) for r in sc.requests),
+            engine=engine,
+            scenario=name,
+            invariance=kind,
+            num_splits=1 if sc.batch_invariant else None,
+            **sc.layer,
+        )
+        for name, (kind, sc) in INVARIANCE_SCENARIOS.items()
+    ]

@@ -41,7 +41,7 @@ from conformance.verdict.check import check_backend, prepare_context
 from tests.conformance.engines.recorder import Recorder, engine_verdict
 
 ENGINE = SGLangFlashAttention()
-CASES = {c.scenario: c for c in ENGINE.cases() if not c.graph}  # the graph scenarios: test_sglang_graph.py
+CASES = {c.scenario: c for c in ENGINE.cases() if not c.graph and not c.invariance}  # graph, invariance: own tests
 FINDING_CASES = {name: ENGINE._case(name, sc) for name, sc in FINDINGS.items()}
 #: (scenario, backend) -> the feature the CPU adapter refuses (the other CPU backend passes it).
 CPU_REFUSALS = {("sliding_window_decode", "sdpa-cpu"): "softcap: SDPA has no score modifier"}
@@ -65,7 +65,7 @@ def _verdict(case: AttentionCase, engine: SGLangFlashAttention, monkeypatch, bac
 # ------------------------------------------------------------------ scenarios on the CPU backends
 def test_scenarios_are_engine_cases_in_the_engines_suite():
     assert set(CASES) == set(SCENARIOS) and not set(CASES) & set(FINDINGS)
-    suite_ids = {c.id for c in get_suite("engines") if c.engine == "sglang_fa" and not c.graph}
+    suite_ids = {c.id for c in get_suite("engines") if c.engine == "sglang_fa" and not c.graph and not c.invariance}
     assert suite_ids == {c.id for c in CASES.values()}
     for case in CASES.values():
         again = AttentionCase.from_json(json.loads(json.dumps(case.to_json())))

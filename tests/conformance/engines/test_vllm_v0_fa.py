@@ -30,7 +30,7 @@ from conformance.verdict.check import check_backend, prepare_context
 from tests.conformance.engines.recorder import Recorder, engine_verdict
 
 ENGINE = VllmV0FlashAttention()
-CASES = [c for c in ENGINE.cases() if not c.graph]  # graph scenarios: test_vllm_v0_graph.py
+CASES = [c for c in ENGINE.cases() if not c.graph and not c.invariance]  # graph, invariance: their own tests
 FIRST = {c.scenario: c for c in reversed(CASES)}  # the first config (GQA 8/2, d64, bf16, block 16) of each
 _CONTEXTS: dict[str, object] = {}
 

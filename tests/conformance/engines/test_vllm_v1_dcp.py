@@ -32,7 +32,7 @@ from conformance.verdict.check import prepare_context
 from tests.conformance.engines.recorder import engine_verdict
 
 ENGINE = VllmV1FlashAttention()
-DCP = [c for c in ENGINE.cases() if not c.graph and SCENARIOS[c.scenario].dcp > 1]
+DCP = [c for c in ENGINE.cases() if c.scenario in SCENARIOS and SCENARIOS[c.scenario].dcp > 1]
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -31,7 +31,7 @@ from conformance.verdict.tolerance import resolve
 from tests.conformance.engines.recorder import Recorder, engine_verdict
 
 ENGINE = VllmV1FlashAttention()
-KCP = {c.scenario: c for c in ENGINE.cases() if not c.graph and SCENARIOS[c.scenario].kernel_cp}
+KCP = {c.scenario: c for c in ENGINE.cases() if c.scenario in SCENARIOS and SCENARIOS[c.scenario].kernel_cp}
 
 
 @pytest.fixture(autouse=True, scope="module")

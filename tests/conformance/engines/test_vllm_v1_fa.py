@@ -39,7 +39,7 @@ from conformance.verdict.check import CaseContext, check_backend, prepare_contex
 from tests.conformance.engines.recorder import Recorder, engine_verdict
 
 ENGINE = VllmV1FlashAttention()
-CASES = {c.scenario: c for c in ENGINE.cases() if not c.graph}  # graph scenarios: test_vllm_v1_graph.py
+CASES = {c.scenario: c for c in ENGINE.cases() if not c.graph and not c.invariance}  # graph, invariance: own tests
 
 
 @pytest.fixture(autouse=True, scope="module")
