@@ -24,6 +24,9 @@ adapter converted an argument to; the check copies them into the record's ``extr
 ``prepare_graph(case, inputs)`` (adapters declaring the opt-in ``graph``): the call CUDA-graph mode captures
 once and replays for every batch of a bucket, reading the batch from the bucket's static buffers.
 
+``prepare_backward(case, inputs)`` (adapters declaring the opt-in ``backward``): the forward and backward of a
+training call, returning the gradients (:class:`GradOutput`).
+
 ``compile_key(case)`` (optional) names the kernel a JIT backend compiles for the case (FA4: one per
 dtype, head dims, mask kind, paged loader, ...), so a parallel run keeps cases of one kernel on one
 worker instead of compiling it in each.
@@ -34,14 +37,14 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 
 from conformance.cases.case import FEATURES, OPT_IN_FEATURES, AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-__all__ = ["Support", "KernelOutput", "Backend", "OK", "NOT_DECLARED", "refuse_features"]
+__all__ = ["Support", "KernelOutput", "GradOutput", "BackwardCall", "Backend", "OK", "NOT_DECLARED", "refuse_features"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,33 @@ NOT_DECLARED = "not declared by this adapter (an opt-in feature: list it in Back
 class KernelOutput:
     out: torch.Tensor
     lse: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class GradOutput:
+    """What a backward call returns: the forward's ``out``/``lse`` (as :class:`KernelOutput`) and the gradients of
+    ``sum(out * dout)`` in the inputs' varlen layouts: ``dq (total_q, h, d)``, ``dk (total_k, hk, d)``,
+    ``dv (total_k, hk, dv)`` (any float dtype), ``dsinks (h,)`` when the case has sinks and the kernel learns them
+    (None otherwise)."""
+
+    out: torch.Tensor
+    lse: torch.Tensor | None
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    dsinks: torch.Tensor | None = None
+
+
+class BackwardCall(Protocol):
+    """The callable :meth:`Backend.prepare_backward` returns.
+
+    Calling it runs the forward and the backward kernels and returns a :class:`GradOutput`; ``backward_only``
+    (None when the kernel cannot rerun its backward alone) reruns only the backward of the last forward, with the
+    same ``dout``, for timing.  Like ``prepare``'s callable it is idempotent and may carry ``notes``."""
+
+    backward_only: Callable[[], GradOutput] | None
+
+    def __call__(self) -> GradOutput: ...
 
 
 def refuse_features(case: AttentionCase, refused: dict[str, str]) -> Support:
@@ -138,6 +168,15 @@ class Backend(abc.ABC):
         scheduler metadata, written into a buffer the call reads).  Adapters that declare ``graph`` in
         ``accepts`` override this."""
         raise NotImplementedError(f"{self.name} has no graph mode (it does not declare 'graph')")
+
+    def prepare_backward(self, case: AttentionCase, inputs: CaseInputs) -> BackwardCall:
+        """The training call of a backward case (the opt-in feature ``backward``; :mod:`conformance.backward`).
+
+        ``inputs`` holds q, k, v (varlen, contiguous keys) and the upstream gradient ``inputs.dout``; the callable
+        runs the kernel's forward then its backward for ``sum(out * dout)`` and returns a :class:`GradOutput`
+        (see :class:`BackwardCall`).  With ``case.deterministic`` (the opt-in ``bwd_deterministic``) it passes the
+        kernel's deterministic option.  Adapters that declare ``backward`` in ``accepts`` override this."""
+        raise NotImplementedError(f"{self.name} has no backward (it does not declare 'backward')")
 
     def compile_key(self, case: AttentionCase) -> Hashable | None:
         """What the kernel JIT-compiles once per process for ``case``: cases with equal keys run one compiled

@@ -30,6 +30,12 @@ window as a user would; the check reports the mismatch and ``ledgers/fa2.toml`` 
 
 Paged + ``num_splits > 1`` runs through ``flash_attn_with_kvcache``: only ``varlen_fwd`` rejects it
 (``flash_api.cpp`` 2.8.3, "num_splits > 1 is not supported for varlen paged KV").
+
+Backward (``prepare_backward``, :mod:`attnfast.autograd`): ``flash_attn_varlen_func`` on leaf q/k/v through its
+``autograd.Function`` (``FlashAttnVarlenFunc``, 2.8.3), with the forward's scale, causal flag, window, soft-cap and
+ALiBi slopes, and ``deterministic=case.deterministic`` (``mha_varlen_bwd`` then gives each split its own dQ
+accumulator instead of atomic adds).  Every backward case takes this entry point, decode shapes included (the kvcache
+entry point has no backward).  The LSE gets the same ALiBi and ``+inf`` corrections as the forward's.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from ._fa_common import (
     prepare_padded_v,
     uniform_q_len,
 )
+from .autograd import AutogradBackward, grad_leaves
 from .base import OK, Backend, KernelOutput, Support, package_version
 
 __all__ = ["FA2Backend", "fa2_entry", "fa2_plan", "MAX_DECODE_Q_LEN", "PAGE_MULTIPLE", "MAX_HEAD_DIM"]
@@ -89,7 +96,7 @@ def _shape_support(case: AttentionCase) -> Support:
             f"block size {case.block_size}: FA2 paged KV needs a block size divisible by {PAGE_MULTIPLE}",
         )
     q_len = uniform_q_len(case)
-    if fa2_entry(case) == KVCACHE and (q_len is None or q_len < 1):
+    if not case.backward and fa2_entry(case) == KVCACHE and (q_len is None or q_len < 1):  # backward: varlen
         why = "append" if case.append else f"num_splits={case.num_splits}"
         return Support(
             False,
@@ -191,8 +198,9 @@ class FA2Backend(Backend):
         "dv": "FA2 needs the value head dim equal to the qk head dim",
         "hnd": "FA2 reads NHD pages (num_blocks, block_size, hk, d) only",
     }
-    #: seed 004's path for FA2: V zero-padded to the qk head dim, output stripped.
-    accepts = frozenset({"v_pad", "graph"})
+    #: seed 004's path for FA2: V zero-padded to the qk head dim, output stripped; the backward of
+    #: flash_attn_varlen_func and its ``deterministic`` argument.
+    accepts = frozenset({"v_pad", "graph", "backward", "bwd_deterministic"})
 
     def version(self) -> str:
         return package_version("flash-attn", "flash_attn")
@@ -225,3 +233,32 @@ class FA2Backend(Backend):
         call = fa2_plan(case, inputs)
         live = {"cache_seqlens": inputs.seqlens_k} if call.entry == KVCACHE else {}
         return GraphKernel(getattr(flash_attn, call.entry.rsplit(".", 1)[1]), call, live)
+
+    def prepare_backward(self, case: AttentionCase, inputs: CaseInputs) -> AutogradBackward:
+        """``flash_attn_varlen_func`` through autograd on leaf q/k/v (see the module docstring)."""
+        import flash_attn
+
+        window = fa2_window(case)
+        max_k = max(case.kv_lens)
+        shift, notes = fa2_alibi_fix(case, inputs, window, max_k)
+        kwargs = dict(
+            cu_seqlens_q=inputs.cu_seqlens_q,
+            cu_seqlens_k=inputs.cu_seqlens_k,
+            max_seqlen_q=max(case.q_lens),
+            max_seqlen_k=max_k,
+            dropout_p=0.0,
+            softmax_scale=case.scale,
+            causal=case.causal,
+            window_size=window,
+            softcap=case.softcap or 0.0,
+            alibi_slopes=inputs.alibi_slopes,
+            deterministic=case.deterministic,
+            return_attn_probs=True,  # (out, lse, S); S is not materialised without dropout
+        )
+
+        def forward(leaves: Any) -> tuple[Any, Any]:
+            out, lse, _ = flash_attn.flash_attn_varlen_func(leaves.q, leaves.k, leaves.v, **kwargs)
+            lse = lse_posinf_to_neginf(lse.detach())
+            return out, lse if shift is None else lse - shift
+
+        return AutogradBackward(forward, grad_leaves(inputs), inputs.dout, notes=notes)

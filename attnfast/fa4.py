@@ -24,6 +24,17 @@ d, dv <= 128, (192, 128) or (256, 256).  sm_80 and sm_120 have no paged KV and n
 sm_90 a page size other than FA4's key tile (:func:`fa4_sm90_tile_n`) takes the non-TMA paged
 loader, which asserts "Paged KV does not support irregular head dim" when a head dim is not a
 multiple of 16 (measured on the H100: d40 with pages 1/16/32/64/256; page 128 = tile_n runs).
+
+Backward (``prepare_backward``, :mod:`attnfast.autograd`): ``flash_attn_varlen_func`` through its
+``FlashAttnVarlenFunc`` autograd rule on leaf q/k/v (and the fp32 ``learnable_sink`` as a leaf, so d(sinks) is the
+kernel's ``dsink``), ``deterministic=case.deterministic`` (semaphore-ordered dQ/dK/dV accumulation), ``softcap`` 0.0
+when off (the backward builds a soft-cap score_mod for any value ``!= 0.0``, so ``None`` would reach it; SEMANTICS
+section 12 saw a compile error with ``softcap=None``).  What ``_flash_attn_bwd`` refuses (``flash_attn/cute/
+interface.py`` and ``flash_bwd_sm90.py`` at the fa4-v4.0.0.beta27 tag, 2026-08-15, the newest source in reach; the
+installed 4.0.0b36 is later): no backward on sm_8x ("Unsupported compute capability. Supported: 9.x, 10.x, 11.x,
+12.x"); sm_90 GQA needs ``d == dv`` ("GQA backward requires head_dim == head_dim_v"); sm_12x has no deterministic,
+score_mod (soft-cap) or learnable-sink backward; SM100/110 at (256, 256) has no soft-cap or sink backward.
+:func:`fa4_backward_support` mirrors those asserts.
 """
 
 from __future__ import annotations
@@ -42,9 +53,17 @@ from ._fa_common import (
     fa4_window,
     prepare_padded_v,
 )
+from .autograd import AutogradBackward, grad_leaves
 from .base import OK, Backend, KernelOutput, Support, package_version
 
-__all__ = ["FA4Backend", "fa4_plan", "fa4_shape_support", "fa4_sm90_local", "fa4_sm90_tile_n"]
+__all__ = [
+    "FA4Backend",
+    "fa4_backward_support",
+    "fa4_plan",
+    "fa4_shape_support",
+    "fa4_sm90_local",
+    "fa4_sm90_tile_n",
+]
 
 ENTRY = "flash_attn.cute.flash_attn_varlen_func"
 SM90_DV_PAIRS = {(192, 128)}
@@ -119,6 +138,42 @@ def fa4_shape_support(case: AttentionCase, cc: tuple[int, int]) -> Support:
     return OK
 
 
+_BWD_SOURCE = "FA4's _flash_attn_bwd (flash_attn/cute/interface.py, fa4-v4.0.0.beta27)"
+
+
+def fa4_backward_support(case: AttentionCase, cc: tuple[int, int]) -> Support:
+    """What FA4's backward refuses for ``case`` on compute capability ``cc``, from the asserts of its source (see the
+    module docstring); the forward's limits (:func:`fa4_shape_support`) apply too."""
+    major = cc[0]
+    arch = f"sm_{major}{cc[1]}"
+    d, dv = case.head_dim, case.dv
+    if major not in (9, 10, 11, 12):
+        return Support(False, f"backward: {_BWD_SOURCE} asserts 'Supported: 9.x, 10.x, 11.x, 12.x', this is {arch}")
+    if major == 9 and case.num_heads != case.num_kv_heads and d != dv:
+        return Support(
+            False,
+            f"backward, head dims ({d}, {dv}) with GQA: FA4's sm_90 backward asserts 'GQA backward requires head_dim "
+            "== head_dim_v' (flash_attn/cute/flash_bwd_sm90.py, fa4-v4.0.0.beta27)",
+        )
+    if major == 12:
+        for on, what in ((case.deterministic, "deterministic"), (case.softcap, "score_mod (soft-cap)")):
+            if on:
+                return Support(False, f"backward: {_BWD_SOURCE} has no {what} backward on {arch}")
+        if case.sinks:
+            return Support(
+                False,
+                f"backward: {_BWD_SOURCE}: 'Learnable sink backward is supported on SM90 and "
+                f"SM100/SM110', this is {arch}",
+            )
+    if major in (10, 11) and (d, dv) == (256, 256) and (case.softcap or case.sinks):
+        return Support(
+            False,
+            f"backward at head dims (256, 256) on {arch}: {_BWD_SOURCE}'s dedicated kernel has no soft-cap or "
+            "learnable-sink backward",
+        )
+    return OK
+
+
 def fa4_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
     """The FA4 call for ``case`` with every tensor converted (no kernel import, no kernel run)."""
     kwargs: dict[str, Any] = dict(
@@ -170,8 +225,9 @@ class FA4Backend(Backend):
         "append": "FA4 has no kvcache entry point that writes new keys into the cache",
         "fp32": "FA4 takes fp16 and bf16 inputs (fp8 on SM100 only)",
     }
-    #: seed 004's padded-V path (vLLM pads V for kernels without its head-dim pair).
-    accepts = frozenset({"v_pad", "graph"})
+    #: seed 004's padded-V path (vLLM pads V for kernels without its head-dim pair); the backward of
+    #: flash_attn_varlen_func and its ``deterministic`` argument.
+    accepts = frozenset({"v_pad", "graph", "backward", "bwd_deterministic"})
 
     def version(self) -> str:
         return package_version("flash-attn-4")
@@ -188,7 +244,10 @@ class FA4Backend(Backend):
         if not base:
             return base
         cc = compute_capability(device)
-        return OK if cc is None else fa4_shape_support(case.padded_v_call(), cc)
+        if cc is None:
+            return OK
+        shape = fa4_shape_support(case.padded_v_call(), cc)
+        return fa4_backward_support(case, cc) if shape and case.backward else shape
 
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
         if case.v_padded:
@@ -202,6 +261,29 @@ class FA4Backend(Backend):
         from flash_attn.cute import flash_attn_varlen_func
 
         return GraphKernel(flash_attn_varlen_func, fa4_plan(case, inputs), {"seqused_k": inputs.seqlens_k})
+
+    def prepare_backward(self, case: AttentionCase, inputs: CaseInputs) -> AutogradBackward:
+        """``flash_attn_varlen_func`` through autograd on leaf q/k/v and sinks (see the module docstring)."""
+        from flash_attn.cute import flash_attn_varlen_func
+
+        kwargs: dict[str, Any] = dict(
+            cu_seqlens_q=inputs.cu_seqlens_q,
+            cu_seqlens_k=inputs.cu_seqlens_k,
+            max_seqlen_q=max(case.q_lens),
+            max_seqlen_k=max(case.kv_lens),
+            softmax_scale=case.scale,
+            causal=case.causal,
+            window_size=fa4_window(case),
+            softcap=case.softcap or 0.0,
+            deterministic=case.deterministic,
+            return_lse=True,
+        )
+
+        def forward(leaves: Any) -> tuple[Any, Any]:
+            out, lse = flash_attn_varlen_func(leaves.q, leaves.k, leaves.v, learnable_sink=leaves.sinks, **kwargs)
+            return out, None if lse is None else lse.detach().float()
+
+        return AutogradBackward(forward, grad_leaves(inputs, learn_sinks=case.sinks), inputs.dout)
 
     def compile_key(self, case: AttentionCase) -> tuple[Any, ...]:
         """FA4's forward compile key for ``case``, approximated from the case (:func:`fa4_compile_key`)."""

@@ -26,6 +26,10 @@ C++ kernel (14 s for the first shape, about 2.5 s per new shape) but refuses the
 "LoweringException: NotImplementedError: torch.compile on CPU only supports inference and
 `return_lse` is not supported yet."  The adapter trades the fused CPU kernel for the LSE check.
 To bound the materialised scores, long requests are split into query tiles (``max_score_elems``).
+
+No backward: ``flex_attention`` refuses any CPU input that requires grad ("FlexAttention does not support backward
+on CPU", ``_validate_device`` in ``torch/nn/attention/flex_attention.py``, torch 2.13), so ``backward`` and
+``bwd_deterministic`` are refused with that reason rather than rebuilt from other ops (that would test those ops).
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ __all__ = ["FlexCpuBackend", "make_mask_mod", "make_score_mod"]
 
 #: eager flex warns on every call that it is not compiled; that is the choice documented above.
 _EAGER_WARNING = r"flex_attention called without torch.compile"
+#: measured on torch 2.13 (CPU): flex_attention's _validate_device raises NotImplementedError with this message.
+_NO_BACKWARD = (
+    "torch's flex_attention raises 'FlexAttention does not support backward on CPU' for inputs that require grad "
+    "(flex_attention._validate_device, torch 2.13)"
+)
 
 
 def make_mask_mod(
@@ -152,7 +161,10 @@ class FlexCpuBackend(Backend):
     description: ClassVar[str] = (
         "torch flex_attention on CPU (eager); mask_mod/score_mod per request; sinks as an extra key"
     )
-    refused: ClassVar[dict[str, str]] = {}
+    refused: ClassVar[dict[str, str]] = {
+        "backward": _NO_BACKWARD,
+        "bwd_deterministic": _NO_BACKWARD,
+    }
     #: quantized inputs are dequantized and MLA's qv concatenated in ``_torch_common.sequences``; context
     #: parallel (``cp``) is a rule of the ``mask_mod``.
     accepts: ClassVar[frozenset[str]] = frozenset(

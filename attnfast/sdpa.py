@@ -23,6 +23,9 @@ The translation, per request (one SDPA call each, ``(1, h, sq, d)`` views of the
 memory-efficient, cuDNN), so a fall-back to math raises instead of passing silently; which fused
 backend can take which call is :func:`plan_cuda_call`, a pure function tested on CPU, from
 limits measured on an H200 with torch 2.11.0+cu130 (see ``FUSED_LIMITS``).
+
+Backward: through autograd over the same per-request calls (:mod:`attnfast.sdpa_backward`); a deterministic case
+under ``torch.use_deterministic_algorithms(True)``, which takes cuDNN out of the CUDA plan.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from ._torch_common import (
     with_sink_column,
 )
 from .base import OK, Backend, KernelOutput, Support
+from .sdpa_backward import sdpa_backward
 
 __all__ = [
     "FUSED_LIMITS",
@@ -64,6 +68,10 @@ __all__ = [
 ]
 
 _SOFTCAP = "SDPA has no score modifier"
+_CUDNN_NONDET = (
+    "cuDNN SDPA is not deterministic: under torch.use_deterministic_algorithms(True) torch does not select it "
+    "(sdp_utils.cpp, check_cudnn_deterministic)"
+)
 
 
 @dataclass(frozen=True)
@@ -228,7 +236,10 @@ class _SdpaBase(Backend):
     #: parallel (``cp``) is the mask of ``_torch_common.visibility``.
     accepts: ClassVar[frozenset[str]] = frozenset(
         {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "cp"}
+        | {"backward", "bwd_deterministic"}  # attnfast.sdpa_backward
     )
+    #: whether the backward learns the sinks (an fp32, unshifted sink column: sdpa-cpu)
+    _learns_sinks: ClassVar[bool] = False
 
     def version(self) -> str:
         return torch.__version__
@@ -292,6 +303,10 @@ class _SdpaBase(Backend):
         )
         return call, lse
 
+    def prepare_backward(self, case: AttentionCase, inputs: CaseInputs) -> Any:
+        """SDPA through autograd, request by request (:func:`attnfast.sdpa_backward.sdpa_backward`)."""
+        return sdpa_backward(self, case, inputs, learn_sinks=self._learns_sinks)
+
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
         from torch.nn.attention import sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -329,6 +344,7 @@ class SdpaCpuBackend(_SdpaBase):
     description: ClassVar[str] = "torch SDPA, MATH backend on CPU; per request, explicit mask; LSE derived in fp32"
     #: graph mode on CPU: the buffer logic with eager "replays" (:func:`attnfast._torch_common.host_graph_call`).
     accepts: ClassVar[frozenset[str]] = _SdpaBase.accepts | {"graph"}
+    _learns_sinks: ClassVar[bool] = True
 
     def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
         return host_graph_call(self.prepare, case, inputs)
@@ -381,7 +397,12 @@ class SdpaCudaBackend(_SdpaBase):
         return OK
 
     def _plan(self, case: AttentionCase, sq: int, sk: int) -> SdpaCall | Support:
-        return plan_cuda_call(case, sq, sk, self.sdpa_backends)
+        allowed = self.sdpa_backends
+        if case.deterministic:  # torch's sdp_utils.cpp check_cudnn_deterministic: cuDNN is then not eligible
+            allowed = tuple(b for b in allowed if b != "CUDNN_ATTENTION")
+            if not allowed:
+                return Support(False, f"bwd_deterministic: {_CUDNN_NONDET}")
+        return plan_cuda_call(case, sq, sk, allowed)
 
     def _bias_dtype(self, case: AttentionCase) -> torch.dtype:
         # The efficient kernel rejects a bias of another dtype ("invalid dtype for bias - should
@@ -421,4 +442,8 @@ class SdpaCudaCudnnBackend(SdpaCudaBackend):
 
     name: ClassVar[str] = "sdpa-cuda-cudnn"
     default_backends: ClassVar[tuple[str, ...]] = ("CUDNN_ATTENTION",)
-    refused: ClassVar[dict[str, str]] = {"softcap": _SOFTCAP, "fp32": "SDPA's cuDNN backend has no fp32 kernel"}
+    refused: ClassVar[dict[str, str]] = {
+        "softcap": _SOFTCAP,
+        "fp32": "SDPA's cuDNN backend has no fp32 kernel",
+        "bwd_deterministic": _CUDNN_NONDET,
+    }

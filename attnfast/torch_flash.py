@@ -13,10 +13,18 @@ exact ``cum_seq_k`` spans.  Returns ``(out, logsumexp (h, total_q), rng_state, u
 the LSE of a row that saw no key is ``+inf`` (measured on the H200, torch 2.11) and becomes
 ``-inf``; on the causal path ALiBi's LSE is shifted exactly as in FA2 (same kernel) and corrected
 the same way (:func:`attnfast._fa_common.alibi_causal_lse_shift`).
+
+Backward (``prepare_backward``, :mod:`attnfast.autograd`): the same aten call on leaf q/k/v through its autograd
+formula (``FlashAttentionBackward0``, which saves the scale and both window sides and calls
+``aten._flash_attention_backward``).  That op has no deterministic argument: it reads torch's global switch
+(``attention_backward.cu``: ``deterministic = ctx.deterministicAlgorithms()`` unless warn-only), so a
+``deterministic`` case runs forward and backward under ``torch.use_deterministic_algorithms(True)``
+(:func:`attnfast.autograd.deterministic_algorithms`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -32,6 +40,7 @@ from ._fa_common import (
     fa2_window,
     lse_posinf_to_neginf,
 )
+from .autograd import AutogradBackward, deterministic_algorithms, grad_leaves
 from .base import OK, Backend, KernelOutput, Support
 
 __all__ = ["TorchFlashBackend", "torch_flash_plan"]
@@ -94,6 +103,9 @@ class TorchFlashBackend(Backend):
         "(a contiguous decode call does capture: measured on an H100 with scripts/probe_graph_capture.py)",
     }
 
+    #: the op's autograd formula; deterministic through torch.use_deterministic_algorithms (module docstring).
+    accepts = frozenset({"backward", "bwd_deterministic"})
+
     def version(self) -> str:
         return torch.__version__
 
@@ -123,3 +135,18 @@ class TorchFlashBackend(Backend):
 
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
         return PreparedKernel(torch.ops.aten._flash_attention_forward, torch_flash_plan(case, inputs))
+
+    def prepare_backward(self, case: AttentionCase, inputs: CaseInputs) -> AutogradBackward:
+        """The forward's aten call through autograd on leaf q/k/v (see the module docstring)."""
+        call = torch_flash_plan(case, inputs)
+
+        def forward(leaves: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+            kwargs = {**call.kwargs, "query": leaves.q, "key": leaves.k, "value": leaves.v}
+            res = call.finish(torch.ops.aten._flash_attention_forward(**kwargs))
+            return res.out, None if res.lse is None else res.lse.detach()
+
+        context = deterministic_algorithms if case.deterministic else contextlib.nullcontext
+        notes = call.notes + (
+            ("deterministic: torch.use_deterministic_algorithms(True)",) if case.deterministic else ()
+        )
+        return AutogradBackward(forward, grad_leaves(inputs), inputs.dout, context=context, notes=notes)

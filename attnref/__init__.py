@@ -7,11 +7,14 @@ Entry points (each validates its metadata and raises ``ValueError`` naming the a
 * :func:`attention_paged`: keys read from a paged cache (NHD/HND) through a block table
 * :func:`write_kv_cache`, :func:`gather_kv`: the engines' slot-mapping write and its inverse
 * :func:`merge_states`, :func:`merge_many`: LSE merging of partial results
+* :func:`attention_varlen_backward`, :func:`attention_padded_backward`, :func:`attend_sequence_backward`:
+  reference gradients (:mod:`attnref.backward`)
 
 Conventions: :mod:`attnref.options` (window spelling, context-parallel shards), :mod:`attnref.core` (order of
 operations, LSE of fully masked rows).
 """
 
+from .backward import attend_sequence_backward, attention_padded_backward, attention_varlen_backward
 from .core import attend_sequence
 from .mask import row_bounds, visible_mask, window_from_fa2, window_to_fa2, window_to_fa4
 from .merge import merge_many, merge_states
@@ -32,11 +35,12 @@ from .quant import (
     write_kv_cache_fp8,
     write_kv_cache_int8,
 )
-from .result import AttnResult
+from .result import AttnGrads, AttnResult
 from .varlen import attention_varlen
 
 __all__ = [
     "AttnOptions",
+    "AttnGrads",
     "AttnResult",
     "ContextParallel",
     "Numerics",
@@ -45,11 +49,14 @@ __all__ = [
     "Window",
     "amax_scale",
     "attend_sequence",
+    "attend_sequence_backward",
     "attention_mla_paged",
     "attention_mla_varlen",
     "attention_padded",
+    "attention_padded_backward",
     "attention_paged",
     "attention_varlen",
+    "attention_varlen_backward",
     "cache_geometry",
     "dequantize",
     "dequantize_cache",

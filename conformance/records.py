@@ -109,6 +109,12 @@ class Timing:
     pct_of_measured_bw: float | None = None
     measured_copy_gbps: float | None = None
     note: str = ""
+    #: what was timed: ``forward`` (every record before backward timing), ``backward`` (the kernel's backward alone,
+    #: rerun through the training call's ``backward_only``: flops are 2.5 x the forward's) or ``fwd+bwd`` (the whole
+    #: training call, where the adapter cannot rerun its backward alone: 3.5 x); :mod:`conformance.perf.timing`
+    phase: str = "forward"
+    #: a ``backward`` timing's companion: the median of the whole training call (forward + backward), when timed
+    fwd_bwd_ms: float | None = None
 
 
 @dataclass(frozen=True)

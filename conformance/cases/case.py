@@ -27,6 +27,11 @@ cp_world + cp_rank``, and the causal rule holds in absolute positions; each sequ
 (``CaseInputs.cp_tot_seqused_k``).  Features that arrived after the adapter API (:data:`OPT_IN_FEATURES`) are
 refused by an adapter unless it declares them.
 
+Backward (``backward``, :mod:`conformance.backward`): the case is a training call whose gradients dQ, dK, dV (and
+d sinks) are judged too, with an upstream gradient ``dout`` drawn from the seed; ``deterministic`` asks for the
+kernel's deterministic backward (gradients then compared bitwise run to run).  ``data`` picks an input distribution
+beyond Gaussian (:data:`DATA`: outlier rows, near-one-hot softmax, V with a large common offset), for any case.
+
 Engine replays (``engine`` and ``scenario``, :mod:`conformance.engines`): the case is one step of an engine
 backend's attention layer, replayed as that engine composes its kernel calls; ``requests`` are the step's
 sequences and the other fields the layer's configuration.
@@ -48,6 +53,7 @@ from typing import Any
 
 from conformance.cases.case_derived import CaseDerived
 from conformance.cases.case_tables import DESCALES, DTYPES, FEATURES, LAYOUTS, OPT_IN_FEATURES, QUANTS
+from conformance.cases.backward_fields import backward_problems
 from conformance.cases.graph_fields import graph_problems
 
 __all__ = ["AttentionCase", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
@@ -87,6 +93,9 @@ class AttentionCase(CaseDerived):
     graph: tuple[int, ...] = ()
     graph_fill: int = 0
     invariance: str = ""
+    backward: bool = False
+    deterministic: bool = False
+    data: str = ""
     batch_name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -138,6 +147,7 @@ class AttentionCase(CaseDerived):
             yield "qv needs head_dim_v (the width of qv and V, e.g. 512 for MLA's latent)"
         yield from self._cp_problems()
         yield from graph_problems(self)
+        yield from backward_problems(self)
         if self.v_padded and not self.dv < self.head_dim:
             yield (
                 f"v_padded needs head_dim_v < head_dim (V is zero-padded to head_dim), got {self.dv}, {self.head_dim}"

@@ -146,6 +146,10 @@ class CaseDerived:
             f.add("graph")
         if self.invariance:
             f.add(f"inv_{self.invariance}")
+        if self.backward:
+            f.add("backward")
+            if self.deterministic:
+                f.add("bwd_deterministic")
         return frozenset(f)
 
     # ------------------------------------------------------------------ naming
@@ -195,6 +199,10 @@ class CaseDerived:
             )
         if self.invariance:
             parts.append(f"inv{self.invariance}")
+        if self.backward:
+            parts.append("bwddet" if self.deterministic else "bwd")
+        if self.data:
+            parts.append(f"data{self.data.replace('_', '')}")
         return "_".join(parts) + "-" + self.digest()
 
     def digest(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
+__all__ = ["DATA", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 LAYOUTS = ("contiguous", "NHD", "HND")
@@ -64,6 +64,8 @@ FEATURES: dict[str, str] = {
     "inv_run": "invariance: the same call twice, bitwise",
     "inv_batch": "invariance: a request alone, in a batch, at another position, beside other lengths, bitwise",
     "inv_splits": "invariance: num_splits 1 vs pinned values vs the heuristic, bitwise",
+    "backward": "the backward pass: dQ, dK, dV (and d sinks) of the call, each judged against reference gradients",
+    "bwd_deterministic": "the backward run with the kernel's deterministic option, gradients bitwise run to run",
 }
 
 #: Features an adapter must declare in ``Backend.accepts`` to be given (refused otherwise, with a
@@ -82,5 +84,16 @@ OPT_IN_FEATURES: frozenset[str] = frozenset(
         "sched_meta",
         "cp",
         "graph",
+        "backward",
+        "bwd_deterministic",
     }
 )
+
+#: Input distributions a case may ask for (``AttentionCase.data``; :mod:`conformance.cases.data_inputs`): what
+#: Gaussian inputs miss.  The empty string is the default (standard normal q, k, v).
+DATA: dict[str, str] = {
+    "": "standard normal q, k, v",
+    "outliers": "one token row in 16 of q and of k scaled by 8: large-magnitude rows, scores far beyond the rest",
+    "peaked": "q scaled by 8: every softmax row near one-hot (a few keys carry the mass)",
+    "offset_v": "V shifted by +8 (a large common component): dP - rowsum(dO * O) cancels in dS",
+}

@@ -17,6 +17,8 @@ a CPU rerun of one case see the same numbers.  Choices that make bugs visible:
 * MLA (``qv``) paged caches also come as one ``(num_blocks, block, 1, dv + d)`` tensor
   ``[c_kv | k_rope]`` (``mla_cache``, FlashMLA's and SGLang's layout; ``k_cache``/``v_cache`` are
   contiguous copies of its two parts).
+* ``data`` (:mod:`conformance.cases.data_inputs`) reshapes the draws (outlier rows, near-one-hot softmax, an
+  offset V), and a backward case carries its upstream gradient ``dout``;
 * context parallel (``cp_world > 1``): ``kv_len`` keys are rank ``cp_rank``'s share of a sequence of
   ``cp_tot_seqused_k[b]`` keys; the totals are derived as ``max(0, kv_len * world + rank - b % world)``, the
   largest total of that share less ``b mod world``, so a batch meets every remainder of ``total mod world``
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from conformance.cases.case import AttentionCase
+from conformance.cases.data_inputs import grad_out, shape_data
 from conformance.cases.quant_inputs import QuantTensors, quantize_case, vary_magnitudes
 
 __all__ = ["CaseInputs", "QuantTensors", "alibi_slopes", "cp_local_len", "cp_totals", "make_inputs"]
@@ -62,7 +65,9 @@ class CaseInputs:
     contiguous case, ``k_cache_padded``) holds only the first ``kv_len - q_len`` keys of each
     request and the kernel is expected to write ``k_new``/``v_new`` itself.  ``cp_tot_seqused_k`` (int32
     ``(batch,)``) is set exactly for a context-parallel case (``case.cp_world > 1``): each sequence's keys over
-    all ranks, of which ``k``/``v`` hold the rank's share (:func:`cp_totals`).
+    all ranks, of which ``k``/``v`` hold the rank's share (:func:`cp_totals`).  ``dout`` (``(total_q, h, dv)``, the
+    case dtype) is set exactly for a backward case (``case.backward``): the upstream gradient of the output
+    (:func:`conformance.cases.data_inputs.grad_out`).
     """
 
     case: AttentionCase
@@ -83,6 +88,7 @@ class CaseInputs:
     quant: QuantTensors | None = None
     mla_cache: torch.Tensor | None = None
     cp_tot_seqused_k: torch.Tensor | None = None
+    dout: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -190,7 +196,8 @@ def _paged_cache(
 
 def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device = "cpu") -> CaseInputs:
     """Build the inputs of ``case``; the same (case, seed) gives the same numbers on any device."""
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + int(case.digest(), 16))
+    forward = case.replace(backward=False, deterministic=False) if case.backward else case  # same forward inputs
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + int(forward.digest(), 16))
     dt = case.torch_dtype
     h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
     q = torch.randn(case.total_q, h, d, generator=gen)
@@ -199,6 +206,7 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
     k = torch.randn(case.total_kv, hk, d, generator=gen)
     v = torch.randn(case.total_kv, hk, dv, generator=gen)
     qv = torch.randn(case.total_q, h, dv, generator=gen) if case.qv else None
+    q, k, v = shape_data(case.data, q, k, v, gen)
     quant = None
     if case.quant != "none":
         q = vary_magnitudes(q, case.q_lens, hk, gen)
@@ -232,6 +240,8 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
         qv=qv,
         quant=quant,
     )
+    if case.backward:
+        inputs.dout = grad_out(case, seed)
     if case.cp_world > 1:
         w, r = case.cp_world, case.cp_rank
         totals = [max(0, kl * w + r - b % w) for b, kl in enumerate(case.kv_lens)]

@@ -1,6 +1,7 @@
 """Suite ``perf``: the timing cases, long prefill (1k-32k, causal and windowed), paged decode (4k-128k),
-d 64/128/256, GQA 8, their fp8 twins and MLA absorbed decode; written out case by case (they are sized for
-the roofline, not swept).  Registered in :mod:`conformance.cases.suites`.
+d 64/128/256, GQA 8, their fp8 twins and MLA absorbed decode, and training's backward (:func:`perf_backward_cases`);
+written out case by case (they are sized for the roofline, not swept).  Registered in
+:mod:`conformance.cases.suites`.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from conformance.cases.case import AttentionCase
 from conformance.cases.sweep import MLA_DIMS, MLA_SCALE
 
-__all__ = ["perf_cases"]
+__all__ = ["perf_backward_cases", "perf_cases"]
 
 
 def perf_cases() -> list[AttentionCase]:
@@ -60,6 +61,7 @@ def perf_cases() -> list[AttentionCase]:
         )
     )
     cases += _perf_quant_mla_cases()
+    cases += perf_backward_cases()
     # GQA 8 prefill
     for s in (4096, 16384):
         cases.append(
@@ -124,4 +126,42 @@ def _perf_quant_mla_cases() -> list[AttentionCase]:
                         batch_name=f"mla{'dec' if q_len == 1 else 'spec2'}{b}x{ctx}",
                     )
                 )
+    return cases
+
+
+def perf_backward_cases() -> list[AttentionCase]:
+    """Backward timing (training shapes, 32k tokens a batch): causal prefill b x 4k/8k/16k at d 64/128/256 (16
+    heads), GQA 64/8 at d 128, a 4096-key window at 16k, and FA2's deterministic backward at 8k.  Each is the
+    backward twin of a forward case above (same requests, heads, mask and ``batch_name``), so a run of the suite
+    times both and the report sets them side by side (:mod:`conformance.reporting.backward_perf`)."""
+    cases = []
+    for d in (64, 128, 256):
+        for s in (4096, 8192, 16384):
+            b = 32768 // s
+            cases.append(
+                AttentionCase(
+                    requests=((s, s),) * b,
+                    num_heads=16,
+                    num_kv_heads=16,
+                    head_dim=d,
+                    causal=True,
+                    backward=True,
+                    batch_name=f"pf{b}x{s}",
+                )
+            )
+    for s in (4096, 16384):
+        cases.append(
+            AttentionCase(
+                requests=((s, s),) * (32768 // s),
+                num_heads=64,
+                num_kv_heads=8,
+                head_dim=128,
+                causal=True,
+                backward=True,
+                batch_name=f"gqa_pf{32768 // s}x{s}",
+            )
+        )
+    common = dict(num_heads=16, num_kv_heads=16, head_dim=128, causal=True, backward=True)
+    cases.append(AttentionCase(requests=((16384, 16384),) * 2, window=(4096, None), batch_name="pf2x16384", **common))
+    cases.append(AttentionCase(requests=((8192, 8192),) * 4, deterministic=True, batch_name="pf4x8192", **common))
     return cases

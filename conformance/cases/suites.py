@@ -4,14 +4,16 @@ returned in a stable order.  The sweeps live by suite family (:mod:`conformance.
 :mod:`~conformance.cases.suite_perf`); this module assembles them into :data:`SUITES`.  Adding a sweep or an axis
 value is a one-line change there; the runner, reports and tests pick it up without edits.
 
-Suites: ``smoke`` (~140 small cases, a minute on 2 CPU cores, six small graph and invariance cases included),
-``default`` (~5,100, the CI suite on a GPU: 2,146 hand-picked sweep cases, 2,927 covering-array cases, the
-fuzzer's findings, :mod:`conformance.cases.found`, and the six small graph and invariance cases), ``full``
-(~17,500: 15,622 sweep cases with long contexts up to 32k, default's covering and found cases and 1,004 covering
-cases of its own), ``perf`` (long prefill and paged decode for timing against the roofline), ``engines`` (engine
-replays), ``models`` (real models' configurations, :mod:`conformance.models`), ``graphs`` (CUDA-graph mode and
-invariances, :mod:`conformance.graphs`), ``limits`` (probes of the kernels' limits,
-:mod:`conformance.cases.limits`).
+Suites: ``smoke`` (~150 small cases, a minute on 2 CPU cores, six small graph and invariance cases and nine backward
+cases included), ``default`` (~5,400, the CI suite on a GPU: 2,146 hand-picked sweep cases, 2,927 covering-array
+cases, the fuzzer's findings, :mod:`conformance.cases.found`, the six small graph and invariance cases and 305
+backward cases, :mod:`conformance.cases.suite_backward`), ``full`` (~17,800: 15,622 sweep cases with long contexts
+up to 32k, default's covering, found and backward cases and 1,004 covering cases of its own), ``perf`` (long
+prefill and paged decode for timing against the roofline), ``engines`` (engine replays), ``models`` (real
+models' configurations, :mod:`conformance.models`), ``graphs`` (CUDA-graph mode and invariances,
+:mod:`conformance.graphs`), ``limits`` (probes of the kernels' limits, :mod:`conformance.cases.limits`),
+``training`` (backward cases as training builds them: packed documents and unpadded batches of sliding-window,
+soft-cap and sink models, :mod:`conformance.backward.training`).
 
 Covering arrays (:mod:`conformance.cases.covering` over :mod:`conformance.cases.space`): ``default`` adds the
 cases that make it cover every pair of levels of all axes and every triple of the kernel axes
@@ -29,9 +31,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 
+from conformance.backward.training import training_cases
 from conformance.cases import covering
 from conformance.cases.case import AttentionCase
 from conformance.cases.found import found_cases
+from conformance.cases.suite_backward import DEFAULT_BACKWARD, SMOKE_BACKWARD, backward_covering
 from conformance.cases.suite_default import DEFAULT, QUANT_MLA
 from conformance.cases.suite_full import FULL
 from conformance.cases.suite_perf import perf_cases
@@ -52,6 +56,7 @@ __all__ = [
     "Sweep",
     "SUITES",
     "all_case_ids",
+    "backward_cases",
     "covering_cases",
     "suite_names",
     "get_suite",
@@ -82,17 +87,37 @@ def covering_cases(name: str) -> tuple[AttentionCase, ...]:
     return covering.cover(strengths, base, seed=COVERING_SEED)
 
 
+@lru_cache(maxsize=None)
+def backward_cases(name: str) -> tuple[AttentionCase, ...]:
+    """The backward cases of suite ``smoke`` (its small sweeps) or ``default`` (its sweeps and the covering array
+    of the backward sub-space, :mod:`conformance.cases.suite_backward`; ``full`` holds them too)."""
+    if name == "smoke":
+        return tuple(_union(SMOKE_BACKWARD))
+    if name == "default":
+        hand = _union(DEFAULT_BACKWARD)
+        return tuple(hand) + backward_covering(hand, seed=COVERING_SEED)
+    raise ValueError(f"backward_cases: name must be 'smoke' or 'default', got {name!r}")
+
+
 SUITES: dict[str, Callable[[], list[AttentionCase]]] = {
-    "smoke": lambda: _union(SMOKE, graph_small_cases()),
-    "default": lambda: _union(DEFAULT, covering_cases("default") + found_cases() + tuple(graph_small_cases())),
+    "smoke": lambda: _union(SMOKE, tuple(graph_small_cases()) + backward_cases("smoke")),
+    "default": lambda: _union(
+        DEFAULT, covering_cases("default") + found_cases() + tuple(graph_small_cases()) + backward_cases("default")
+    ),
     "full": lambda: _union(
-        FULL, covering_cases("default") + covering_cases("full") + found_cases() + tuple(graph_small_cases())
+        FULL,
+        covering_cases("default")
+        + covering_cases("full")
+        + found_cases()
+        + tuple(graph_small_cases())
+        + backward_cases("default"),
     ),
     "perf": perf_cases,
     "engines": _engine_cases,
     "models": model_cases,
     "graphs": graphs_suite,
     "limits": limits_cases,
+    "training": training_cases,
 }
 
 

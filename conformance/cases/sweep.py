@@ -12,6 +12,8 @@ Axis names used by the grids of :mod:`conformance.cases.suites`:
 * ``quant``, ``quant_q``, ``descale``: quantization (``conformance.cases.case.QUANTS``)
 * ``qv``, ``v_padded``, ``scheduler_metadata``: MLA absorbed, padded V, FA3 scheduler metadata
 * ``cp``: ``(cp_world, cp_rank)``, a context-parallel call over one rank's key shard (default ``(1, 0)``)
+* ``backward``, ``deterministic``: a training call judged on its gradients too (:mod:`conformance.backward`);
+  ``data``: an input distribution beyond Gaussian (``conformance.cases.case_tables.DATA``)
 
 The case space itself (every axis, its canonical levels and the constraints between axes, which the covering
 arrays of the suites and the fuzzer read) is data in :mod:`conformance.cases.space`: a new axis or level goes
@@ -154,5 +156,8 @@ def build_case(point: Mapping[str, Any]) -> AttentionCase:
         scheduler_metadata=point.get("scheduler_metadata", False),
         cp_world=cp_world,
         cp_rank=cp_rank,
+        backward=point.get("backward", False),
+        deterministic=point.get("deterministic", False),
+        data=point.get("data", ""),
         batch_name=batch,
     )

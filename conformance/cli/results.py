@@ -47,8 +47,9 @@ def add_parsers(sub) -> None:
     c = sub.add_parser(
         "compare",
         help="diff two results files; exit 1 when anything regressed",
-        description="Exit status: 0 no regression; 1 regressed (a new failure, an error-ratio or performance "
-        "regression, a lost capability); 2 refused, with one line naming the file and the reason: a file "
+        description="Exit status: 0 no regression; 1 regressed (a new failure, an error-ratio, gradient or "
+        "performance regression, gradient numbers one run lacks, a lost capability); 2 refused, with one line "
+        "naming the file and the reason: a file "
         "missing, unreadable, empty, without header or results, or with lines that are not records (unless "
         "--allow-skipped); runs of different suites or tolerances; NEW lacking (case, family) pairs of OLD "
         "(unless --allow-subset); nothing in common. Different backend versions, devices or machines are what "

@@ -37,6 +37,16 @@ input byte read once, each output byte written once; on-chip reuse between query
 A paged kernel that reads whole blocks moves at most one block per end of the union more than
 counted here; a 256-token page at the edge of a 128-token window is the case where it matters.
 
+Backward (:data:`PHASES`): a backward case (``case.backward``) is timed as its backward alone (phase
+``backward``) or, where the adapter cannot rerun the backward by itself, as the whole training call (``fwd+bwd``).
+Their FLOPs are 2.5 and 3.5 times the forward count above, flash-attn's convention
+(``benchmarks/benchmark_flash_attention.py``, ``flops(..., mode)``, commit 0469c727): the backward's five matrix
+products (S = QK^T recomputed, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q) against the forward's two, exact
+when ``d == dv`` (with ``d != dv`` the five products count ``2 (3 d + 2 dv)`` per pair; the convention is kept so
+numbers compare with published ones).  The backward's bytes (:func:`backward_bytes`): q, k, v, out and dout read,
+the fp32 LSE read, dq written per query head and dk, dv per *kv* head (the kernel sums a GQA group before writing),
+all in the activation dtype, plus the metadata; ``fwd+bwd`` adds the forward's bytes with its LSE write.
+
 Peaks (:data:`PEAKS`) are datasheet numbers (dense, no sparsity) for 16-bit inputs, and for 8-bit
 ones (fp8 q/k/v: both products run on fp8 tensor cores, 1979 TFLOP/s on an H100/H200 SXM); METHOD.md
 calls them leads, so :func:`roofline` also reports the fraction of a *measured* copy bandwidth
@@ -57,6 +67,8 @@ from conformance.verdict.reference import case_options
 
 __all__ = [
     "ByteModel",
+    "PHASES",
+    "backward_bytes",
     "Peak",
     "PEAKS",
     "attention_bytes",
@@ -147,6 +159,10 @@ def case_visible_pairs(case: AttentionCase) -> int:
     return sum(visible_pairs(sq, sk, opts.left, opts.right, opts.chunk) for sq, sk in case.requests)
 
 
+#: What a timing measured -> its FLOPs per forward FLOP (see the module docstring).
+PHASES: dict[str, float] = {"forward": 1.0, "backward": 2.5, "fwd+bwd": 3.5}
+
+
 def attention_flops(case: AttentionCase) -> int:
     """Matrix-product FLOPs of the forward pass: visible pairs * h * 2 * (d + dv) (+ 2 dv with ``qv``)."""
     return case_visible_pairs(case) * case.num_heads * 2 * (case.qk_dim + case.dv)
@@ -205,6 +221,24 @@ def attention_bytes(case: AttentionCase, *, lse: bool = False) -> ByteModel:
     )
 
 
+def backward_bytes(case: AttentionCase) -> int:
+    """Bytes the backward kernel must move: q, k, v, out, dout and the fp32 LSE read; dq, dk, dv written (k, v,
+    dk, dv over the keys' union, per kv head); the forward's metadata."""
+    fwd = attention_bytes(case)
+    item = case.torch_dtype.itemsize
+    reads = fwd.q + fwd.kv + 2 * fwd.out + case.num_heads * case.total_q * 4
+    writes = case.total_q * case.num_heads * case.head_dim * item + fwd.kv
+    return reads + writes + fwd.metadata
+
+
+def _phase_bytes(case: AttentionCase, phase: str, lse: bool) -> int:
+    if phase == "forward":
+        return attention_bytes(case, lse=lse).total
+    if phase == "backward":
+        return backward_bytes(case)
+    return attention_bytes(case, lse=True).total + backward_bytes(case)
+
+
 # ---------------------------------------------------------------------------- peaks and roofline
 @dataclass(frozen=True)
 class Peak:
@@ -246,6 +280,7 @@ def roofline(
     measured_copy_gbps: float | None = None,
     *,
     lse: bool = False,
+    phase: str = "forward",
 ) -> dict[str, Any]:
     """Achieved rates of ``case`` run in ``time_ms`` and their distance to the roofline.
 
@@ -256,11 +291,16 @@ def roofline(
     peaks used (``gpu``, ``peak_tflops``, ``peak_gbps``, ``measured_copy_gbps``) and ``note`` saying
     why a figure is None.  fp32 cases get no compute peak: whether a kernel runs them on TF32
     tensor cores or on plain FP32 units changes the ceiling eightfold.
+
+    ``phase`` (:data:`PHASES`): what ``time_ms`` measured, the forward (default), the backward alone or the whole
+    training call; it scales the FLOPs and picks the byte model (:func:`backward_bytes`).
     """
     if not time_ms > 0:
         raise ValueError(f"time_ms must be positive, got {time_ms}")
-    flops = attention_flops(case)
-    nbytes = attention_bytes(case, lse=lse).total
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {list(PHASES)}, got {phase!r}")
+    flops = attention_flops(case) * PHASES[phase]
+    nbytes = _phase_bytes(case, phase, lse)
     seconds = time_ms * 1e-3
     key, peak = match_peak(gpu_name)
     notes = []
@@ -298,4 +338,5 @@ def roofline(
         "peak_gbps": peak.hbm_gbps,
         "measured_copy_gbps": measured_copy_gbps,
         "note": "; ".join(notes),
+        "phase": phase,
     }

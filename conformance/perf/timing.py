@@ -35,6 +35,13 @@ Method on CUDA, recorded with each number as ``cuda-events,l2-flush-read,warmup-
 On CPU the same warm-up, repetition and statistics rules apply with ``time.perf_counter`` around
 each call (method ``perf-counter,warmup-time``); there is no flush.
 
+* **Backward** (a case with ``backward``): the callable :func:`make_timer` is given is the composition's training
+  call (:class:`conformance.backward.composition.BackwardRun`: forward then backward).  When it offers
+  ``backward_only`` (the adapter's :class:`attnfast.base.BackwardCall` can rerun the kernel's backward alone, on the
+  saved forward), that is timed (phase ``backward``, method tag ``backward-only``) and the whole call is timed too
+  (:attr:`~conformance.records.Timing.fwd_bwd_ms`); otherwise the whole call is the number (phase ``fwd+bwd``).
+  The roofline scales the FLOPs by the phase (:data:`conformance.perf.roofline.PHASES`).
+
 * **Launch cover** (``launch-cover``): after the flush and before the start event the stream runs
   ``torch.cuda._sleep`` for :data:`LAUNCH_COVER_US`, so the host's launch path (Python argument
   handling, FA4's CuTe DSL dispatch: measured to add about 8% to a 1.7 ms FA4 call on an H200
@@ -309,16 +316,27 @@ def make_timer(device: str | torch.device, **opts: Any) -> CaseTimer:
     want_bandwidth = dev.type == "cuda" and bool(opts.get("measure_bandwidth", True))
 
     def timer(case: AttentionCase, fn: Callable[[], object]) -> Timing:
-        sample = measure(fn, device=dev, **measure_opts)
+        phase, fwd_bwd_ms, tag = "forward", None, ""
+        backward_only = getattr(fn, "backward_only", None) if case.backward else None
+        if backward_only is not None:
+            phase, tag = "backward", ",backward-only"
+            fwd_bwd_ms = measure(fn, device=dev, **measure_opts).median_ms
+            sample = measure(backward_only, device=dev, **measure_opts)
+        else:
+            phase = "fwd+bwd" if case.backward else "forward"
+            sample = measure(fn, device=dev, **measure_opts)
         if want_bandwidth and bandwidth["gbps"] is None:
             bandwidth["gbps"] = _copy_bandwidth_or_none(dev)
-        figures = roofline(case, sample.median_ms, gpu_name, bandwidth["gbps"], lse=lse)
+        figures = roofline(case, sample.median_ms, gpu_name, bandwidth["gbps"], lse=lse, phase=phase)
+        notes = [sample.note, figures["note"]]
+        if phase == "fwd+bwd":
+            notes.append("the adapter cannot rerun its backward alone: forward + backward timed together")
         return Timing(
             median_ms=sample.median_ms,
             p20_ms=sample.p20_ms,
             p80_ms=sample.p80_ms,
             reps=sample.reps,
-            method=sample.method,
+            method=sample.method + tag,
             flops=figures["flops"],
             bytes=figures["bytes"],
             tflops=figures["tflops"],
@@ -327,7 +345,9 @@ def make_timer(device: str | torch.device, **opts: Any) -> CaseTimer:
             bound=figures["bound"],
             pct_of_measured_bw=figures["pct_of_measured_bw"],
             measured_copy_gbps=figures["measured_copy_gbps"],
-            note="; ".join(n for n in (sample.note, figures["note"]) if n),
+            note="; ".join(n for n in notes if n),
+            phase=phase,
+            fwd_bwd_ms=fwd_bwd_ms,
         )
 
     return timer

@@ -13,10 +13,12 @@ Records are joined by (case id, backend family), so ``fa2`` 2.8.3 in the old fil
   default ``margin=None`` ("auto") the margin is the median relative p20-p80 spread of the pairs
   (at least 2 %), so a noisy machine needs a bigger step before anything is flagged;
   improvements symmetrically (new p80 < old p20 / (1 + margin));
-* capability changes (supported <-> unsupported) and cases present in only one file.
+* capability changes (supported <-> unsupported) and cases present in only one file;
+* gradient regressions of backward cases (:mod:`conformance.backward.diff`): each of dQ, dK, dV, d sinks by the
+  error-ratio rule above, and gradient numbers one run has and the other lacks (fail closed).
 
-A comparison *regressed* when there is a new failure, an error-ratio or performance regression, or
-a lost capability; ``attnconf compare`` then exits 1.
+A comparison *regressed* when there is a new failure, an error-ratio, gradient or performance regression, missing
+gradient numbers, or a lost capability; ``attnconf compare`` then exits 1.
 
 :func:`compare_files` first checks that the files may be compared at all
 (:mod:`conformance.reporting.compare_inputs`: readable, one suite, one tolerance, NEW holding every pair of
@@ -30,6 +32,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conformance.backward.diff import GradChange, GradMissing, gradient_diffs
 from conformance.records import CheckResult, Header, Status
 from conformance.reporting.compare_inputs import CompareRefused, check_inputs
 
@@ -62,6 +65,8 @@ class Comparison:
     fixed: list[Pair] = field(default_factory=list)
     changed_failures: list[Pair] = field(default_factory=list)
     ratio_regressions: list[Pair] = field(default_factory=list)
+    grad_regressions: list[GradChange] = field(default_factory=list)
+    grad_missing: list[GradMissing] = field(default_factory=list)
     perf_regressions: list[tuple[Pair, float]] = field(default_factory=list)
     perf_improvements: list[tuple[Pair, float]] = field(default_factory=list)
     capability_lost: list[Pair] = field(default_factory=list)
@@ -92,7 +97,14 @@ class Comparison:
 
     @property
     def regressed(self) -> bool:
-        return bool(self.new_failures or self.ratio_regressions or self.perf_regressions or self.capability_lost)
+        return bool(
+            self.new_failures
+            or self.ratio_regressions
+            or self.grad_regressions
+            or self.grad_missing
+            or self.perf_regressions
+            or self.capability_lost
+        )
 
 
 def _family(r: CheckResult) -> str:
@@ -165,6 +177,9 @@ def compare_results(
             r_old, r_new = p.old.stats.error_ratio, p.new.stats.error_ratio
             if r_new > ratio_floor and r_new > ratio_threshold * r_old:
                 cmp.ratio_regressions.append(p)
+    cmp.grad_regressions, cmp.grad_missing = gradient_diffs(
+        ((p.old, p.new) for p in pairs), ratio_threshold=ratio_threshold, ratio_floor=ratio_floor
+    )
     timed = [p for p in pairs if p.old.timing is not None and p.new.timing is not None]
     if perf_margin is None:
         spreads = [max(_spread(p.old), _spread(p.new)) for p in timed]
@@ -281,6 +296,8 @@ def render_markdown(cmp: Comparison) -> str:
     counts = [
         ("new failures", cmp.new_failures),
         ("error-ratio regressions", cmp.ratio_regressions),
+        ("gradient regressions", cmp.grad_regressions),
+        ("gradient numbers missing", cmp.grad_missing),
         ("performance regressions", cmp.perf_regressions),
         ("capabilities lost", cmp.capability_lost),
         ("fixed", cmp.fixed),
@@ -307,6 +324,21 @@ def render_markdown(cmp: Comparison) -> str:
         cmp.ratio_regressions,
         "| family | case | old ratio | new ratio | new status |",
         lambda p: f"| {p.key[1]} | {p.key[0]} | {_ratio(p.old)} | {_ratio(p.new)} | {p.new.status.value} |",
+    )
+    section(
+        "Gradient regressions",
+        cmp.grad_regressions,
+        "| family | case | gradient | old ratio | new ratio | new status |",
+        lambda g: (
+            f"| {_family(g.new)} | {g.new.case_id} | {g.tensor} | {g.old_ratio:.3g} | {g.new_ratio:.3g} | "
+            f"{g.new.status.value} |"
+        ),
+    )
+    section(
+        "Gradient numbers missing (not compared: fail closed)",
+        cmp.grad_missing,
+        "| family | case | gradient | lacking | why |",
+        lambda g: f"| {_family(g.new)} | {g.new.case_id} | {g.tensor} | {g.side} | {_cell(g.why)} |",
     )
     section(
         "Performance regressions",

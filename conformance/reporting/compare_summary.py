@@ -5,7 +5,8 @@ Keys (schema 1): ``exit_status`` (0 no regression, 1 regressed, 2 refused), ``ve
 ``new`` (path, suite, family versions, skipped lines), ``tolerance``, ``compared`` ((case, family) pairs in
 both), ``not_compared`` (pairs NEW lacks, pairs in one file only, families in one file only, families outside
 ``--only-new-families``), ``counts`` per category, ``regressions`` (new failures, error-ratio, performance,
-capabilities lost: one object per pair with case id, family, statuses, error ratios, reason, repro),
+capabilities lost: one object per pair with case id, family, statuses, error ratios, reason, repro; gradient
+regressions and missing gradient numbers of backward cases: one object per (pair, gradient)),
 ``fixed``, ``changed_failures``, ``perf_improvements``, ``capability_gained``, ``numerics``, ``rules``.
 Every list is complete (the Markdown summary caps its tables).
 """
@@ -41,6 +42,19 @@ def _perf_json(p: Pair, slowdown: float) -> dict[str, object]:
     return {**_pair_json(p), "old_median_ms": to.median_ms, "new_median_ms": tn.median_ms, "slowdown": slowdown}
 
 
+def _grad_json(g) -> dict[str, object]:
+    out = {
+        "case_id": g.new.case_id,
+        "family": g.new.family or g.new.backend,
+        "tensor": g.tensor,
+        "old_status": g.old.status.value,
+        "new_status": g.new.status.value,
+    }
+    if hasattr(g, "new_ratio"):
+        return {**out, "old_ratio": g.old_ratio, "new_ratio": g.new_ratio}
+    return {**out, "lacking": g.side, "why": g.why}
+
+
 def refusal_json(path: str, reason: str) -> dict[str, object]:
     """The summary of a comparison refused before it began (exit 2)."""
     return {"schema": SCHEMA, "exit_status": 2, "verdict": "refused", "refusal": {"file": path, "reason": reason}}
@@ -51,6 +65,8 @@ def to_json(cmp: Comparison) -> dict[str, object]:
     categories = {
         "new_failures": [_pair_json(p) for p in cmp.new_failures],
         "ratio_regressions": [_pair_json(p) for p in cmp.ratio_regressions],
+        "grad_regressions": [_grad_json(g) for g in cmp.grad_regressions],
+        "grad_missing": [_grad_json(g) for g in cmp.grad_missing],
         "perf_regressions": [_perf_json(p, x) for p, x in cmp.perf_regressions],
         "capability_lost": [_pair_json(p) for p in cmp.capability_lost],
         "fixed": [_pair_json(p) for p in cmp.fixed],
@@ -87,7 +103,15 @@ def to_json(cmp: Comparison) -> dict[str, object]:
         },
         "counts": {name: len(items) for name, items in categories.items()},
         "regressions": {
-            k: categories[k] for k in ("new_failures", "ratio_regressions", "perf_regressions", "capability_lost")
+            k: categories[k]
+            for k in (
+                "new_failures",
+                "ratio_regressions",
+                "grad_regressions",
+                "grad_missing",
+                "perf_regressions",
+                "capability_lost",
+            )
         },
         "fixed": categories["fixed"],
         "changed_failures": categories["changed_failures"],

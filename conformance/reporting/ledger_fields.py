@@ -217,6 +217,9 @@ FIELDS: dict[str, Field] = {
     "scenario": _own("scenario", "str", "engine replay's scenario ('' for kernel cases)"),
     "graph_fill": _own("graph_fill", "int", "key count of a graph bucket's padded requests (graph cases)"),
     "invariance": _own("invariance", "str", "invariance kind: run, batch, splits ('' for other cases)"),
+    "backward": _own("backward", "bool", "a training call: gradients judged too (conformance.backward)"),
+    "deterministic": _own("deterministic", "bool", "the kernel's deterministic backward asked for (backward cases)"),
+    "data": _own("data", "str", "input distribution: '', outliers, peaked, offset_v"),
     "batch_name": _own("batch_name", "str", "the suite's batch label (not part of the case's meaning)"),
     "graph_replays": Field("int", "replay batches of a graph case (0: not a graph case)", lambda c: len(c.graph)),
     # generic derived values

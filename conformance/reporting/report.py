@@ -28,8 +28,10 @@ from typing import Any
 
 from conformance.cases.case import FEATURES, AttentionCase
 from conformance.running.env import refused_features
+from conformance.reporting.backward_perf import backward_perf_rows, is_backward_timing
 from conformance.reporting.engine_table import engine_sections
 from conformance.reporting.invariance_table import invariance_sections
+from conformance.backward.table import backward_section
 from conformance.reporting.model_table import model_sections
 from conformance.reporting.fuzz_table import fuzz_findings
 from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases, load_ledger
@@ -242,7 +244,9 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
         {"feature": f, "description": FEATURES[f], "cells": [caps[b].get(f) for b in cap_backends]} for f in FEATURES
     ]
     ratios = {b: [r.stats.error_ratio for r in by_backend[b] if r.stats is not None] for b in backends}
-    timed = sorted((r for r in results if r.timing is not None), key=lambda r: (r.case_id, r.backend))
+    timed = sorted(
+        (r for r in results if r.timing is not None and not is_backward_timing(r)), key=lambda r: (r.case_id, r.backend)
+    )
     perf = [
         {
             "backend": r.backend,
@@ -317,12 +321,14 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
         "engines": engine_sections(results, backends),
         "models": model_sections(results, backends, [(r.case_id, r.backend) for r, _ in verdict.known]),
         "invariance": invariance_sections(results, list(backends)),
+        "backward": backward_section(results, list(backends)),
         "fuzz": fuzz_findings(runs.sources),
         "cap_backends": cap_backends,
         "capability": capability,
         "ratio_png": _b64(ratio_png),
         "tput_png": _b64(tput_png),
         "perf": perf,
+        "backward_perf": backward_perf_rows(results),
         "_pngs": {"error_ratio.png": ratio_png, "throughput.png": tput_png},
     }
 

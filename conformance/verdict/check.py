@@ -59,7 +59,8 @@ def composition_of(case: AttentionCase) -> Any:
     """What composes the kernel calls of ``case``: its engine (``case.engine``; with ``case.invariance`` the
     engine's invariance run, :mod:`conformance.engines.invariance`), the graph replay
     (``case.graph``, :mod:`conformance.graphs.replay`), the invariance run (``case.invariance``,
-    :mod:`conformance.graphs.invariance`), or None for a single call.  Each has ``supports(case, backend,
+    :mod:`conformance.graphs.invariance`), the backward pass (``case.backward``, :mod:`conformance.backward`), or
+    None for a single call.  Each has ``supports(case, backend,
     device)``, ``prepare(case, inputs, backend, device)``, ``reference`` and ``baseline``; the callable
     ``prepare`` returns may carry ``notes``, ``extra`` (record fields) and ``problems`` (failures beyond the
     numerical verdict, e.g. a replay that differs bitwise from its eager call)."""
@@ -79,6 +80,10 @@ def composition_of(case: AttentionCase) -> Any:
         from conformance.graphs.invariance import INVARIANCE
 
         return INVARIANCE
+    if case.backward:  # a training call: forward judged as usual, gradients by conformance.backward.verdict
+        from conformance.backward.composition import BACKWARD
+
+        return BACKWARD
     return None
 
 

@@ -11,6 +11,11 @@ Semantics (bottom-right aligned masks, ``../shared/SEMANTICS.md``): query row ``
 with ``sq`` queries and ``sk`` keys sees key ``j`` iff ``p - left <= j <= p + right`` with
 ``p = i + sk - sq`` (``None`` = unbounded; causal means ``right = 0``); soft-cap before masking;
 sinks join only the softmax denominator.  LSE of a row that sees no key: ``-inf`` (or the sink).
+
+Backward: the kernel is plain differentiable PyTorch, so the backend declares the opt-in ``backward`` feature and its
+``prepare_backward`` runs the same kernel through autograd with :class:`attnfast.autograd.AutogradBackward` (leaf
+q/k/v and the sinks; the gradients come back in the varlen layouts).  A kernel with its own backward would call it
+there instead and return an :class:`attnfast.base.GradOutput`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from attnfast.autograd import AutogradBackward, GradLeaves, grad_leaves
 from attnfast.base import Backend, KernelOutput, Support, package_version
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
@@ -30,7 +36,6 @@ __all__ = ["ChunkedTorchBackend", "chunked_attention", "CHUNK"]
 CHUNK = 64
 
 
-@torch.no_grad()
 def chunked_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -99,6 +104,8 @@ class ChunkedTorchBackend(Backend):
         "local_chunk": "has no chunked local attention",
         "splits": "has no split-KV",
     }
+    #: opt-in features it handles: the backward through autograd (no deterministic switch: not declared)
+    accepts = frozenset({"backward"})
 
     def version(self) -> str:
         return package_version("attnfast-example-backend")
@@ -108,14 +115,29 @@ class ChunkedTorchBackend(Backend):
 
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
         # Host-side metadata is read once here, so the returned callable does no device sync.
+        run = self._run(case, inputs, inputs.q, inputs.k, inputs.v, inputs.sinks)
+        return lambda: run()[0]
+
+    def prepare_backward(self, case: AttentionCase, inputs: CaseInputs) -> AutogradBackward:
+        """The same kernel through autograd: gradients of q, k, v (and the sinks) by torch."""
+
+        leaves = grad_leaves(inputs, learn_sinks=case.sinks)
+        run = self._run(case, inputs, leaves.q, leaves.k, leaves.v, leaves.sinks)
+
+        def forward(_: GradLeaves) -> tuple[torch.Tensor, torch.Tensor]:
+            res, out = run()  # the kernel on the leaves, with the autograd graph
+            return out, res.lse
+
+        return AutogradBackward(forward, leaves, inputs.dout)
+
+    def _run(self, case, inputs, q, k, v, sinks) -> Callable[[], tuple[KernelOutput, torch.Tensor]]:
         cu_q = inputs.cu_seqlens_q.tolist()
         cu_k = inputs.cu_seqlens_k.tolist()
         scale = case.scale if case.scale is not None else 1.0 / math.sqrt(case.head_dim)
         left, right = case.window
-        q, k, v, sinks = inputs.q, inputs.k, inputs.v, inputs.sinks
 
-        def run() -> KernelOutput:
-            out = q.new_zeros(q.shape[0], case.num_heads, case.dv)
+        def run() -> tuple[KernelOutput, torch.Tensor]:
+            outs = []
             lse = torch.full((case.num_heads, q.shape[0]), -math.inf, device=q.device)
             for b in range(case.batch):
                 qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
@@ -130,7 +152,9 @@ class ChunkedTorchBackend(Backend):
                     softcap=case.softcap,
                     sinks=sinks,
                 )
-                out[qs], lse[:, qs] = o.to(out.dtype), s
-            return KernelOutput(out, lse)
+                outs.append(o.to(q.dtype))
+                lse[:, qs] = s.detach()
+            out = torch.cat(outs) if outs else q.new_zeros(0, case.num_heads, case.dv)
+            return KernelOutput(out.detach(), lse), out
 
         return run

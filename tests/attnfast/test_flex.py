@@ -56,7 +56,9 @@ def test_flex_query_tiles_agree() -> None:
 def test_flex_declares_everything_and_cpu_only() -> None:
     backend = FlexCpuBackend()
     refused = {f for f, s in backend.capabilities().items() if not s}
-    assert refused == OPT_IN_FEATURES - backend.accepts == {"v_pad", "sched_meta"}
+    assert refused == OPT_IN_FEATURES - backend.accepts == {"v_pad", "sched_meta", "backward", "bwd_deterministic"}
+    # the backward is torch's refusal (flex_attention._validate_device), not an undeclared feature
+    assert "does not support backward on CPU" in backend.capabilities()["backward"].reason
     assert not backend.supports(CASES["prefill_causal"], "cuda")
     with pytest.raises(ValueError, match="max_score_elems"):
         FlexCpuBackend(max_score_elems=0)

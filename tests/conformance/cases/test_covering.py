@@ -12,7 +12,7 @@ from conformance.cases import covering, space
 from conformance.cases.covering import Strength, coverage, covering_array, measures, uncovered
 from conformance.cases.found import found_cases
 from conformance.graphs.suite import small_cases
-from conformance.cases.suites import DEFAULT, covering_cases, get_suite
+from conformance.cases.suites import DEFAULT, backward_cases, covering_cases, get_suite
 from conformance.cli import main
 
 # ------------------------------------------------------------------ a small space, checked by brute force
@@ -132,7 +132,8 @@ def test_default_covers_every_pair_and_every_kernel_triple() -> None:
     sweep_ids = list(dict.fromkeys(c.id for sweep in DEFAULT for c in sweep.cases()))
     assert [c.id for c in cases[: len(sweep_ids)]] == sweep_ids
     added = covering_cases("default")
-    assert [c.id for c in cases[len(sweep_ids) :]] == [c.id for c in added + found_cases() + tuple(small_cases())]
+    after = added + found_cases() + tuple(small_cases()) + backward_cases("default")  # backward: issue 20
+    assert [c.id for c in cases[len(sweep_ids) :]] == [c.id for c in after]
     assert len(added) <= 3000  # 1,657 before the registry's heads and dims levels, 2,927 with them
     # every heads level meets every dims level (a kernel triple with batch), the wide ones and 224 included
     seen = {(p["heads"], p["dims"]) for p in map(space.classify, cases)}

@@ -8,7 +8,7 @@ from conformance.cases.case import FEATURES, AttentionCase
 from conformance.cases.suites import get_suite, suite_names
 
 SIZES = {
-    "smoke": (80, 150),
+    "smoke": (80, 170),
     "default": (1500, 6000),
     "full": (10000, 40000),
     "perf": (20, 200),
@@ -16,6 +16,7 @@ SIZES = {
     "models": (300, 3000),
     "graphs": (20, 100),
     "limits": (300, 1000),
+    "training": (30, 60),
 }
 
 

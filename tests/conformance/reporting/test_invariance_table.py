@@ -33,7 +33,7 @@ def test_cells_modes_and_notes():
         }
     }
     graph = {"graph": {"replays": [{"vs_eager": _eq(), "vs_plain": _eq(False, 2)}]}}
-    sglang = {"graph": {"replays": [{"vs_eager": _eq(), "vs_own_call": _eq()}]}}
+    sglang = {"graph": {"replays": [{"vs_eager": _eq(), "vs_own_call": _eq()}]}}  # an old record's key, still read
     records = [
         _rec("k", {"invariance": "run"}, extra=inv_kept),
         _rec("k", {"invariance": "batch", "num_splits": 1}, Status.FAIL, inv_broken),

@@ -1,0 +1,101 @@
+"""The reference and baseline gradients of a backward case, computed once per (case, inputs, device).
+
+* reference: :func:`attnref.attention_varlen_backward` in the forward reference's precision (fp32 for bf16/fp16
+  inputs, fp64 for fp32 inputs: :func:`conformance.verdict.reference.default_numerics`), from the forward
+  reference's ``out`` and ``lse``;
+* baseline: the same backward with ``operand_dtype`` the case dtype (P and dS rounded before the matmuls that read
+  them, as a flash kernel's bf16/fp16 backward does; accumulation in fp32), reading the forward reference's
+  ``out`` rounded to the case dtype (a kernel computes ``D = rowsum(dO * O)`` from the output it returned) and its
+  fp32 LSE, and returning the gradients rounded to the case dtype, as a kernel returns them.
+
+Every backend of a case is judged against the same two, so they are cached (:func:`gradients`): the cache keeps
+the last :data:`CACHE_SIZE` entries, keyed by the case id, the device and a fingerprint of the input tensors (the
+harness gives each backend clones of the same inputs, so clones hit the entry and another seed misses it).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+import torch
+
+from attnref import AttnGrads, AttnResult, Numerics, attention_varlen_backward
+from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
+from conformance.verdict.reference import case_options, default_numerics, reference, strict_fp32
+
+__all__ = ["CACHE_SIZE", "CaseGrads", "gradients", "reference_grads", "baseline_grads"]
+
+#: How many (case, inputs) entries the cache keeps: a worker judges one case's backends one after the other.
+CACHE_SIZE = 2
+
+
+class CaseGrads(NamedTuple):
+    """The reference and the same-precision baseline gradients of one case's inputs."""
+
+    ref: AttnGrads
+    base: AttnGrads
+
+
+_CACHE: OrderedDict[tuple, CaseGrads] = OrderedDict()
+
+
+def _backward(case: AttentionCase, inputs: CaseInputs, numerics: Numerics, fwd: AttnResult, operand) -> AttnGrads:
+    if inputs.dout is None:
+        raise ValueError(f"inputs.dout must be set for a backward case ({case.id}): make_inputs draws it")
+    with strict_fp32():
+        return attention_varlen_backward(
+            inputs.q,
+            inputs.k,
+            inputs.v,
+            inputs.dout,
+            inputs.cu_seqlens_q,
+            inputs.cu_seqlens_k,
+            options=case_options(case),
+            alibi_slopes=inputs.alibi_slopes,
+            sinks=inputs.sinks,
+            numerics=numerics,
+            operand_dtype=operand,
+            out=fwd.out,
+            lse=fwd.lse,
+        )
+
+
+def reference_grads(case: AttentionCase, inputs: CaseInputs, fwd: AttnResult | None = None) -> AttnGrads:
+    """The reference gradients (``fwd``: the forward reference, computed when None)."""
+    fwd = reference(case, inputs) if fwd is None else fwd
+    return _backward(case, inputs, default_numerics(case), fwd, None)
+
+
+def baseline_grads(case: AttentionCase, inputs: CaseInputs, fwd: AttnResult | None = None) -> AttnGrads:
+    """The same-precision baseline gradients, in the case dtype (see the module docstring)."""
+    fwd = reference(case, inputs) if fwd is None else fwd
+    dt = case.torch_dtype
+    kernel_like = AttnResult(fwd.out.to(dt).float(), fwd.lse.float())
+    g = _backward(case, inputs, Numerics(dtype=torch.float32), kernel_like, dt)
+    return AttnGrads(*(None if x is None else x.to(dt) for x in g))
+
+
+def _fingerprint(inputs: CaseInputs) -> tuple:
+    parts = (inputs.q, inputs.k, inputs.v, inputs.dout, inputs.sinks, inputs.alibi_slopes)
+    return tuple(
+        None
+        if t is None
+        else (tuple(t.shape), float(t.detach().double().sum()), float(t.detach().double().abs().sum()))
+        for t in parts
+    )
+
+
+def gradients(case: AttentionCase, inputs: CaseInputs, fwd: AttnResult | None = None) -> CaseGrads:
+    """Reference and baseline gradients of ``case`` on ``inputs``, from the cache when already computed."""
+    key = (case.id, str(inputs.q.device), _fingerprint(inputs))
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    fwd = reference(case, inputs) if fwd is None else fwd
+    grads = CaseGrads(reference_grads(case, inputs, fwd), baseline_grads(case, inputs, fwd))
+    _CACHE[key] = grads
+    while len(_CACHE) > CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return grads
