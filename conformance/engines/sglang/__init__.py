@@ -11,6 +11,8 @@ test_layout.py``):
 * :mod:`~conformance.engines.sglang.runner`: ``forward_extend`` / ``forward_decode``, :class:`SGLangForwardRunner`;
 * :mod:`~conformance.engines.sglang.graph_state`: the CUDA-graph buffers, capture and replay metadata
   (``init_cuda_graph_state`` and the two ``init_forward_metadata_*_cuda_graph``), :class:`CudaGraphState`;
+* :mod:`~conformance.engines.sglang.graph_cross`: the encoder buffers of encoder-decoder models' graph path,
+  :class:`EncoderDecoderGraphState` (the engine's graph state);
 * :mod:`~conformance.engines.sglang.graph_cases`: the graph scenarios as cases, their checks and kernel calls;
 * :mod:`~conformance.engines.sglang.graph`: the engine-level CUDA-graph replay, :class:`SGLangGraphRun`;
 * :mod:`~conformance.engines.sglang.fa`: the engine, :class:`SGLangFlashAttention`.
@@ -23,6 +25,7 @@ from .local import VirtualBatches, check_call_metadata, effective_chunk_size, ma
 from .metadata import KCall, SGLangMetadataBuilder, SGLMetadata, Step
 from .graph import SGLangGraphRun
 from .graph_state import FILL_VALUE, CudaGraphState, RunnerBuffers
+from .graph_cross import EncoderDecoderGraphState
 from .runner import SGLangForwardRunner
 from .scenarios import FINDINGS, GRAPH_FINDINGS, GRAPH_SCENARIOS, SCENARIOS, GraphScenario, Scenario, tree_paths
 
@@ -32,6 +35,7 @@ __all__ = [
     "GRAPH_FINDINGS",
     "GRAPH_SCENARIOS",
     "CudaGraphState",
+    "EncoderDecoderGraphState",
     "GraphScenario",
     "RunnerBuffers",
     "SGLangGraphRun",

@@ -55,10 +55,10 @@ MIXED steps build no local metadata, so chunked-local layers attend the whole co
 ``sinks`` to both cascade calls (the sink counted twice by the merge); the encoder page table is never strided to
 pages; fp8 descales are ``(batch_size, hk)`` where virtual batches have more sequences (FA3: ``CHECK_SHAPE(k_descale,
 batch_size, num_heads_k)``).  CUDA-graph scenarios (decode, local decode, target verify and draft decode with
-top-k 1 and > 1): captured at a bucket and replayed for every batch size up to it
-(:mod:`conformance.engines.sglang.graph`; draft decode only there).  Not modelled: draft extend, hybrid SWA pools
-(``full_to_swa_index_mapping``), FA4 (``fa_impl_ver``), fp8 with MLA (head dim 576 > 256: no descales, the fp8
-cache cast to q's dtype without a scale).
+top-k 1 and > 1, an encoder-decoder step's cross and self layers): captured at a bucket and replayed for every
+batch size up to it (:mod:`conformance.engines.sglang.graph`; draft decode only there).  Not modelled: draft
+extend, hybrid SWA pools (``full_to_swa_index_mapping``), FA4 (``fa_impl_ver``), fp8 with MLA (head dim 576 >
+256: no descales, the fp8 cache cast to q's dtype without a scale).
 
 Where it lives: this module is the engine, :class:`SGLangFlashAttention` (cases and their checks, the top-k tree's
 reference).  Its base classes hold the backend: :class:`~conformance.engines.sglang.runner.SGLangForwardRunner`
@@ -85,7 +85,7 @@ from attnfast.base import Backend, KernelOutput, Support
 from ..base import Kernel, Request, call_inputs
 from ..calls import call_case, prefix_sums
 from .graph import SGLangGraphRun
-from .graph_state import CudaGraphState
+from .graph_cross import EncoderDecoderGraphState
 from .graph_cases import check_graph_case, graph_case, graph_layer, graph_plan, graph_support
 from .metadata import KCall, SGLangMetadataBuilder, SGLMetadata, Step
 from .runner import SGLangForwardRunner
@@ -130,7 +130,7 @@ class SGLangFlashAttention(SGLangForwardRunner):
 
     name = "sglang_fa"
     #: the CUDA-graph state class (``init_cuda_graph_state`` and the capture / replay metadata; tests plant bugs)
-    graph_state = CudaGraphState
+    graph_state = EncoderDecoderGraphState
     seed = "003"
     description = (
         "SGLang FlashAttention backend: page table, virtual batches, windows, top-k verify cascade, cross, MLA, fp8"

@@ -2,13 +2,15 @@
 
 A graph case of the engine ``sglang_fa`` names a scenario of
 :data:`~conformance.engines.sglang.scenarios.GRAPH_SCENARIOS` (decode, deterministic decode, local-attention
-decode, target verify with top-k 1 and > 1, draft decode with top-k 1 and > 1) and carries ``graph``: the size of
-each replay batch, the capture bucket ``bs`` first (every later batch has at most ``bs`` requests), and
+decode, target verify with top-k 1 and > 1, draft decode with top-k 1 and > 1, the cross- and self-attention
+layers of an encoder-decoder decode, :mod:`conformance.engines.sglang.graph_cross`) and carries ``graph``: the size
+of each replay batch, the capture bucket ``bs`` first (every later batch has at most ``bs`` requests), and
 ``graph_fill = 1`` (``get_cuda_graph_seq_len_fill_value()``).  Its requests are the batches one after the other,
 ``(q_len, kv_len)`` each (``q_len``: 1, the draft tokens of a verify, ``topk`` of a top-k draft step; ``kv_len``:
 ``seq_lens`` plus the draft tokens the step sees).  :class:`SGLangGraphRun` then does what the engine does:
 
-1. one memory pool for every request of the case (``req_to_token`` rows in a shuffled order, pages handed out
+1. one memory pool for every request of the case (``req_to_token`` rows in a shuffled order, an encoder-decoder
+   request's row its encoder tokens then its decoder tokens, the layer's keys written at its own, pages handed out
    shuffled; entries past a request's tokens hold random valid slots, the pool's unused slots large values, so a
    read past ``cache_seqlens`` shows), the keys written through ``req_to_token``;
 2. ``init_cuda_graph_state(bs)`` and the capture's metadata for the runner's capture batch (``seq_lens`` at the
@@ -51,6 +53,7 @@ from conformance.graphs.replay import pins_splits
 from ..base import call_inputs
 from ..calls import hand_out_blocks, prefix_sums, token_slots
 from .graph_cases import GraphCall, graph_calls, graph_scenario, seq_lens_of, visible_draft_tokens
+from .graph_cross import allocate_encoder_lens, cross_lengths
 from .graph_state import FILL_VALUE, CudaGraphState, RunnerBuffers
 from .scenarios import GraphScenario, tree_paths
 
@@ -95,7 +98,8 @@ class _Pool:
 def _pool(case: AttentionCase, inputs: CaseInputs, sc: GraphScenario, seed: int) -> _Pool:
     gen = torch.Generator().manual_seed(int(case.digest(), 16) % (1 << 62) + seed)
     seq = seq_lens_of(sc, case)
-    tokens = [s + sc.allocated for s in seq]
+    enc = cross_lengths(sc)[0] if sc.layer else [0] * len(seq)  # a row holds [encoder | decoder] tokens
+    tokens = [e + s + sc.allocated for e, s in zip(enc, seq)]
     ps, dev, dt = sc.page_size, inputs.device, case.torch_dtype
     perm, pages = hand_out_blocks(tokens, ps, gen)
     num_slots = len(perm) * ps
@@ -115,8 +119,9 @@ def _pool(case: AttentionCase, inputs: CaseInputs, sc: GraphScenario, seed: int)
             n_step = sc.step_id + 1
             pos = list(range(s)) + [s + j * sc.num_steps + i for j in range(sc.topk) for i in range(n_step)]
             drafts.append(slots[s:])
-        else:
-            pos = list(range(case.kv_lens[r]))
+        else:  # the cross layer's keys are the encoder's tokens, the self layer's the decoder's after them
+            base = 0 if sc.layer == "cross" else enc[r]
+            pos = list(range(base, base + case.kv_lens[r]))
             drafts.append([])
         slots_all += [slots[p] for p in pos]
         keys_all += list(range(cu_k[r], cu_k[r] + len(pos)))
@@ -162,7 +167,11 @@ class SGLangGraphRun:
         state = getattr(eng, "graph_state", CudaGraphState)(sc, dev)  # planted bugs override it
         state.init_cuda_graph_state(bs)
         runner = RunnerBuffers.allocate(bs, bs * sc.topk * sc.num_steps, dev)
-        md, mde = state.capture(bs, runner.seq_lens)
+        if sc.layer:
+            allocate_encoder_lens(runner)
+            md, mde = state.capture(bs, runner.seq_lens, runner.encoder_lens)
+        else:
+            md, mde = state.capture(bs, runner.seq_lens)
         local_cu_k = torch.zeros(bs + 1, dtype=torch.int32, device=dev)  # the harness's (the seed passes None)
         calls = graph_calls(case, sc, md, mde, local_cu_k)
         gen = torch.Generator().manual_seed(self.seed * 7919 + 3)
@@ -208,13 +217,15 @@ class SGLangGraphRun:
         )
         cu_q = inputs.cu_seqlens_q.tolist()
         seq_all = seq_lens_of(sc, case)
+        enc_all = cross_lengths(sc)[0]
         outs, lses, start = [], [], 0
         for n in case.graph:
             group = list(range(start, start + n))
             start += n
             seq = [seq_all[r] for r in group]
             drafts = [slot for r in group for slot in pool.draft_slots[r]]
-            runner.prepare([pool.rows[r] for r in group], seq, drafts or None)
+            enc = [enc_all[r] for r in group] if sc.layer else None
+            runner.prepare([pool.rows[r] for r in group], seq, drafts or None, enc)
             qbuf[: n * ql].copy_(inputs.q[cu_q[group[0]] : cu_q[group[-1] + 1]])
             mask = _custom_mask(sc, seq)
             state.replay(bs, pool.req_to_token, runner, None if mask is None else mask.to(dev))

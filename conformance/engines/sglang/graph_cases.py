@@ -17,7 +17,8 @@ from conformance.cases.inputs import CaseInputs
 
 from ..base import call_inputs
 from ..calls import call_case, prefix_sums
-from .graph_state import FILL_VALUE, CudaGraphState, GraphMetadata, RunnerBuffers
+from .graph_cross import EncoderDecoderGraphState, allocate_encoder_lens, check_cross_case, cross_kv_lens, cross_lengths
+from .graph_state import FILL_VALUE, GraphMetadata, RunnerBuffers
 from .scenarios import GRAPH_FINDINGS, GRAPH_SCENARIOS, GraphScenario, tree_paths
 
 __all__ = [
@@ -44,7 +45,10 @@ def graph_scenario(name: str) -> GraphScenario:
 
 
 def seq_lens_of(sc: GraphScenario, case: AttentionCase) -> list[int]:
-    """``ForwardBatch.seq_lens`` of every request of ``case`` (its keys minus the draft tokens the step sees)."""
+    """``ForwardBatch.seq_lens`` of every request of ``case`` (its keys minus the draft tokens the step sees; an
+    encoder-decoder scenario's decoder lengths)."""
+    if sc.layer:
+        return cross_lengths(sc)[1]
     return [kv - sc.new_keys for kv in case.kv_lens]
 
 
@@ -95,6 +99,22 @@ def graph_calls(case: AttentionCase, sc: GraphScenario, md: GraphMetadata, mde: 
         names = (prefix + "page_table", prefix + "cache_seqlens_int32")
         return GraphCall(label, cc, m.page_table, m.cache_seqlens_int32, m.cu_seqlens_q, cu_k, names, ps)
 
+    if sc.layer == "cross":  # layer.is_cross_attention: the encoder's table and lengths, non-causal, no window
+        if md.encoder_page_table is None or md.encoder_lens_int32 is None:
+            raise ValueError("encoder_page_table: the cross-attention layer's bucket was captured without encoder_lens")
+        t = md.encoder_page_table
+        cc = call_case(
+            case,
+            [(1, t.shape[1] * ps)] * t.shape[0],
+            causal=False,
+            window=(None, None),
+            chunk=None,
+            graph=(),
+            graph_fill=0,
+        )
+        names = ("encoder_page_table", "encoder_lens_int32")
+        label = "cross attention (encoder page table, graph buffers)"
+        return [GraphCall(label, cc, t, md.encoder_lens_int32, md.cu_seqlens_q, md.encoder_cu_seqlens_k, names, ps)]
     lam = md.local_attn_metadata
     if lam is not None:  # use_local_attn: decode passes no window and no cu_seqlens_k_new
         reqs = [(1, lam.local_block_table.shape[1] * ps)] * lam.local_block_table.shape[0]
@@ -175,6 +195,8 @@ GRAPH_FIXED_FIELDS = (
 def graph_case(engine: str, name: str, sc: GraphScenario) -> AttentionCase:
     """The scenario's case: its default batches (``graph`` their sizes, capture bucket first)."""
     reqs = tuple((sc.q_len, s + sc.new_keys) for batch in sc.batches for s in batch)
+    if sc.layer:
+        reqs = tuple((1, n) for n in cross_kv_lens(sc))
     return AttentionCase(
         requests=reqs,
         num_heads=8,
@@ -183,7 +205,7 @@ def graph_case(engine: str, name: str, sc: GraphScenario) -> AttentionCase:
         dtype="bf16",
         kv_layout="NHD",
         block_size=sc.page_size,
-        causal=True,
+        causal=sc.layer != "cross",
         chunk=sc.chunk,
         num_splits=1 if sc.deterministic else None,
         engine=engine,
@@ -207,6 +229,8 @@ def check_graph_case(engine: str, case: AttentionCase) -> None:
         raise ValueError(
             f"graph: scenario {case.scenario!r} is a CUDA-graph replay: list the replay batch sizes, bucket first"
         )
+    if sc.layer:
+        check_cross_case(case, sc, canon)
     bs = case.graph[0]
     for i, n in enumerate(case.graph[1:], 1):
         if n > bs:
@@ -225,8 +249,12 @@ def graph_plan(case: AttentionCase) -> list[tuple[str, AttentionCase]]:
     """The bucket's calls (labels and call cases) of a graph case, from a capture on CPU."""
     sc = graph_scenario(case.scenario)
     bs = case.graph[0]
-    state = CudaGraphState(sc, "cpu")
+    state = EncoderDecoderGraphState(sc, "cpu")
     state.init_cuda_graph_state(bs)
     runner = RunnerBuffers.allocate(bs, bs * sc.topk * sc.num_steps, "cpu")
-    md, mde = state.capture(bs, runner.seq_lens)
+    if sc.layer:
+        allocate_encoder_lens(runner)
+        md, mde = state.capture(bs, runner.seq_lens, runner.encoder_lens)
+    else:
+        md, mde = state.capture(bs, runner.seq_lens)
     return [(c.label, c.case) for c in graph_calls(case, sc, md, mde, torch.zeros(bs + 1, dtype=torch.int32))]

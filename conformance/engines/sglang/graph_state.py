@@ -28,8 +28,9 @@ Padding (SGLang's ``CudaGraphRunner.replay_prepare``, outside the seed; :class:`
 
 Bad input raises ``ValueError`` naming the field and the bucket: a batch larger than the captured bucket, a
 sequence whose pages do not fit the bucket's page table (``max_context_len``), virtual batches beyond the local
-buffers.  Not modelled: draft extend, cross attention's encoder buffers, top-k > 1 with a sliding window
-(``target_verify_metadata_topk_swa``), hybrid SWA pools.
+buffers.  Cross attention's encoder buffers (``encoder_metadata``) are
+:class:`~conformance.engines.sglang.graph_cross.EncoderDecoderGraphState`.  Not modelled: draft extend, top-k > 1
+with a sliding window (``target_verify_metadata_topk_swa``), hybrid SWA pools.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ class GraphMetadata:
     max_seq_len_q: int = 1
     max_seq_len_k: int = 0
     local_attn_metadata: LocalGraphMetadata | None = None
+    encoder_lens_int32: torch.Tensor | None = None
+    encoder_cu_seqlens_k: torch.Tensor | None = None
+    encoder_page_table: torch.Tensor | None = None
+    encoder_max_seq_len_k: int = 0
 
 
 @dataclass
@@ -84,6 +89,7 @@ class RunnerBuffers:
     seq_lens: torch.Tensor
     out_cache_loc: torch.Tensor
     raw_bs: int = 0
+    encoder_lens: torch.Tensor | None = None  # encoder-decoder models only (graph_cross.allocate_encoder_lens)
 
     @classmethod
     def allocate(cls, bs: int, out_cache_locs: int, device: torch.device | str) -> "RunnerBuffers":
@@ -94,7 +100,13 @@ class RunnerBuffers:
             torch.zeros(max(out_cache_locs, 1), dtype=torch.int64, device=device),
         )
 
-    def prepare(self, req_pool_indices: list[int], seq_lens: list[int], out_cache_loc: list[int] | None) -> None:
+    def prepare(
+        self,
+        req_pool_indices: list[int],
+        seq_lens: list[int],
+        out_cache_loc: list[int] | None,
+        encoder_lens: list[int] | None = None,
+    ) -> None:
         raw = len(seq_lens)
         if raw > self.bs:
             raise ValueError(f"graph: a replay batch of {raw} requests exceeds the captured bucket bs={self.bs}")
@@ -106,6 +118,8 @@ class RunnerBuffers:
         self.seq_lens[:raw].copy_(torch.tensor(seq_lens, dtype=I32, device=dev))
         if out_cache_loc:
             self.out_cache_loc[: len(out_cache_loc)].copy_(torch.tensor(out_cache_loc, dtype=torch.int64, device=dev))
+        if self.encoder_lens is not None and encoder_lens is not None:  # padded rows keep earlier values
+            self.encoder_lens[:raw].copy_(torch.tensor(encoder_lens, dtype=I32, device=dev))
         self.raw_bs = raw
 
 

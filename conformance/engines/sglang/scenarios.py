@@ -113,7 +113,10 @@ class GraphScenario:
     ``batches``: the default replay batches as ``ForwardBatch.seq_lens`` (the committed tokens; a decode's
     ``seq_lens`` include its token), the capture bucket first (its size is ``bs``); ``tree``: the top-k > 1
     verify's draft tree (parent per draft token); ``draft_tokens``: ``speculative_num_draft_tokens``; ``topk``,
-    ``num_steps``, ``step_id``: the draft model's ``topk``, ``speculative_num_steps``, ``speculative_step_id``."""
+    ``num_steps``, ``step_id``: the draft model's ``topk``, ``speculative_num_steps``, ``speculative_step_id``;
+    ``layer``: ``cross`` (a cross-attention layer over the encoder's tokens) or ``self`` (the self-attention layer
+    of the same encoder-decoder step) with ``encoder``: each request's encoder length, batch by batch (empty: no
+    encoder, :mod:`conformance.engines.sglang.graph_cross`)."""
 
     mode: str
     batches: tuple[tuple[int, ...], ...]
@@ -126,6 +129,8 @@ class GraphScenario:
     num_steps: int = 0
     step_id: int = 0
     deterministic: bool = False
+    layer: str = ""
+    encoder: tuple[tuple[int, ...], ...] = ()
 
     @property
     def q_len(self) -> int:
@@ -148,6 +153,9 @@ class GraphScenario:
         """Tokens allocated per request beyond ``seq_lens`` (draft decode: every step of every branch)."""
         return self.topk * self.num_steps if self.mode == "draft_decode" else self.new_keys
 
+
+#: decoder ``seq_lens`` of the encoder-decoder graph scenarios (the capture bucket bs = 3 first)
+_CROSS_BATCHES = ((70, 9, 30), (5, 50), (17,))
 
 GRAPH_SCENARIOS: dict[str, GraphScenario] = {
     "graph_decode": GraphScenario("decode", ((300, 41, 129, 7), (500, 3, 64), (17, 260), (1,))),
@@ -179,6 +187,15 @@ GRAPH_SCENARIOS: dict[str, GraphScenario] = {
         num_steps=3,
         step_id=1,
     ),
+    # encoder-decoder decode (page size 1, as the eager cross scenarios: the encoder table is never strided), every
+    # batch's requests sharing one encoder length (the seed writes encoder_lens[:1] to every row); encoder lengths
+    # grow then shrink (stale encoder-table columns), decoder lengths vary (stale decoder-table columns)
+    "graph_cross_decode": GraphScenario(
+        "decode", _CROSS_BATCHES, page_size=1, layer="cross", encoder=((23, 23, 23), (64, 64), (40,))
+    ),
+    "graph_cross_self_decode": GraphScenario(
+        "decode", _CROSS_BATCHES, page_size=1, layer="self", encoder=((23, 23, 23), (64, 64), (40,))
+    ),
 }
 
 #: Graph configurations where the seed's CUDA-graph path diverges (kept out of ``cases()``; the tests show each).
@@ -189,6 +206,16 @@ GRAPH_FINDINGS: dict[str, GraphScenario] = {
     # bucket).  Measured on an H100 with the check lifted: vLLM 0.24.0's FA3 reads the table by the buffer's row
     # stride and the replay passes (max error 0.006); a kernel that honours the view's shape sees one page
     "graph_local_decode_wide_chunk": GraphScenario("decode", ((69, 31, 32, 40), (100, 33), (45,)), chunk=32),
+    # requests of different encoder lengths in one batch: the replay writes encoder_lens[:1] ("Only support encoder
+    # size 1 for now") into every row's encoder_lens_int32 and shifts every decoder table by it, so request 1 on
+    # reads request 0's encoder length: the cross layer the wrong number of encoder keys, the self layer its own
+    # encoder's keys as decoder keys.  Replayed exactly as the seed does: the numbers fail
+    "graph_cross_decode_mixed_encoder": GraphScenario(
+        "decode", _CROSS_BATCHES, page_size=1, layer="cross", encoder=((23, 64, 40), (64, 23), (40,))
+    ),
+    "graph_cross_self_decode_mixed_encoder": GraphScenario(
+        "decode", _CROSS_BATCHES, page_size=1, layer="self", encoder=((23, 64, 40), (64, 23), (40,))
+    ),
 }
 
 
