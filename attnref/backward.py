@@ -28,8 +28,7 @@ import math
 
 import torch
 
-from .core import attend_sequence, tile_shape
-from .mask import row_bounds
+from .core import attend_sequence, query_tiles, tile_shape
 from .options import AttnOptions, Numerics
 from .result import AttnGrads
 from .validate import check_alibi, check_cu_seqlens, check_head_vector, check_qkv, check_seqlens
@@ -109,15 +108,8 @@ def attend_sequence_backward(
     if sinks is not None:  # P_sink = exp(sink - lse); its value is 0, so dS_sink = P_sink * (0 - D)
         p_sink = torch.exp(sinks.to(dev, ct).reshape(hk, group, 1) - lse_h)
         dsinks = -(p_sink * delta).sum(-1).reshape(h)
-    tq, tk = tile_shape(sq, sk, h, numerics.max_tile_elems)
-    lo_all, hi_all = row_bounds(torch.arange(sq, device=dev), sq, sk, options)
-
-    for q0 in range(0, sq, tq):
-        q1 = min(sq, q0 + tq)
-        lo, hi = lo_all[q0:q1], hi_all[q0:q1]
-        span_lo, span_hi = int(lo.min()), int(hi.max())
-        if span_lo >= span_hi:
-            continue  # every row of this tile is fully masked: no gradient flows
+    tiles = tile_shape(sq, sk, h, numerics.max_tile_elems)
+    for q0, q1, lo, hi, key_tiles in query_tiles(sq, sk, tiles, options, dev):  # fully masked tiles: no gradient
         n = q1 - q0
         # rows of a tile are (query head of the group, query): (hk, g * tq, .), so a matmul over them sums the group
         qt = qh[:, :, q0:q1].reshape(hk, group * n, d)
@@ -126,8 +118,7 @@ def attend_sequence_backward(
         delta_t = delta[:, :, q0:q1].reshape(hk, group * n, 1)
         dq_t = torch.zeros(hk, group * n, d, dtype=ct, device=dev)
         rows = torch.arange(q0, q1, device=dev)
-        for k0 in range(span_lo, span_hi, tk):
-            k1 = min(span_hi, k0 + tk)
+        for k0, k1 in key_tiles:
             kt, vt = kh[:, k0:k1], vh[:, k0:k1]  # (hk, tk, d|dv)
             s = torch.matmul(qt, kt.transpose(-1, -2)) * scale  # (hk, g * tq, tk)
             if cap is not None:

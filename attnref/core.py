@@ -28,13 +28,14 @@ key tiles that no row of a query tile can see are never computed.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 
 from .mask import row_bounds
 from .options import AttnOptions, Numerics
 
-__all__ = ["attend_sequence", "tile_shape"]
+__all__ = ["attend_sequence", "query_tiles", "tile_shape"]
 
 
 def tile_shape(sq: int, sk: int, heads: int, budget: int) -> tuple[int, int]:
@@ -42,6 +43,23 @@ def tile_shape(sq: int, sk: int, heads: int, budget: int) -> tuple[int, int]:
     tk = max(1, min(max(sk, 1), 1024, budget // max(heads, 1)))
     tq = max(1, min(max(sq, 1), budget // (max(heads, 1) * tk)))
     return tq, tk
+
+
+def query_tiles(
+    sq: int, sk: int, tiles: tuple[int, int], options: AttnOptions, device: torch.device
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor, list[tuple[int, int]]]]:
+    """``(q0, q1, lo, hi, key_tiles)`` of each query tile ``q0:q1`` of ``tiles`` = ``(tq, tk)``: its rows' visible
+    key bounds ``[lo, hi)`` and the key tiles ``(k0, k1)`` over the span the rows see; a tile whose rows are all
+    fully masked is skipped (nothing to compute, no gradient to flow)."""
+    tq, tk = tiles
+    lo_all, hi_all = row_bounds(torch.arange(sq, device=device), sq, sk, options)
+    for q0 in range(0, sq, tq):
+        q1 = min(sq, q0 + tq)
+        lo, hi = lo_all[q0:q1], hi_all[q0:q1]
+        span_lo, span_hi = int(lo.min()), int(hi.max())
+        if span_lo >= span_hi:
+            continue  # every row of this tile is fully masked
+        yield q0, q1, lo, hi, [(k0, min(span_hi, k0 + tk)) for k0 in range(span_lo, span_hi, tk)]
 
 
 @torch.no_grad()
@@ -83,22 +101,14 @@ def attend_sequence(
     kh = k.to(ct).permute(1, 0, 2)  # (hk, sk, d)
     vh = v.to(ct).permute(1, 0, 2)  # (hk, sk, dv)
     slopes = None if alibi_slopes is None else alibi_slopes.to(dev, ct).reshape(hk, group, 1, 1)
-    tq, tk = tile_shape(sq, sk, h, numerics.max_tile_elems)
-    lo_all, hi_all = row_bounds(torch.arange(sq, device=dev), sq, sk, options)
-
-    for q0 in range(0, sq, tq):
-        q1 = min(sq, q0 + tq)
-        lo, hi = lo_all[q0:q1], hi_all[q0:q1]
-        span_lo, span_hi = int(lo.min()), int(hi.max())
-        if span_lo >= span_hi:
-            continue  # every row of this tile is fully masked
+    tiles = tile_shape(sq, sk, h, numerics.max_tile_elems)
+    for q0, q1, lo, hi, key_tiles in query_tiles(sq, sk, tiles, options, dev):
         qt = qh[:, :, q0:q1]  # (hk, g, tq, d)
         m = torch.full((hk, group, q1 - q0), -math.inf, dtype=ct, device=dev)
         l = torch.zeros_like(m)
         acc = torch.zeros(hk, group, q1 - q0, dv, dtype=ct, device=dev)
         rows = torch.arange(q0, q1, device=dev)
-        for k0 in range(span_lo, span_hi, tk):
-            k1 = min(span_hi, k0 + tk)
+        for k0, k1 in key_tiles:
             s = torch.matmul(qt, kh[:, None, k0:k1].transpose(-1, -2)) * scale  # (hk, g, tq, tk)
             if options.softcap is not None:
                 s = torch.tanh(s / options.softcap) * options.softcap

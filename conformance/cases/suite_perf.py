@@ -17,23 +17,12 @@ def perf_cases() -> list[AttentionCase]:
     cases = []
     for d in (64, 128, 256):
         for s in (1024, 4096, 8192, 16384, 32768):
-            b = max(1, 32768 // s)
             for causal, window in ((True, (None, None)), (True, (4096, None)), (False, (None, None))):
                 if window != (None, None) and s <= 4096:
                     continue
                 if not causal and d != 128:
                     continue
-                cases.append(
-                    AttentionCase(
-                        requests=tuple((s, s) for _ in range(b)),
-                        num_heads=16,
-                        num_kv_heads=16,
-                        head_dim=d,
-                        causal=causal,
-                        window=window,
-                        batch_name=f"pf{b}x{s}",
-                    )
-                )
+                cases.append(_prefill(d, s, causal, window))
         for ctx in (4096, 32768, 131072):
             b = max(1, 16 * 32768 // ctx) if ctx <= 32768 else 2
             for layout, bs in (("contiguous", None), ("NHD", 256), ("NHD", 16)):
@@ -62,19 +51,35 @@ def perf_cases() -> list[AttentionCase]:
     )
     cases += _perf_quant_mla_cases()
     cases += perf_backward_cases()
-    # GQA 8 prefill
-    for s in (4096, 16384):
-        cases.append(
-            AttentionCase(
-                requests=((s, s),) * (32768 // s),
-                num_heads=64,
-                num_kv_heads=8,
-                head_dim=128,
-                causal=True,
-                batch_name=f"gqa_pf{32768 // s}x{s}",
-            )
-        )
-    return cases
+    return cases + [_gqa_prefill(s) for s in (4096, 16384)]  # GQA 8 prefill
+
+
+def _prefill(
+    d: int, s: int, causal: bool = True, window: tuple[int | None, int | None] = (None, None)
+) -> AttentionCase:
+    """Prefill of 32k tokens a batch (``max(1, 32768 // s)`` prompts of ``s``), 16 heads, head dim ``d``."""
+    b = max(1, 32768 // s)
+    return AttentionCase(
+        requests=((s, s),) * b,
+        num_heads=16,
+        num_kv_heads=16,
+        head_dim=d,
+        causal=causal,
+        window=window,
+        batch_name=f"pf{b}x{s}",
+    )
+
+
+def _gqa_prefill(s: int) -> AttentionCase:
+    """GQA 8 (64 query heads on 8 kv heads) causal prefill of 32k tokens a batch, head dim 128."""
+    return AttentionCase(
+        requests=((s, s),) * (32768 // s),
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        causal=True,
+        batch_name=f"gqa_pf{32768 // s}x{s}",
+    )
 
 
 def _perf_quant_mla_cases() -> list[AttentionCase]:
@@ -134,34 +139,8 @@ def perf_backward_cases() -> list[AttentionCase]:
     heads), GQA 64/8 at d 128, a 4096-key window at 16k, and FA2's deterministic backward at 8k.  Each is the
     backward twin of a forward case above (same requests, heads, mask and ``batch_name``), so a run of the suite
     times both and the report sets them side by side (:mod:`conformance.reporting.backward_perf`)."""
-    cases = []
-    for d in (64, 128, 256):
-        for s in (4096, 8192, 16384):
-            b = 32768 // s
-            cases.append(
-                AttentionCase(
-                    requests=((s, s),) * b,
-                    num_heads=16,
-                    num_kv_heads=16,
-                    head_dim=d,
-                    causal=True,
-                    backward=True,
-                    batch_name=f"pf{b}x{s}",
-                )
-            )
-    for s in (4096, 16384):
-        cases.append(
-            AttentionCase(
-                requests=((s, s),) * (32768 // s),
-                num_heads=64,
-                num_kv_heads=8,
-                head_dim=128,
-                causal=True,
-                backward=True,
-                batch_name=f"gqa_pf{32768 // s}x{s}",
-            )
-        )
-    common = dict(num_heads=16, num_kv_heads=16, head_dim=128, causal=True, backward=True)
-    cases.append(AttentionCase(requests=((16384, 16384),) * 2, window=(4096, None), batch_name="pf2x16384", **common))
-    cases.append(AttentionCase(requests=((8192, 8192),) * 4, deterministic=True, batch_name="pf4x8192", **common))
-    return cases
+    cases = [_prefill(d, s) for d in (64, 128, 256) for s in (4096, 8192, 16384)]
+    cases += [_gqa_prefill(s) for s in (4096, 16384)]
+    cases.append(_prefill(128, 16384, window=(4096, None)))
+    deterministic = _prefill(128, 8192).replace(backward=True, deterministic=True)
+    return [c.replace(backward=True) for c in cases] + [deterministic]

@@ -52,14 +52,14 @@ from typing import ClassVar
 import torch
 
 import attnref
-from attnfast.base import KernelOutput, Support
+from attnfast.base import KernelOutput
 from attnref import AttnResult
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
 from ..base import Engine, Kernel
-from ..graph_call import graph_support
 from ..calls import STALE, PagedKV, call_case, contiguous_call, cu_seqlens, hand_out_blocks, paged_call, token_slots
+from ..v0_graph_common import V0GraphEngine
 from .graph import DiffGraphRun, captured_call, check_graph_case, graph_case
 from .metadata import DiffMetadata, diffs, validate_metadata
 from .scenarios import GRAPH_SCENARIOS, INVARIANCE_SCENARIOS, SCENARIOS
@@ -127,54 +127,34 @@ def _is_decode(ql: int, kl: int) -> bool:
     return ql == 1 and kl > 1
 
 
-class VllmDifferentialAttention(Engine):
+class VllmDifferentialAttention(V0GraphEngine, Engine):
     """Seed 000 replayed: stripes, four attention calls per branch, lambda, subln (see the module docstring)."""
 
     name = "vllm_diff"
     seed = "000"
     description = "vLLM V0 differential attention: stripe head split, 4 calls, attn1 - lambda * attn2, subln"
 
-    def cases(self) -> list[AttentionCase]:
-        out = []
-        for scenario, (reqs, (h, hk), block, window) in SCENARIOS.items():
-            for dtype in ("bf16", "fp16"):
-                out.append(
-                    AttentionCase(
-                        requests=tuple((r.new, r.kv) for r in reqs),
-                        num_heads=h,
-                        num_kv_heads=hk,
-                        head_dim=64,
-                        dtype=dtype,
-                        kv_layout="NHD",
-                        block_size=block,
-                        causal=True,
-                        window=window,
-                        engine=self.name,
-                        scenario=scenario,
-                    )
-                )
-        graphs = [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
-        return out + self._invariance_cases() + graphs
+    def _case(self, name: str, reqs, heads: tuple[int, int], block: int, window, **fields) -> AttentionCase:
+        """A scenario's case: head_dim 64, causal over the NHD cache; ``fields`` the dtype (and invariance kind)."""
+        return AttentionCase(
+            requests=tuple((r.new, r.kv) for r in reqs),
+            num_heads=heads[0],
+            num_kv_heads=heads[1],
+            head_dim=64,
+            kv_layout="NHD",
+            block_size=block,
+            causal=True,
+            window=window,
+            engine=self.name,
+            scenario=name,
+            **fields,
+        )
 
-    def _invariance_cases(self) -> list[AttentionCase]:
-        """The invariance scenarios' cases (:mod:`conformance.engines.invariance`), bf16."""
-        return [
-            AttentionCase(
-                requests=tuple((r.new, r.kv) for r in reqs),
-                num_heads=h,
-                num_kv_heads=hk,
-                head_dim=64,
-                dtype="bf16",
-                kv_layout="NHD",
-                block_size=block,
-                causal=True,
-                window=window,
-                engine=self.name,
-                scenario=name,
-                invariance=kind,
-            )
-            for name, (kind, reqs, (h, hk), block, window) in INVARIANCE_SCENARIOS.items()
-        ]
+    def cases(self) -> list[AttentionCase]:
+        """Each scenario in bf16 and fp16, then the invariance scenarios (bf16) and the graph scenarios."""
+        out = [self._case(n, *row, dtype=dt) for n, row in SCENARIOS.items() for dt in ("bf16", "fp16")]
+        out += [self._case(n, *row, dtype="bf16", invariance=kind) for n, (kind, *row) in INVARIANCE_SCENARIOS.items()]
+        return out + [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
 
     def check(self, case: AttentionCase) -> None:
         if case.scenario in GRAPH_SCENARIOS:
@@ -246,10 +226,9 @@ class VllmDifferentialAttention(Engine):
         return [(f"{pair} {kind}", c) for pair in PAIRS for kind, c in parts]
 
     def plan(self, case: AttentionCase) -> list[tuple[str, AttentionCase]]:
-        if case.scenario in GRAPH_SCENARIOS:
-            self.check(case)
-            return [(f"{pair} decode: flash_attn_with_kvcache (captured)", captured_call(case)) for pair in PAIRS]
         self.check(case)
+        if case.scenario in GRAPH_SCENARIOS:
+            return [(f"{pair} decode: flash_attn_with_kvcache (captured)", captured_call(case)) for pair in PAIRS]
         meta = self.metadata(case)
         assert case.block_size is not None
         validate_metadata(meta, num_tokens=case.total_q, block_size=case.block_size)
@@ -259,18 +238,10 @@ class VllmDifferentialAttention(Engine):
     #: the graph scenarios' run (planted bugs replace it).
     graph_run: ClassVar[type[DiffGraphRun]] = DiffGraphRun
 
-    def supports(self, case, backend, device):
-        if case.scenario not in GRAPH_SCENARIOS:
-            return super().supports(case, backend, device)
-        if device.split(":")[0] not in backend.devices:
-            return Support(False, f"runs on {'/'.join(backend.devices)}, not {device}")
-        self.check(case)
-        return graph_support(backend, captured_call(case), device)
+    graph_scenarios = GRAPH_SCENARIOS
+    graph_call = staticmethod(captured_call)
 
-    def prepare(self, case, inputs, backend, device):
-        if case.scenario not in GRAPH_SCENARIOS:
-            return super().prepare(case, inputs, backend, device)
-        self.check(case)
+    def graph_prepare(self, case, inputs, backend, device):
         sc, params = GRAPH_SCENARIOS[case.scenario], layer_params(case, inputs.device)
         return self.graph_run(case, inputs, backend, device, engine=self, params=params, pairs=PAIRS, sc=sc)
 

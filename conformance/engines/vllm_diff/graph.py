@@ -57,51 +57,26 @@ from conformance.graphs.captured import CapturedCall, own_inputs
 from conformance.graphs.composed import ComposedRun
 
 from ..base import Request
-from ..calls import STALE, blocks_needed, call_case, token_slots
+from ..calls import STALE, call_case, token_slots
+from ..v0_graph_common import PAD_SEQ_LEN, PAD_SLOT_ID, bucket_width, decode_lists, graph_case, replay_batches
+from ..v0_graph_common import check_graph_case as _check_graph_case
+from ..v0_graph_common import get_graph_runner_block_tables as _graph_runner_block_tables
 from .scenarios import GRAPH_SCENARIOS, GraphScenario
 
-__all__ = ["GRAPH_SCENARIOS", "DiffGraphRun", "GraphScenario", "captured_call", "check_graph_case", "graph_case"]
-
-#: The padded requests' ``seq_lens`` (V0's model runner pads with 1) and slots (``PAD_SLOT_ID``, skipped by the write).
-PAD_SEQ_LEN = 1
-PAD_SLOT_ID = -1
-
-
-def graph_case(engine: str, name: str, sc: GraphScenario) -> AttentionCase:
-    """The ``engines``-suite case of a graph scenario: every replayed request in batch order, ``graph`` the sizes,
-    ``graph_fill`` 1 (V0's padded ``seq_lens``)."""
-    return AttentionCase(
-        requests=tuple((r.new, r.kv) for r in sc.requests),
-        num_heads=sc.heads[0],
-        num_kv_heads=sc.heads[1],
-        head_dim=64,
-        dtype="bf16",
-        kv_layout="NHD",
-        block_size=sc.block_size,
-        causal=True,
-        graph=sc.sizes,
-        graph_fill=PAD_SEQ_LEN,
-        engine=engine,
-        scenario=name,
-    )
+__all__ = [
+    "GRAPH_SCENARIOS",
+    "PAD_SLOT_ID",
+    "DiffGraphRun",
+    "GraphScenario",
+    "captured_call",
+    "check_graph_case",
+    "graph_case",
+]
 
 
 def check_graph_case(case: AttentionCase, sc: GraphScenario) -> None:
     """``ValueError`` naming the field when ``case`` is not the graph scenario it names."""
-    want = tuple((r.new, r.kv) for r in sc.requests)
-    if case.requests != want:
-        raise ValueError(f"requests must be scenario {case.scenario!r}'s {list(want)}, got {list(case.requests)}")
-    if case.graph != sc.sizes:
-        raise ValueError(f"graph must be scenario {case.scenario!r}'s sizes {list(sc.sizes)}, got {list(case.graph)}")
-    if max(case.graph) > case.graph[0]:
-        raise ValueError(
-            f"graph_block_tables: replay batch of {max(case.graph)} requests exceeds the captured bucket of "
-            f"{case.graph[0]} rows (graph[0], the capture batch)"
-        )
-    if case.kv_layout != "NHD" or (case.block_size or 0) % 16 or not case.causal or case.graph_fill != PAD_SEQ_LEN:
-        raise ValueError("differential graph decode: causal over the NHD cache, block_size a multiple of 16, fill 1")
-    if case.quant != "none" or case.alibi or case.has_window or case.sinks or case.num_splits is not None:
-        raise ValueError("differential graph scenarios replay plain 16-bit decode (no quant, ALiBi, window, sinks)")
+    _check_graph_case(case, sc, "differential")
     if case.qv or case.chunk is not None or case.append or case.v_padded or case.scheduler_metadata:
         raise ValueError("differential graph scenarios make their own calls (no qv, chunk, append, V padding, ...)")
     if case.num_heads % 2 or case.num_kv_heads % 2 or case.head_dim % 32 or not 32 <= case.head_dim <= 256:
@@ -111,11 +86,6 @@ def check_graph_case(case: AttentionCase, sc: GraphScenario) -> None:
         )
     if case.dv != case.head_dim:
         raise ValueError(f"head_dim_v must be unset, got {case.dv}")
-
-
-def bucket_width(case: AttentionCase) -> int:
-    """Both graph tables' columns: the longest sequence's blocks plus one (entries past every request's pages)."""
-    return blocks_needed(max(case.kv_lens), case.block_size or 16) + 1
 
 
 def captured_call(case: AttentionCase) -> AttentionCase:
@@ -220,36 +190,13 @@ class DiffGraphRun(ComposedRun):
 
     def get_graph_runner_block_tables(self, num_seqs: int, lists: list[list[int]], graph: torch.Tensor) -> torch.Tensor:
         """The seed's ``_get_graph_runner_block_tables``: real rows' first entries written, the rest kept."""
-        max_batch_size, max_blocks = graph.shape
-        if num_seqs > max_batch_size:  # the seed asserts max_batch_size >= num_seqs
-            raise ValueError(
-                f"graph_block_tables: batch of {num_seqs} sequences exceeds the captured bucket of {max_batch_size}"
-            )
-        rows = graph[:num_seqs]
-        for i, block_table in enumerate(lists):
-            if block_table:
-                rows[i, : min(len(block_table), max_blocks)] = torch.tensor(block_table[:max_blocks], dtype=torch.int32)
-        return rows
+        return _graph_runner_block_tables(num_seqs, lists, graph)
 
     def build(self, live: list[Request]) -> GraphStep:
         """The padded batch's step (block manager: shuffled ids) and both graph tables, as the seed builds them."""
-        bs, pad = self.bs, self.bucket - len(live)
         perm = torch.randperm(self.num_blocks - 1, generator=self.gen).tolist()
-        block_tables, slot_mapping, cursor = [], [], 0
-        for i, r in enumerate(live):
-            if r.kv > self.width * bs:
-                raise ValueError(
-                    f"seq_lens[{i}] = {r.kv} exceeds graph_block_tables' {self.width} blocks of {bs} (the bucket's "
-                    "max_seq_len_to_capture)"
-                )
-            block_tables.append(perm[cursor : cursor + blocks_needed(r.kv, bs)])
-            cursor += len(block_tables[-1])
-            slot_mapping += token_slots(block_tables[-1], range(r.cached, r.kv), bs)
+        seq_lens, slot_mapping, block_tables = decode_lists(live, perm, self.bucket, self.width, self.bs)
         cross = [list(t) for t in block_tables]  # a decode without a sliding window: block_tables[seq_id]
-        seq_lens = [r.kv for r in live] + [PAD_SEQ_LEN] * pad
-        slot_mapping += [PAD_SLOT_ID] * pad
-        block_tables.extend([] * pad)  # as the seed writes it: extends by nothing
-        cross.extend([] * pad)
         n = len(seq_lens)
         tables = self.get_graph_runner_block_tables(n, block_tables, self.graph_block_tables)
         shared = self.get_graph_runner_block_tables(n, cross, self.cross_layer_shared_graph_block_tables)
@@ -322,15 +269,8 @@ class DiffGraphRun(ComposedRun):
 
     def run(self) -> KernelOutput:
         self._allocate()
-        case, captured, outs, start = self.case, None, [], 0
-        for i, n in enumerate(case.graph):
-            if n > self.bucket:
-                raise ValueError(
-                    f"graph_block_tables: replay batch of {n} requests exceeds the captured bucket of {self.bucket}"
-                )
-            group = list(range(start, start + n))
-            start += n
-            live = [Request(new=1, cached=case.kv_lens[r] - 1) for r in group]
+        case, captured, outs = self.case, None, []
+        for i, n, group, live in replay_batches(case, self.bucket):
             step = self.build(live)
             self.write_batch(group, live, step)
             self.copy_inputs(step)

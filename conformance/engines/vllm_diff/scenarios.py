@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..base import Request
+from ..v0_graph_common import GraphScenario as V0GraphScenario
+from ..v0_graph_common import decodes as _d
 
 __all__ = ["GRAPH_SCENARIOS", "INVARIANCE_SCENARIOS", "SCENARIOS", "GraphScenario"]
 
@@ -48,37 +50,29 @@ INVARIANCE_SCENARIOS: dict[
 
 
 @dataclass(frozen=True)
-class GraphScenario:
+class GraphScenario(V0GraphScenario):
     """A CUDA-graph decode (:mod:`conformance.engines.vllm_diff.graph`): batches captured at a bucket (the first
-    batch's size), replayed in order; ``heads`` (H, Hk), the cache's ``block_size``, ``shared_kv`` the KV-sharing
-    layer (``forward_with_kv_cache_only``) instead of the KV-generating one."""
+    batch's size), replayed in order, ``layer`` the case fields; ``shared_kv`` the KV-sharing layer
+    (``forward_with_kv_cache_only``) instead of the KV-generating one."""
 
-    batches: tuple[tuple[Request, ...], ...]
-    heads: tuple[int, int]
-    block_size: int
     shared_kv: bool = False
 
-    @property
-    def requests(self) -> tuple[Request, ...]:
-        return tuple(r for b in self.batches for r in b)
 
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(len(b) for b in self.batches)
-
-
-def _d(*cached: int) -> tuple[Request, ...]:
-    return tuple(Request(new=1, cached=c) for c in cached)
+def _layer(h: int, hk: int, block_size: int) -> dict:
+    """A graph scenario's case fields: heads (H, Hk), the cache's ``block_size``; bf16, head_dim 64, causal NHD."""
+    return dict(
+        num_heads=h, num_kv_heads=hk, head_dim=64, dtype="bf16", kv_layout="NHD", block_size=block_size, causal=True
+    )
 
 
 #: graph scenarios: capture at the bucket, then every smaller batch size (stale rows past them) and the bucket again,
 #: with sequences shorter and longer than the capture's; one case each (bf16, head_dim 64).
 GRAPH_SCENARIOS: dict[str, GraphScenario] = {
     "graph_decode": GraphScenario(
-        (_d(33, 7, 90, 15), _d(120), _d(2, 64), _d(49, 1, 17), _d(70, 8, 111, 30)), (8, 2), 16
+        (_d(33, 7, 90, 15), _d(120), _d(2, 64), _d(49, 1, 17), _d(70, 8, 111, 30)), _layer(8, 2, 16)
     ),
     # pages of 256 (FA2's paged decode takes only multiples of 256), sequences across a page boundary
     "graph_decode_shared_kv": GraphScenario(
-        (_d(300, 20, 130), _d(470, 5), _d(90), _d(260, 3, 64)), (8, 4), 256, shared_kv=True
+        (_d(300, 20, 130), _d(470, 5), _d(90), _d(260, 3, 64)), _layer(8, 4, 256), shared_kv=True
     ),
 }

@@ -49,7 +49,7 @@ from typing import ClassVar
 
 import torch
 
-from attnfast.base import KernelOutput, Support
+from attnfast.base import KernelOutput
 from attnref import dequantize, expand_descale, quantize, window_from_fa2, write_kv_cache, write_kv_cache_fp8
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
@@ -57,7 +57,7 @@ from conformance.cases.quant_inputs import QuantTensors
 
 from ..base import Call, Engine, Kernel
 from ..calls import STALE, PagedKV, allocate_cache, blocks_needed, call_case, contiguous_call, paged_call
-from ..graph_call import graph_support
+from ..v0_graph_common import V0GraphEngine
 from .graph import GRAPH_SCENARIOS, V0GraphRun, captured_call, check_graph_case, graph_case
 from .metadata import Seq, V0Metadata, build_metadata
 from .scenarios import (
@@ -91,7 +91,7 @@ class _Spec:
     tables: torch.Tensor | None = None
 
 
-class VllmV0FlashAttention(Engine):
+class VllmV0FlashAttention(V0GraphEngine, Engine):
     """Seed 002 replayed: V0's metadata builder, cache writes and ``FlashAttentionImpl.forward`` calls."""
 
     name = "vllm_v0_fa"
@@ -286,18 +286,10 @@ class VllmV0FlashAttention(Engine):
     #: the graph scenarios' run (planted bugs replace it).
     graph_run: ClassVar[type[V0GraphRun]] = V0GraphRun
 
-    def supports(self, case, backend, device):
-        if case.scenario not in GRAPH_SCENARIOS:
-            return super().supports(case, backend, device)
-        if device.split(":")[0] not in backend.devices:
-            return Support(False, f"runs on {'/'.join(backend.devices)}, not {device}")
-        self.check(case)
-        return graph_support(backend, captured_call(case), device)
+    graph_scenarios = GRAPH_SCENARIOS
+    graph_call = staticmethod(captured_call)
 
-    def prepare(self, case, inputs, backend, device):
-        if case.scenario not in GRAPH_SCENARIOS:
-            return super().prepare(case, inputs, backend, device)
-        self.check(case)
+    def graph_prepare(self, case, inputs, backend, device):
         return self.graph_run(case, inputs, backend, device, captured_call(case))
 
     # ------------------------------------------------------------------ forward

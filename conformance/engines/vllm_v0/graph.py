@@ -27,9 +27,6 @@ A batch larger than the bucket (``graph_block_tables``' rows) or a sequence long
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import torch
 
 from attnfast.base import KernelOutput
@@ -40,34 +37,13 @@ from conformance.graphs.captured import CapturedCall
 from conformance.graphs.composed import ComposedRun
 
 from ..base import Request
-from ..calls import STALE, blocks_needed, call_case, token_slots
-from .metadata import PAD_SLOT_ID
+from ..calls import STALE, call_case, token_slots
+from ..v0_graph_common import PAD_SEQ_LEN, GraphScenario, bucket_width, decode_lists, graph_case, replay_batches
+from ..v0_graph_common import check_graph_case as _check_graph_case
+from ..v0_graph_common import decodes as _d
+from ..v0_graph_common import get_graph_runner_block_tables as _graph_runner_block_tables
 
 __all__ = ["GRAPH_SCENARIOS", "GraphScenario", "V0GraphRun", "captured_call", "check_graph_case", "graph_case"]
-
-#: The padded requests' ``seq_lens`` (V0's model runner pads with 1).
-PAD_SEQ_LEN = 1
-
-
-@dataclass(frozen=True)
-class GraphScenario:
-    """Decode batches captured at a bucket (the first batch's size), replayed in order; ``layer`` the case fields."""
-
-    batches: tuple[tuple[Request, ...], ...]
-    layer: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def requests(self) -> tuple[Request, ...]:
-        return tuple(r for b in self.batches for r in b)
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(len(b) for b in self.batches)
-
-
-def _d(*cached: int) -> tuple[Request, ...]:
-    return tuple(Request(new=1, cached=c) for c in cached)
-
 
 #: Capture at the bucket, then shorter batches (stale rows past them) and longer sequences than the capture's.
 GRAPH_SCENARIOS: dict[str, GraphScenario] = {
@@ -82,40 +58,9 @@ GRAPH_SCENARIOS: dict[str, GraphScenario] = {
 }
 
 
-def graph_case(engine: str, name: str, sc: GraphScenario) -> AttentionCase:
-    """The ``engines``-suite case of a graph scenario: every replayed request in batch order, ``graph`` the sizes,
-    ``graph_fill`` 1 (V0's padded ``seq_lens``)."""
-    return AttentionCase(
-        requests=tuple((r.new, r.kv) for r in sc.requests),
-        graph=sc.sizes,
-        graph_fill=PAD_SEQ_LEN,
-        engine=engine,
-        scenario=name,
-        **sc.layer,
-    )
-
-
 def check_graph_case(case: AttentionCase, sc: GraphScenario) -> None:
     """``ValueError`` naming the field when ``case`` is not the graph scenario it names."""
-    want = tuple((r.new, r.kv) for r in sc.requests)
-    if case.requests != want:
-        raise ValueError(f"requests must be scenario {case.scenario!r}'s {list(want)}, got {list(case.requests)}")
-    if case.graph != sc.sizes:
-        raise ValueError(f"graph must be scenario {case.scenario!r}'s sizes {list(sc.sizes)}, got {list(case.graph)}")
-    if max(case.graph) > case.graph[0]:
-        raise ValueError(
-            f"graph_block_tables: replay batch of {max(case.graph)} requests exceeds the captured bucket of "
-            f"{case.graph[0]} rows (graph[0], the capture batch)"
-        )
-    if case.kv_layout != "NHD" or (case.block_size or 0) % 16 or not case.causal or case.graph_fill != PAD_SEQ_LEN:
-        raise ValueError("V0 graph decode: causal over the NHD cache, block_size a multiple of 16, graph_fill 1")
-    if case.quant != "none" or case.alibi or case.has_window or case.sinks or case.num_splits is not None:
-        raise ValueError("V0 graph scenarios replay plain 16-bit decode (no quant, ALiBi, window, sinks, splits)")
-
-
-def bucket_width(case: AttentionCase) -> int:
-    """``graph_block_tables``' columns: the longest sequence's blocks plus one (entries past every request's pages)."""
-    return blocks_needed(max(case.kv_lens), case.block_size or 16) + 1
+    _check_graph_case(case, sc, "V0")
 
 
 def captured_call(case: AttentionCase) -> AttentionCase:
@@ -157,37 +102,13 @@ class V0GraphRun(ComposedRun):
     # ------------------------------------------------------------------ the seed's build (planted bugs override)
     def get_graph_runner_block_tables(self, num_seqs: int, block_tables: list[list[int]]) -> torch.Tensor:
         """The seed's ``_get_graph_runner_block_tables``: real rows' first entries written, the rest kept."""
-        max_batch_size, max_blocks = self.graph_block_tables.shape
-        if num_seqs > max_batch_size:  # the seed asserts max_batch_size >= num_seqs
-            raise ValueError(
-                f"graph_block_tables: batch of {num_seqs} sequences exceeds the captured bucket of {max_batch_size}"
-            )
-        rows = self.graph_block_tables[:num_seqs]
-        for i, block_table in enumerate(block_tables):
-            if block_table:
-                n = len(block_table)
-                rows[i, : min(n, max_blocks)] = torch.tensor(block_table[:max_blocks], dtype=torch.int32)
-        return rows
+        return _graph_runner_block_tables(num_seqs, block_tables, self.graph_block_tables)
 
     def build(self, live: list[Request]) -> tuple[list[int], list[int], torch.Tensor]:
         """``(seq_lens, slot_mapping, block_tables)`` of the padded batch, and the cache pages of the live requests
         (block manager: shuffled ids) written with their context (earlier steps) and the step's new token."""
-        bs, pad = self.bs, self.bucket - len(live)
         perm = torch.randperm(self.num_blocks - 1, generator=self.gen).tolist()
-        block_tables, slot_mapping, cursor = [], [], 0
-        for i, r in enumerate(live):
-            if r.kv > self.width * bs:
-                raise ValueError(
-                    f"seq_lens[{i}] = {r.kv} exceeds graph_block_tables' {self.width} blocks of {bs} (the bucket's "
-                    "max_seq_len_to_capture)"
-                )
-            n = blocks_needed(r.kv, bs)
-            block_tables.append(perm[cursor : cursor + n])
-            cursor += n
-            slot_mapping += token_slots(block_tables[-1], range(r.cached, r.kv), bs)
-        seq_lens = [r.kv for r in live] + [PAD_SEQ_LEN] * pad  # the runner pads seq_lens with 1
-        slot_mapping += [PAD_SLOT_ID] * pad
-        block_tables.extend([] * pad)  # as the seed writes it: extends by nothing
+        seq_lens, slot_mapping, block_tables = decode_lists(live, perm, self.bucket, self.width, self.bs)
         return seq_lens, slot_mapping, self.get_graph_runner_block_tables(len(seq_lens), block_tables)
 
     def write_batch(self, group: list[int], live: list[Request], tables: torch.Tensor, slot_mapping: list[int]):
@@ -225,15 +146,8 @@ class V0GraphRun(ComposedRun):
     def run(self) -> KernelOutput:
         self._allocate()
         case, captured = self.case, None
-        outs, start = [], 0
-        for n in case.graph:
-            if n > self.bucket:
-                raise ValueError(
-                    f"graph_block_tables: replay batch of {n} requests exceeds the captured bucket of {self.bucket}"
-                )
-            group = list(range(start, start + n))
-            start += n
-            live = [Request(new=1, cached=case.kv_lens[r] - 1) for r in group]
+        outs = []
+        for _, _, group, live in replay_batches(case, self.bucket):
             seq_lens, slot_mapping, tables = self.build(live)
             self.write_batch(group, live, tables, slot_mapping)
             self.copy_inputs(seq_lens, tables)
