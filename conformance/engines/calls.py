@@ -31,6 +31,7 @@ __all__ = [
     "blocks_needed",
     "call_case",
     "contiguous_call",
+    "tree_sequences",
     "cu_seqlens",
     "hand_out_blocks",
     "paged_call",
@@ -214,3 +215,36 @@ def paged_call(
         qv=qv,
     )
     return Call(label, case, inputs)
+
+
+def tree_sequences(
+    layer: AttentionCase,
+    inputs: CaseInputs,
+    prefix_lens: Sequence[int],
+    paths: Sequence[Sequence[int]],
+    **changes,
+) -> tuple[AttentionCase, CaseInputs]:
+    """Top-k > 1 tree attention as plain attention (SGLang's verify and draft decode): for request ``b`` and each
+    path, one sequence of one query over the request's first ``prefix_lens[b]`` keys and the draft tokens the path
+    names (offsets past the prefix), packed from ``inputs``' contiguous keys; query rows in (request, path) order.
+    ``changes`` go to the call's case (:func:`call_case`)."""
+    cu = [int(x) for x in inputs.cu_seqlens_k.tolist()]
+    idx, reqs = [], []
+    for b, s in enumerate(prefix_lens):
+        for path in paths:
+            keys = list(range(cu[b], cu[b] + s)) + [cu[b] + s + j for j in path]
+            idx += keys
+            reqs.append((1, len(keys)))
+    call = call_case(layer, reqs, kv_layout="contiguous", block_size=None, causal=True, **changes)
+    dev = inputs.device
+    sel = torch.tensor(idx, device=dev)
+    ins = call_inputs(
+        call,
+        q=inputs.q,
+        k=inputs.k[sel],
+        v=inputs.v[sel],
+        cu_seqlens_q=torch.arange(len(reqs) + 1, device=dev),
+        cu_seqlens_k=torch.tensor(prefix_sums([n for _, n in reqs]), device=dev),
+        sinks=inputs.sinks,
+    )
+    return call, ins

@@ -82,8 +82,8 @@ from conformance.cases.sweep import MLA_SCALE
 
 from attnfast.base import Backend, KernelOutput, Support
 
-from ..base import Kernel, Request, call_inputs
-from ..calls import call_case, prefix_sums
+from ..base import Kernel, Request
+from ..calls import tree_sequences
 from .graph import SGLangGraphRun
 from .graph_cross import EncoderDecoderGraphState
 from .graph_cases import check_graph_case, graph_case, graph_layer, graph_plan, graph_support
@@ -226,27 +226,7 @@ class SGLangFlashAttention(SGLangForwardRunner):
     def _tree_layer(self, case: AttentionCase, inputs: CaseInputs) -> tuple[AttentionCase, CaseInputs]:
         """Top-k > 1 verify as plain attention: each draft token one sequence over the prefix and its ancestors."""
         sc = self.scenario(case)
-        paths = tree_paths(sc.tree)
-        cu = [int(x) for x in inputs.cu_seqlens_k.tolist()]
-        idx, reqs = [], []
-        for b, r in enumerate(sc.requests):
-            for path in paths:
-                keys = list(range(cu[b], cu[b] + r.cached)) + [cu[b] + r.cached + j for j in path]
-                idx += keys
-                reqs.append((1, len(keys)))
-        tree = call_case(case, reqs, kv_layout="contiguous", block_size=None, causal=True)
-        sel = torch.tensor(idx, device=inputs.device)
-        dev = inputs.device
-        ins = call_inputs(
-            tree,
-            q=inputs.q,
-            k=inputs.k[sel],
-            v=inputs.v[sel],
-            cu_seqlens_q=torch.arange(len(reqs) + 1, device=dev),
-            cu_seqlens_k=torch.tensor(prefix_sums([n for _, n in reqs]), device=dev),
-            sinks=inputs.sinks,
-        )
-        return tree, ins
+        return tree_sequences(case, inputs, [r.cached for r in sc.requests], tree_paths(sc.tree))
 
     def reference(self, case: AttentionCase, inputs: CaseInputs) -> AttnResult:
         if self.is_graph(case):

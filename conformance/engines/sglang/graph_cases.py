@@ -15,8 +15,7 @@ from attnfast.base import Backend, Support
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from ..base import call_inputs
-from ..calls import call_case, prefix_sums
+from ..calls import call_case, tree_sequences
 from .graph_cross import EncoderDecoderGraphState, allocate_encoder_lens, check_cross_case, cross_kv_lens, cross_lengths
 from .graph_state import FILL_VALUE, GraphMetadata, RunnerBuffers
 from .scenarios import GRAPH_FINDINGS, GRAPH_SCENARIOS, GraphScenario, tree_paths
@@ -141,24 +140,7 @@ def graph_layer(case: AttentionCase, inputs: CaseInputs) -> tuple[AttentionCase,
     visible = visible_draft_tokens(sc)
     if visible is None:
         return None
-    cu = [int(x) for x in inputs.cu_seqlens_k.tolist()]
-    idx, reqs = [], []
-    for b, s in enumerate(seq_lens_of(sc, case)):
-        for path in visible:
-            keys = list(range(cu[b], cu[b] + s)) + [cu[b] + s + j for j in path]
-            idx += keys
-            reqs.append((1, len(keys)))
-    layer = call_case(case, reqs, kv_layout="contiguous", block_size=None, causal=True, graph=(), graph_fill=0)
-    sel, dev = torch.tensor(idx, device=inputs.device), inputs.device
-    ins = call_inputs(
-        layer,
-        q=inputs.q,
-        k=inputs.k[sel],
-        v=inputs.v[sel],
-        cu_seqlens_q=torch.arange(len(reqs) + 1, device=dev),
-        cu_seqlens_k=torch.tensor(prefix_sums([n for _, n in reqs]), device=dev),
-    )
-    return layer, ins
+    return tree_sequences(case, inputs, seq_lens_of(sc, case), visible, graph=(), graph_fill=0)
 
 
 def graph_support(case: AttentionCase, backend: Backend, device: str, plan) -> Support:
