@@ -59,6 +59,7 @@ from typing import Any
 import torch
 
 from conformance.cases.case import AttentionCase
+from conformance.verdict.compare import cosine_similarity
 
 __all__ = ["BACKEND_RULES", "DTYPE_DEFAULTS", "GRADS", "GradTolerance", "LAYOUTS", "judge", "resolve_grad"]
 
@@ -105,15 +106,6 @@ def resolve_grad(case: AttentionCase, backend_name: str = "") -> GradTolerance:
     if case.softcap is not None:
         tol = dataclasses.replace(tol, factor=SOFTCAP_FACTOR, atol=tol.atol + SOFTCAP_ATOL)
     return dataclasses.replace(tol, **BACKEND_RULES.get(backend_name, {}))
-
-
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Cosine of the flattened tensors in fp64; NaN when ``b`` is all 0 (nothing to align with)."""
-    a64, b64 = a.double().flatten(), b.double().flatten()
-    nb, na = float(b64.norm()), float(a64.norm())
-    if nb == 0:
-        return math.nan
-    return float(a64 @ b64) / (na * nb) if na else 0.0
 
 
 def _where(name: str, shape: tuple[int, ...], flat: int) -> str:
@@ -173,8 +165,8 @@ def judge(
     nonfinite = int((~finite & ref_finite).sum())
     max_abs = float(err.max()) if n else 0.0
     mean_abs = float(err.mean()) if n else 0.0
-    cosine = _cosine(g, r) if not nonfinite else math.nan
-    base_cosine = _cosine(torch.where(bfin, b, r), r)
+    cosine = cosine_similarity(g, r) if not nonfinite else math.nan
+    base_cosine = cosine_similarity(torch.where(bfin, b, r), r)
     min_cos = tol.min_cosine if math.isnan(base_cosine) else min(tol.min_cosine, 1 - tol.factor * (1 - base_cosine))
     mean_allowed = tol.mean_factor * b_mean + tol.mean_atol
     problems: dict[str, str] = {}

@@ -17,7 +17,7 @@ from attnref import AttnResult
 from conformance.records import ErrorStats
 from conformance.verdict.tolerance import Tolerance
 
-__all__ = ["CHECKS", "compare", "compare_details"]
+__all__ = ["CHECKS", "compare", "compare_details", "cosine_similarity"]
 
 #: Fixed order of the sub-checks in ``failed_checks`` and in the failure text.
 CHECKS = ("nonfinite", "max_error", "mean_error", "cosine", "lse", "masked_rows")
@@ -58,7 +58,7 @@ def _masked_max(x: torch.Tensor, keep: torch.Tensor) -> float:
     return float(torch.where(keep, x, torch.zeros_like(x)).max()) if x.numel() else 0.0
 
 
-def _cosine(o: torch.Tensor, r: torch.Tensor) -> float:
+def cosine_similarity(o: torch.Tensor, r: torch.Tensor) -> float:
     """Cosine similarity of the flattened tensors in fp64 (fp32 sums lose the 1e-6 it must resolve); NaN if ref is 0."""
     o64, r64 = o.double().flatten(), r.double().flatten()
     r_norm, o_norm = float(r64.norm()), float(o64.norm())
@@ -105,8 +105,8 @@ def compare_details(
     mean_abs = float(err.mean()) if n else 0.0
     max_rel = float((err / r.abs().clamp_min(max(tol.atol, torch.finfo(ct).tiny))).max()) if n else 0.0
     nonfinite = int((~finite & torch.isfinite(r)).sum())
-    # no mutate: the guard only saves work; _cosine of an output with a NaN/Inf is NaN anyway (inf/inf, nan)
-    cosine = _cosine(o, r) if not nonfinite else math.nan  # pragma: no mutate
+    # no mutate: the guard only saves work; cosine_similarity of an output with a NaN/Inf is NaN anyway (inf/inf, nan)
+    cosine = cosine_similarity(o, r) if not nonfinite else math.nan  # pragma: no mutate
     mean_allowed = tol.mean_factor * b_mean + tol.mean_atol
 
     details: dict[str, str] = {}
