@@ -198,7 +198,7 @@ class SGLangFlashAttention(SGLangForwardRunner):
 
     def prepare(self, case: AttentionCase, inputs: CaseInputs, backend: Backend, device: str):
         if self.is_graph(case):
-            return SGLangGraphRun(self, case, inputs, backend, device)
+            return SGLangGraphRun(case, inputs, backend, device, engine=self)
         return super().prepare(case, inputs, backend, device)
 
     def forward(self, case: AttentionCase, inputs: CaseInputs, kernel: Kernel) -> KernelOutput:

@@ -37,17 +37,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from attnfast.base import Backend, KernelOutput
+from attnfast.base import KernelOutput
 from attnref import write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.graphs.buffers import DECOY_SCALE
 from conformance.graphs.captured import CapturedCall, live_rows
+from conformance.graphs.composed import ComposedRun
 from conformance.graphs.replay import pins_splits
 
 from ..base import call_inputs
@@ -142,22 +143,13 @@ def _custom_mask(sc: GraphScenario, seq_lens: list[int]) -> torch.Tensor | None:
 
 
 @dataclass
-class SGLangGraphRun:
+class SGLangGraphRun(ComposedRun):
     """The callable the engine's ``prepare`` returns for a graph case (what the verdict calls)."""
 
-    engine: Any
-    case: AttentionCase
-    inputs: CaseInputs
-    backend: Backend
-    device: str
+    engine: Any = None
     seed: int = 0
-    notes: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
 
-    def __call__(self) -> KernelOutput:
-        self.notes.clear()
-        self.problems.clear()
+    def run(self) -> KernelOutput:
         case, inputs, backend, eng = self.case, self.inputs, self.backend, self.engine
         sc = graph_scenario(case.scenario)
         eng.check(case)
