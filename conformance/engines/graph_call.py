@@ -9,10 +9,15 @@ and take the bucket's call.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from attnfast.base import Backend, Support
 from conformance.cases.case import AttentionCase
 
-__all__ = ["graph_support"]
+from .base import Request
+
+__all__ = ["GraphScenario", "graph_support"]
 
 
 def graph_support(backend: Backend, call: AttentionCase, device: str) -> Support:
@@ -24,3 +29,20 @@ def graph_support(backend: Backend, call: AttentionCase, device: str) -> Support
     if not support:
         return Support(False, f"captured call ({call.summary()}): {support.reason}")
     return Support(True)
+
+
+@dataclass(frozen=True)
+class GraphScenario:
+    """Decode batches captured at a bucket (the first batch's size), replayed in order; ``layer`` the case fields.
+    The engines' graph scenarios are this or extend it (vLLM V1's adds spec tokens and its builder's modes)."""
+
+    batches: tuple[tuple[Request, ...], ...]
+    layer: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def requests(self) -> tuple[Request, ...]:
+        return tuple(r for b in self.batches for r in b)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(len(b) for b in self.batches)

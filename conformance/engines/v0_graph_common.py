@@ -13,7 +13,6 @@ the batch padded to the captured bucket with ``seq_lens`` of 1 (:data:`PAD_SEQ_L
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -23,7 +22,7 @@ from conformance.cases.case import AttentionCase
 
 from .base import Request
 from .calls import blocks_needed, token_slots
-from .graph_call import graph_support
+from .graph_call import GraphScenario, graph_support
 
 __all__ = [
     "PAD_SEQ_LEN",
@@ -41,22 +40,6 @@ __all__ = [
 #: The padded requests' ``seq_lens`` (V0's model runner pads with 1) and slots (``PAD_SLOT_ID``, skipped by the write).
 PAD_SEQ_LEN = 1
 PAD_SLOT_ID = -1
-
-
-@dataclass(frozen=True)
-class GraphScenario:
-    """Decode batches captured at a bucket (the first batch's size), replayed in order; ``layer`` the case fields."""
-
-    batches: tuple[tuple[Request, ...], ...]
-    layer: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def requests(self) -> tuple[Request, ...]:
-        return tuple(r for b in self.batches for r in b)
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(len(b) for b in self.batches)
 
 
 def decodes(*cached: int) -> tuple[Request, ...]:

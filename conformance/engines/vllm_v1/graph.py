@@ -38,8 +38,8 @@ values are not FA3's; what is checked is that the buffer holds the live batch's)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -52,6 +52,7 @@ from conformance.graphs.composed import ComposedRun
 
 from ..base import Request
 from ..calls import STALE, call_case
+from ..graph_call import GraphScenario as BaseGraphScenario
 from .graph_builder import GraphMetadata, V1GraphBuilder, graph_scheduler, host_scheduler_metadata
 from .metadata import cdiv
 from .runner import allocate_kv_cache
@@ -67,24 +68,14 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class GraphScenario:
+class GraphScenario(BaseGraphScenario):
     """Decode steps captured at a bucket: ``batches`` the replay batches (capture first, the bucket's size),
     ``layer`` the case fields, ``spec_tokens`` draft tokens per request (``q_len = 1 + spec_tokens``), ``aot`` the
     builder's ``aot_schedule``, ``batch_invariant`` vLLM's batch-invariant mode."""
 
-    batches: tuple[tuple[Request, ...], ...]
-    layer: dict[str, Any] = field(default_factory=dict)
     spec_tokens: int = 0
     aot: bool = False
     batch_invariant: bool = False
-
-    @property
-    def requests(self) -> tuple[Request, ...]:
-        return tuple(r for b in self.batches for r in b)
-
-    @property
-    def sizes(self) -> tuple[int, ...]:
-        return tuple(len(b) for b in self.batches)
 
 
 def _decodes(q_len: int, *cached: int) -> tuple[Request, ...]:
