@@ -5,7 +5,6 @@ shard merge re-reads too) and the command, a :class:`~conformance.running.runner
 from __future__ import annotations
 
 import argparse
-import sys
 
 from conformance.running.run_args import add_run_arguments
 
@@ -29,21 +28,10 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """``attnconf run``: the options as a :class:`~conformance.running.runner.RunConfig`, run by the runner."""
-    from conformance.running.runner import RunConfig, UsageError, main_run, parse_shard
+    from conformance.running.runner import RunConfig, main_run, parse_shard
+    from conformance.running.usage import device_and_backends
 
-    device = args.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    backends = args.backend
-    if not backends:
-        from attnfast.registry import runnable_names
-
-        backends = runnable_names(device)
-        if not backends:
-            raise UsageError(f"no installed backend runs on {device}; name one with --backend")
-        print(f"attnconf run: device {device}, backends {', '.join(backends)}", file=sys.stderr)
+    device, backends = device_and_backends("run", args.device, args.backend)
     config = RunConfig(
         backends=tuple(backends),
         suite=args.suite or ("models" if args.model else None),

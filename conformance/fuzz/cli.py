@@ -90,20 +90,9 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     from conformance.fuzz.campaign import FuzzConfig, parse_budget, run_fuzz
     from conformance.fuzz.draw import DrawLimits
     from conformance.running.runner import UsageError
+    from conformance.running.usage import device_and_backends
 
-    device = args.device
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    backends = args.backend
-    if not backends:
-        from attnfast.registry import runnable_names
-
-        backends = runnable_names(device)
-        if not backends:
-            raise UsageError(f"no installed backend runs on {device}; name one with --backend")
-        print(f"attnconf fuzz: device {device}, backends {', '.join(backends)}", file=sys.stderr)
+    device, backends = device_and_backends("fuzz", args.device, args.backend)
     try:
         limits = DrawLimits(max_tokens=args.max_tokens, max_heads=args.max_heads)
     except ValueError as exc:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
-__all__ = ["SEED_LIMIT", "UsageError", "positive_int", "positive_seconds", "seed_int"]
+__all__ = ["SEED_LIMIT", "UsageError", "device_and_backends", "positive_int", "positive_seconds", "seed_int"]
 
 
 class UsageError(ValueError):
@@ -54,3 +55,22 @@ def seed_int(text: str) -> int:
     if not 0 <= value < SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_LIMIT}), got {text!r}")
     return value
+
+
+def device_and_backends(command: str, device: str, backends: list[str] | None) -> tuple[str, list[str]]:
+    """``--device`` with ``auto`` resolved (CUDA when present, else the CPU) and ``--backend`` defaulting to every
+    installed backend that runs there, said on stderr (``attnconf COMMAND: device D, backends ...``); a
+    :class:`UsageError` when none does."""
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if backends:
+        return device, list(backends)
+    from attnfast.registry import runnable_names
+
+    found = list(runnable_names(device))
+    if not found:
+        raise UsageError(f"no installed backend runs on {device}; name one with --backend")
+    print(f"attnconf {command}: device {device}, backends {', '.join(found)}", file=sys.stderr)
+    return device, found
