@@ -1,7 +1,9 @@
 """``attnconf``: the command line (also ``python -m conformance``).
 
-Subcommands and exit statuses (2 is always a usage error: bad flags or option values, unknown suite or
-backend, an empty selection, an unwritable ``--out``; printed as one line, never a traceback; 130 on Ctrl-C):
+Exit statuses are :class:`conformance.exits.Exit`, the same for every subcommand: 0 ok, 1 problems found
+(unexpected failures, a regression, missing shards), 2 the command line or an input refused (one line, never a
+traceback), 3 an output could not be written, 4 nothing judged where a verdict was asked for, 5 the harness is
+broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
 
 * ``run``: sweep cases x backends into a JSONL file (:mod:`conformance.running.runner`); 0 when every
   problem (fail/error/crash/timeout) of the selected (case, backend) pairs is a known failure of the ledger,
@@ -32,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from conformance.exits import Exit, UsageError
 
 __all__ = ["build_parser", "main"]
 
@@ -72,13 +76,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``attnconf``; returns the exit status (see the module docstring)."""
+    """Entry point of ``attnconf``; returns the exit status (:class:`conformance.exits.Exit`, listed in the CLI
+    reference).  Routine events end in one line on stderr, never a traceback: a refused command line or input
+    (:class:`~conformance.exits.UsageError`, 2), an output that cannot be written
+    (:class:`~conformance.exits.OutputError`, 3), Ctrl-C at any moment (130, with the resume command for ``run``),
+    a closed standard output (``| head``: 141, silently)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        return _dispatch(argv)
+    except KeyboardInterrupt:  # a run's sweep handles its own (records kept, resume command); this is the rest
+        hint = ""
+        if command == "run":
+            from conformance.running.outcome import resume_command
+
+            hint = f"; records already written are kept: resume with: {resume_command(('attnconf', *argv))}"
+        print(f"attnconf{' ' + command if command else ''}: interrupted (Ctrl-C){hint}", file=sys.stderr)
+        return Exit.INTERRUPTED
+    except BrokenPipeError:
+        _quiet_stdout()
+        return Exit.PIPE_CLOSED
+
+
+def _quiet_stdout() -> None:
+    """After the reader of stdout went away: point stdout at /dev/null so the interpreter's final flush does not
+    raise a second BrokenPipeError (the recipe of Python's signal documentation)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _dispatch(argv: list[str]) -> int:
     from conformance.cli import inventory, results
     from conformance.cli import run as run_cmd
-    from conformance.running.usage import UsageError
     from conformance.running.worker import WorkerStartError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -104,17 +140,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return ledger_main(args)
         return inventory.cases(args)
-    except UsageError as exc:
+    except UsageError as exc:  # OutputError too (its exit_code is 3)
         print(f"attnconf {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return int(exc.exit_code)
     except WorkerStartError as exc:  # not the user's fault: the machine or an adapter import is broken
         print(f"attnconf {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:  # a run's sweep handles its own (records kept, resume command); this is the rest
-        hint = ""
-        if args.command == "run":
-            from conformance.running.outcome import resume_command
-
-            hint = f"; records already written are kept: resume with: {resume_command(('attnconf', *argv))}"
-        print(f"attnconf {args.command}: interrupted (Ctrl-C){hint}", file=sys.stderr)
-        return 130
+        return Exit.INTERNAL

@@ -110,7 +110,7 @@ def backends(args: argparse.Namespace) -> int:
 def cases(args: argparse.Namespace) -> int:
     """``attnconf cases``: the selected cases of a suite, or (``--coverage``) its coverage of the case space."""
     from conformance.running.selection import select_cases, selection_kwargs
-    from conformance.running.usage import UsageError
+    from conformance.exits import UsageError
 
     if (args.strength is not None or args.uncovered or args.backend) and not args.coverage:
         raise UsageError("--strength, --uncovered and --backend need --coverage")

@@ -114,7 +114,7 @@ def _selection(h: Header, shard: tuple[int, int]) -> list[str] | None:
         return None
     from conformance.running.run_args import parse_run_argv
     from conformance.running.selection import select_cases, selection_kwargs
-    from conformance.running.usage import UsageError
+    from conformance.exits import UsageError
 
     try:
         args = parse_run_argv(argv[2:])

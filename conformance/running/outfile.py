@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.records import Header
-from conformance.running.usage import UsageError
+from conformance.exits import UsageError
 
 __all__ = [
     "RESUME_KEYS",

@@ -19,7 +19,7 @@ from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, Status
 from conformance.running.outcome import RunSummary
 from conformance.running.pool import Placement, PlacementError, parse_gpus, plan_workers
-from conformance.running.usage import UsageError
+from conformance.exits import UsageError
 from conformance.running.worker import Reply, WorkerClient
 
 __all__ = ["RunConfig", "is_cuda_oom"]

@@ -13,7 +13,8 @@ import argparse
 from pathlib import Path
 
 from conformance.running.selection import add_selection_args
-from conformance.running.usage import UsageError, positive_int, positive_seconds, seed_int
+from conformance.exits import UsageError
+from conformance.running.usage import positive_int, positive_seconds, seed_int
 
 __all__ = ["add_run_arguments", "parse_run_argv"]
 

@@ -62,7 +62,7 @@ from conformance.running.pairs import (
 )
 from conformance.running.pool import Outcome, WorkFeed, serve
 from conformance.running.selection import json_case_ids, parse_features, parse_models, parse_shard, select_cases
-from conformance.running.usage import UsageError
+from conformance.exits import UsageError
 from conformance.running.worker import Reply, WorkerClient
 
 __all__ = [

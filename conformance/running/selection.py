@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.cases.case import FEATURES, AttentionCase
-from conformance.running.usage import UsageError
+from conformance.exits import UsageError
 
 __all__ = [
     "ID_HELP",

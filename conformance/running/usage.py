@@ -11,11 +11,9 @@ import argparse
 import math
 import sys
 
+from conformance.exits import UsageError
+
 __all__ = ["SEED_LIMIT", "UsageError", "device_and_backends", "positive_int", "positive_seconds", "seed_int"]
-
-
-class UsageError(ValueError):
-    """A bad command line (unknown suite or backend, empty selection, bad option value): exit status 2."""
 
 
 def positive_seconds(text: str) -> float:
