@@ -30,10 +30,18 @@ def add_parsers(sub) -> None:
         "report",
         help="write DIR/report.md and DIR/report.html",
         description="Exit status: 0 when the report was written; 2 when a file is missing or unreadable (not "
-        "UTF-8 text, a broken gzip stream, no records at all) or the files hold no result record. Lines that "
-        "are not records (a truncated last line, garbage) are skipped and counted on stderr, per file.",
+        "UTF-8 text, a broken gzip stream, a line over 64 MiB, no records at all), records a (case, backend) pair "
+        "twice (unless --drop-duplicates) or the files hold no result record. Lines that are not records (a "
+        "truncated last line, garbage) are skipped and counted on stderr, per file; so is a file written by a "
+        "newer attnconf (read as far as this version understands it). Across files, the last record of a pair wins.",
     )
     rep.add_argument("results", nargs="+", type=Path)
+    rep.add_argument(
+        "--drop-duplicates",
+        action="store_true",
+        help="read files that record a (case, backend) pair twice (two runs wrote them at once), keeping the last "
+        "record of each pair (counted on stderr and in --json), instead of refusing them (exit 2)",
+    )
     rep.add_argument("--out", type=Path, default=Path("report"), help="output directory (default report/)")
     rep.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
     rep.add_argument(
@@ -51,9 +59,10 @@ def add_parsers(sub) -> None:
         "performance regression, gradient numbers one run lacks, a lost capability); 2 refused, with one line "
         "naming the file and the reason: a file "
         "missing, unreadable, empty, without header or results, or with lines that are not records (unless "
-        "--allow-skipped); runs of different suites or tolerances; NEW lacking (case, family) pairs of OLD "
-        "(unless --allow-subset); nothing in common. Different backend versions, devices or machines are what "
-        "compare is for.",
+        "--allow-skipped), or recording a (case, backend) pair twice (unless --drop-duplicates); runs of "
+        "different suites or tolerances; NEW lacking (case, family) pairs of OLD (unless --allow-subset); nothing "
+        "in common. A file written by a newer attnconf is compared as far as this version reads it, and said so on "
+        "stderr. Different backend versions, devices or machines are what compare is for.",
     )
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
@@ -69,6 +78,12 @@ def add_parsers(sub) -> None:
         "--allow-skipped",
         action="store_true",
         help="compare files with lines that are not records (e.g. a run killed mid-line); the summary counts them",
+    )
+    c.add_argument(
+        "--drop-duplicates",
+        action="store_true",
+        help="read files that record a (case, backend) pair twice (two runs wrote them at once), keeping the last "
+        "record of each pair (the summary counts the others), instead of refusing them (exit 2)",
     )
     c.add_argument(
         "--allow-subset",
@@ -103,13 +118,27 @@ def add_parsers(sub) -> None:
         help="merge the shard files of one sweep into one results file",
         description="Exit status: 0 when every shard and every selected (case, backend) pair is there; 1 when "
         "some are missing (the merged file is written all the same and its header lists them); 2 when the files "
-        "are not shards of one sweep (suite, commit, backends, options, shard count), hold one shard twice, or "
-        "give one (case, backend) pair two verdicts.",
+        "are not shards of one sweep (suite, commit, backends, options, shard count), hold one shard twice, "
+        "give one (case, backend) pair two verdicts, record one pair twice in one file (unless --drop-duplicates), "
+        "cannot be read (binary, cut or corrupt gzip data, a line over 64 MiB), hold lines that are not records "
+        "(unless --allow-skipped; a killed runner's cut last line is fine: its pair is missing) or were written by a "
+        "newer attnconf; 2 also when another command holds --out.",
     )
     m.add_argument("shards", nargs="+", type=Path, help="results files of `attnconf run --shard i/n` (or merged ones)")
     m.add_argument("--out", type=Path, default=Path("merged.jsonl"), help="merged file (default merged.jsonl; .gz ok)")
     m.add_argument("--summary", type=Path, help="also write the Markdown summary here")
     m.add_argument("--allow-incomplete", action="store_true", help="exit 0 even when shards or pairs are missing")
+    m.add_argument(
+        "--allow-skipped",
+        action="store_true",
+        help="merge files with lines that are not records (garbled lines; the summary counts them)",
+    )
+    m.add_argument(
+        "--drop-duplicates",
+        action="store_true",
+        help="read files that record a (case, backend) pair twice (two runs wrote them at once), keeping the last "
+        "record of each pair (the summary and the merged header count the others), instead of refusing them (exit 2)",
+    )
 
 
 def report(args: argparse.Namespace) -> int:
@@ -128,12 +157,14 @@ def report(args: argparse.Namespace) -> int:
         return 2
 
     try:
-        runs = load_runs(args.results)
+        runs = load_runs(args.results, drop_duplicates=args.drop_duplicates)
     except ResultsFileError as exc:
         return refuse(exc.path, exc.reason)
     if not runs.results:
         return refuse(", ".join(runs.sources), "no result records: nothing to report")
     for f in runs.files:
+        for note in f.notes():
+            print(f"attnconf report: {f.path}: {note}", file=sys.stderr)
         if f.skipped:
             print(f"attnconf report: {f.path}: {f.skipped_summary()}; the rest is reported", file=sys.stderr)
         if not f.results:
@@ -158,6 +189,7 @@ def compare(args: argparse.Namespace) -> int:
             allow_skipped=args.allow_skipped,
             allow_subset=args.allow_subset,
             only_new_families=args.only_new_families,
+            drop_duplicates=args.drop_duplicates,
             ratio_threshold=args.ratio_threshold,
             ratio_floor=args.ratio_floor,
             perf_margin=args.perf_threshold,
@@ -170,6 +202,8 @@ def compare(args: argparse.Namespace) -> int:
         if args.summary_json:
             write_summary(refusal_json(exc.path, exc.reason), args.summary_json)
         return 2
+    for note in cmp.file_notes:
+        print(f"attnconf compare: {note}", file=sys.stderr)
     text = render_markdown(cmp)
     if args.summary_json != "-":
         sys.stdout.write(text)
@@ -183,18 +217,22 @@ def compare(args: argparse.Namespace) -> int:
 
 def merge(args: argparse.Namespace) -> int:
     """``attnconf merge``: 1 when shards or pairs are missing, 2 when the files are not one sweep's shards."""
+    from conformance.lock import hold
     from conformance.reporting.shards import MergeError, merge_shards, render_markdown, write_merged
 
     missing = [str(p) for p in args.shards if not p.is_file()]
     if missing:
         print(f"attnconf merge: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
-    try:
-        merged = merge_shards(args.shards)
-    except MergeError as exc:
-        print(f"attnconf merge: {exc}", file=sys.stderr)
-        return 2
-    write_merged(merged, args.out)
+    with hold(args.out, "--out"):  # no other merge or run writes --out meanwhile
+        try:
+            merged = merge_shards(args.shards, allow_skipped=args.allow_skipped, drop_duplicates=args.drop_duplicates)
+        except MergeError as exc:
+            print(f"attnconf merge: {exc}", file=sys.stderr)
+            return 2
+        write_merged(merged, args.out)
+    for note in merged.notes:
+        print(f"attnconf merge: {note}", file=sys.stderr)
     text = render_markdown(merged, args.out)
     sys.stdout.write(text)
     if args.summary:

@@ -58,5 +58,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         strict=args.strict,
         ledger_dir=args.ledger_dir,
         summary_json=args.summary_json,
+        allow_skipped=args.allow_skipped,
     )
     return main_run(config)

@@ -28,6 +28,7 @@ from typing import Any
 from conformance.cases import space
 from conformance.cases.case import AttentionCase
 from conformance.fuzz.config import Budget, FuzzConfig, FuzzSummary, parse_budget
+from conformance.lock import hold
 from conformance.fuzz.draw import draw
 from conformance.fuzz.group import fuzz_role, group_failures, label, signature
 from conformance.fuzz.persist import Prior, db_key, db_value, open_db, read_prior, with_fuzz, write_header
@@ -206,7 +207,13 @@ def _progress_bar(config: FuzzConfig):
 
 
 def run_fuzz(config: FuzzConfig) -> FuzzSummary:
-    """Run the campaign described by ``config``; raises :class:`UsageError` for a bad command line."""
+    """Run the campaign described by ``config``; raises :class:`UsageError` for a bad command line, or when
+    another command holds the campaign file (:mod:`conformance.lock`: held for the whole campaign)."""
+    with hold(config.out, "--out"):
+        return _run_fuzz(config)
+
+
+def _run_fuzz(config: FuzzConfig) -> FuzzSummary:
     if not config.backends:
         raise UsageError("give at least one --backend")
     if config.max_shrink_steps < 0:

@@ -39,13 +39,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=Path("fuzz.jsonl"),
-        help="results file (default fuzz.jsonl); without --resume an existing one moves to the first free "
-        "numbered backup NAME.1.jsonl, NAME.2.jsonl, ...",
+        help="results file (default fuzz.jsonl; NAME.jsonl.gz: gzipped); without --resume an existing one moves "
+        "to the first free numbered backup NAME.1.jsonl, NAME.2.jsonl, ...; one command at a time per file",
     )
     f.add_argument(
         "--resume",
         action="store_true",
-        help="continue the file's seeded stream: check only missing pairs, finish missing or cut shrinks",
+        help="continue the file's seeded stream: check only missing pairs, finish missing or cut shrinks; refused "
+        "(exit 2) for another campaign's file or one with lines that are not records (see --allow-skipped)",
+    )
+    f.add_argument(
+        "--allow-skipped",
+        action="store_true",
+        help="with --resume: keep lines of the file that are not records (a garbled line) instead of refusing it",
     )
     f.add_argument(
         "--timeout",
@@ -112,6 +118,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         db=args.db,
         progress=not args.no_progress,
         argv=("attnconf", *argv),
+        allow_skipped=args.allow_skipped,
     )
     summary = run_fuzz(config)
     print(summary.text(), file=sys.stderr)

@@ -71,6 +71,8 @@ class FuzzConfig:
     db: Path | None = None
     progress: bool = True
     argv: tuple[str, ...] = ()
+    #: ``--allow-skipped``: ``resume`` keeps lines of the file that are not records instead of refusing it
+    allow_skipped: bool = False
 
     def run_config(self) -> RunConfig:
         """The ``run`` configuration the shared record helpers read (repro commands, tolerance overrides)."""

@@ -94,6 +94,8 @@ class Comparison:
     new_suite: str = ""
     tolerance: str = ""
     notes: list[str] = field(default_factory=list)
+    #: what reading the files noted (a newer writer's schema, duplicates dropped), ``PATH: note``
+    file_notes: list[str] = field(default_factory=list)
 
     @property
     def regressed(self) -> bool:
@@ -206,6 +208,7 @@ def compare_files(
     allow_skipped: bool = False,
     allow_subset: bool = False,
     only_new_families: bool = False,
+    drop_duplicates: bool = False,
     **kwargs: float | None,
 ) -> Comparison:
     """:func:`compare_results` on two results files, with their sources and package versions;
@@ -213,13 +216,19 @@ def compare_files(
     from conformance.reporting.compare_inputs import suite_of, tolerance_of
 
     ins = check_inputs(
-        old, new, allow_skipped=allow_skipped, allow_subset=allow_subset, only_new_families=only_new_families
+        old,
+        new,
+        allow_skipped=allow_skipped,
+        allow_subset=allow_subset,
+        only_new_families=only_new_families,
+        drop_duplicates=drop_duplicates,
     )
     cmp = compare_results(ins.old_results, ins.new_results, **kwargs)  # type: ignore[arg-type]
     cmp.old_source, cmp.new_source = str(old), str(new)
     old_h, new_h = list(ins.old.headers), list(ins.new.headers)
     cmp.old_versions, cmp.new_versions = _versions(old_h, ins.old_results), _versions(new_h, ins.new_results)
     cmp.not_in_new, cmp.outside_scope, cmp.notes = ins.not_in_new, ins.outside_scope, ins.notes
+    cmp.file_notes = ins.file_notes
     for name in cmp.outside_scope:
         cmp.old_versions.pop(name, None)  # listed on their own line, not as families the new run lost
     cmp.old_skipped = [str(s) for s in ins.old.skipped]
@@ -276,6 +285,7 @@ def render_markdown(cmp: Comparison) -> str:
             out.append(
                 f"Skipped {n} line{'s' * (n != 1)} of the {label} file (accepted with --allow-skipped): {first}."
             )
+    out.extend(f"{note}." for note in cmp.file_notes)
     out.extend(cmp.notes)
     if cmp.compared_errors:
         out.append(

@@ -7,8 +7,10 @@ kernel), feature x backend matrix, unexpected failures, ledger-known failures, u
 and stale ledger entries, the declared capability matrix, error-ratio histograms, performance.
 
 Several files are merged (shards of one sweep, or runs on several machines); when two records
-share (case id, backend), the one read last wins.  Files are read by :func:`conformance.records.load_results`:
-a missing or unreadable file, or one without any record, is a :class:`conformance.records.ResultsFileError`;
+share (case id, backend), the one read last wins; within one file a pair recorded twice is refused unless
+``drop_duplicates`` (then the last record of the pair is kept).  Files are read by
+:func:`conformance.records.load_results`: a missing or unreadable file, or one without any record, is a
+:class:`conformance.records.ResultsFileError`;
 lines that are not records are skipped and kept in :attr:`RunSet.files` (``attnconf report`` counts them on
 stderr and exits 2 when the files hold no result at all).
 """
@@ -78,13 +80,16 @@ class RunSet:
     files: list[ResultsFile] = field(default_factory=list)
 
 
-def load_runs(paths: Iterable[Path | str]) -> RunSet:
-    """Read results files; a later record of the same (case id, backend) replaces an earlier one.
-    :class:`conformance.records.ResultsFileError` for a missing or unreadable file or one without records."""
+def load_runs(paths: Iterable[Path | str], drop_duplicates: bool = False) -> RunSet:
+    """Read results files; a record of a later file with the same (case id, backend) replaces an earlier one.
+    :class:`conformance.records.ResultsFileError` for a missing or unreadable file, one without records, or one
+    recording a pair twice (unless ``drop_duplicates``: the last record of it is kept)."""
     runs = RunSet()
     latest: dict[tuple[str, str], CheckResult] = {}
     for path in paths:
-        read = load_results(path, allow_skipped=True, need_header=False, need_results=False)
+        read = load_results(
+            path, allow_skipped=True, need_header=False, need_results=False, drop_duplicates=drop_duplicates
+        )
         runs.files.append(read)
         headers, results = read.headers, read.results
         runs.sources.append(str(path))

@@ -7,7 +7,11 @@ checks that they belong together before anything is compared with a baseline:
   device type, seed, timing and tolerance options, and shard count ``n`` (:class:`MergeError` naming the
   file and the field otherwise);
 * no shard twice, and no (case, backend) pair with two different verdicts (status and error figures) in
-  two files; the same verdict twice is kept once and counted;
+  two files; the same verdict twice is kept once and counted; within one file a pair recorded twice is refused
+  (two runs wrote it at once) unless ``drop_duplicates`` (the last record is kept, and counted);
+* every file reads cleanly (:func:`conformance.reporting.shard_parts.read_file`: unreadable, binary or cut gzip
+  data, a newer writer's schema, lines that are not records unless ``allow_skipped`` are refused); a killed
+  runner's cut last line is not refused, its pair is missing like the others;
 * what is missing: shards ``i/n`` no file holds, and, per shard, the selected (case, backend) pairs it did
   not record (a runner killed mid-sweep).  The pairs are named when the shard's selection can be rebuilt
   from its header (``argv`` re-parsed, the suite built by this checkout, and the same number of cases as
@@ -30,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.records import CheckResult, Header, Status
-from conformance.reporting.shard_parts import MergeError, Pair, ShardPart, agree, read_parts
+from conformance.records import CheckResult, Header, ResultsFile, Status
+from conformance.reporting.shard_parts import MergeError, Pair, ShardPart, agree, read_file, read_parts
 
 __all__ = ["MergeError", "MergedRun", "ShardPart", "merge_shards", "read_parts", "render_markdown", "write_merged"]
 
@@ -49,6 +53,8 @@ class MergedRun:
     shard_count: int
     missing_shards: tuple[int, ...] = ()
     duplicates: int = 0
+    #: what reading the files noted, ``PATH: note`` (a cut last line, duplicates dropped within a file, ...)
+    notes: tuple[str, ...] = ()
 
     @property
     def missing_pairs(self) -> tuple[Pair, ...]:
@@ -91,10 +97,14 @@ def _verdict(r: CheckResult) -> tuple[Any, ...]:
 # --------------------------------------------------------------------------------------------- merging
 
 
-def merge_shards(paths: Iterable[Path | str]) -> MergedRun:
+def merge_shards(
+    paths: Iterable[Path | str], *, allow_skipped: bool = False, drop_duplicates: bool = False
+) -> MergedRun:
     """Check and merge the shard files of one sweep (see the module docstring); :class:`MergeError` when
-    they do not belong together."""
-    parts = [part for p in paths for part in read_parts(p)]
+    they do not belong together or one cannot be read."""
+    files = [read_file(p, allow_skipped=allow_skipped, drop_duplicates=drop_duplicates) for p in paths]
+    notes = tuple(f"{f.path}: {note}" for f in files for note in (*_skipped_note(f), *f.notes()))
+    parts = [part for f in files for part in read_parts(f)]
     if not parts:
         raise MergeError("no shard file given")
     ref = parts[0]
@@ -133,7 +143,16 @@ def merge_shards(paths: Iterable[Path | str]) -> MergedRun:
     missing_shards = tuple(i for i in range(n) if i not in owner)
     results = tuple(r for r, _ in merged.values())
     header = _header(parts, n, missing_shards, duplicates)
-    return MergedRun(header, results, tuple(parts), n, missing_shards, duplicates)
+    header.env["merge"]["dropped_duplicates"] = sum(f.dropped_duplicates for f in files)
+    header.env["merge"]["skipped_lines"] = sum(len(f.skipped) for f in files)
+    return MergedRun(header, results, tuple(parts), n, missing_shards, duplicates, notes)
+
+
+def _skipped_note(f: ResultsFile) -> list[str]:
+    if not f.skipped:
+        return []
+    what = "its pair counts as missing" if f.cut_tail and len(f.skipped) == 1 else "accepted with --allow-skipped"
+    return [f"{f.skipped_summary()}: {what}"]
 
 
 def _header(parts: list[ShardPart], n: int, missing_shards: tuple[int, ...], duplicates: int) -> Header:
@@ -240,6 +259,8 @@ def render_markdown(run: MergedRun, out: Path | str | None = None) -> str:
         lines += ["", f"{run.duplicates} (case, backend) pairs were in two files with the same verdict; kept once."]
     if run.unchecked:
         lines += ["", "Not checked for missing pairs (the header has no case count): " + ", ".join(run.unchecked)]
+    if run.notes:
+        lines += ["", "Read with notes:", ""] + [f"- {note}" for note in run.notes]
     problems = run.problems()
     if problems:
         lines += ["", "## Missing", ""] + [f"- {p}" for p in problems]

@@ -27,6 +27,7 @@ backup is ever overwritten).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.records import Header
+from conformance.records import SCHEMA, Header, ResultsFile, ResultsFileError, refuse_duplicates, scan_results
 from conformance.exits import UsageError
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "check_resume",
     "check_writable",
     "move_aside",
+    "read_for_resume",
     "repair_tail",
     "sweep",
 ]
@@ -193,25 +195,59 @@ def check_writable(path: Path, flag: str = "--out") -> None:
         raise UsageError(f"{flag} {path}: not writable (read-only file or directory)")
 
 
-def repair_tail(path: Path) -> None:
-    """Make the next append start on a fresh line: drop a last line cut short by a kill.
+def read_for_resume(path: Path, *, allow_skipped: bool = False, flag: str = "--resume") -> ResultsFile | None:
+    """The file a resumed run continues, read whole and checked before anything is touched; None when it is
+    absent or empty.  :class:`UsageError` (exit 2, one line naming the file) when it cannot be read (a line longer
+    than :data:`conformance.records.MAX_LINE`, text that is not UTF-8, corrupt gzip data, plain text after gzip
+    data), was written by a newer attnconf (appending to a format this version does not know could break it),
+    records a (case, backend) pair twice, or holds lines that are not records other than a killed writer's cut
+    tail (unless ``allow_skipped``: they are kept, and the pairs they might have held run again).  The cut tail
+    (a last line without its newline that is not JSON, or a cut last gzip member) is reported by the reader and
+    removed by :func:`repair_tail`.  The caller holds the file's lock (:mod:`conformance.lock`)."""
+    try:
+        if not path.exists() or path.stat().st_size == 0:
+            return None
+        f = scan_results(path)
+    except OSError as exc:
+        raise UsageError(f"{flag}: {path}: cannot be read: {exc.strerror or exc}") from None
+    except ResultsFileError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    if f.newer:
+        raise UsageError(
+            f"{flag}: {path}: written by a newer attnconf (schema {f.schema} > {SCHEMA}); resume it with that "
+            "version, or run without --resume (the file is kept as a numbered backup)"
+        )
+    garbled = f.skipped[:-1] if f.cut_tail else f.skipped
+    if garbled and not allow_skipped:
+        n = len(garbled)
+        listed = "; ".join(str(s) for s in garbled[:3]) + (f"; +{n - 3} more" if n > 3 else "")
+        lines = "1 line is" if n == 1 else f"{n} lines are"
+        raise UsageError(
+            f"{flag}: {path}: {lines} not a record ({listed}); pass --allow-skipped to keep "
+            f"{'it' if n == 1 else 'them'} and run the pairs the file lacks"
+        )
+    try:
+        return refuse_duplicates(f)
+    except ResultsFileError as exc:
+        raise UsageError(
+            f"{flag}: {exc.path}: {exc.reason.split('; pass --drop-duplicates')[0]}; a resumed run would not repair "
+            f"it: rewrite it once with attnconf merge {path} --drop-duplicates --out FIXED"
+        ) from None
 
-    A complete JSON object that merely lacks its newline is kept (and given one).
-    """
+
+def repair_tail(path: Path, scanned: ResultsFile | None = None) -> None:
+    """Make the file ready for appending: cut off a killed writer's cut tail (a last line without its newline that
+    is not JSON, a cut last gzip member, zero padding after the last member), and give a last line that lacks only
+    its newline one (a plain newline, or a gzip member holding one).  ``scanned``: the file as
+    :func:`conformance.records.scan_results` read it (read again when None)."""
     if not path.exists() or path.stat().st_size == 0:
         return
-    data = path.read_bytes()
-    if data.endswith(b"\n"):
-        return
-    cut = data.rfind(b"\n") + 1
-    try:
-        json.loads(data[cut:])
-        complete = True
-    except ValueError:
-        complete = False
+    f = scanned if scanned is not None else scan_results(path)
     with open(path, "r+b") as fh:
-        if complete:
-            fh.seek(0, 2)
-            fh.write(b"\n")
-        else:
-            fh.truncate(cut)
+        if f.keep < fh.seek(0, os.SEEK_END):
+            fh.truncate(f.keep)
+        if f.needs_newline and f.keep > 0:
+            fh.seek(0, os.SEEK_END)
+            fh.write(gzip.compress(b"\n", mtime=0) if f.gzip else b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -5,15 +5,13 @@ of a record (:mod:`conformance.running.runner` drives them).
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shlex
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, Status
@@ -61,6 +59,8 @@ class RunConfig:
     ledger_dir: Path | None = None
     #: ``--json``: the machine-readable summary goes here
     summary_json: Path | None = None
+    #: ``--allow-skipped``: ``resume`` keeps lines of the file that are not records instead of refusing it
+    allow_skipped: bool = False
 
 
 def _check_names(specs: tuple[str, ...]) -> None:
@@ -263,21 +263,6 @@ def _timing_warning(config: RunConfig, placements: list[Placement]) -> str | Non
         f"--time with {len(placements)} workers on {devices} device(s): timed kernels share a device with "
         "other workers' work (--jobs auto gives one worker per device with --time)"
     )
-
-
-class _Writer:
-    """The results file, open for the whole run: lines appended as records arrive, fsync'ed per batch."""
-
-    def __init__(self, fh: IO[str]) -> None:
-        self.fh = fh
-
-    def write(self, record: CheckResult) -> None:
-        # The line format of conformance.records.append_record, without its open and fsync per record.
-        self.fh.write(json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n")
-
-    def sync(self) -> None:
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
 
 
 def _account(summary: RunSummary, record: CheckResult, reply: Reply) -> None:

@@ -55,14 +55,23 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=Path("results.jsonl"),
-        help="results file (default results.jsonl); without --resume an existing one moves to the first free "
-        "numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten)",
+        help="results file (default results.jsonl; NAME.jsonl.gz: gzipped); without --resume an existing one "
+        "moves to the first free numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten); one run at a "
+        "time per file: a second one refuses (exit 2) naming the pid of the first",
     )
     r.add_argument(
         "--resume",
         action="store_true",
-        help="keep the file's records and run only the missing (case, backend) pairs; refused (exit 2) when the "
-        "file holds another sweep (suite, selection, seed, device or tolerance differ)",
+        help="keep the file's records and run only the missing (case, backend) pairs (a gzipped file gets gzip "
+        "members); a killed run's cut last line or gzip member is dropped; refused (exit 2) when the file holds "
+        "another sweep (suite, selection, seed, device or tolerance differ), a (case, backend) pair twice, lines "
+        "that are not records (see --allow-skipped) or was written by a newer attnconf",
+    )
+    r.add_argument(
+        "--allow-skipped",
+        action="store_true",
+        help="with --resume: keep lines of the file that are not records (a garbled line; the refusal names "
+        "them) instead of refusing the file, and run the pairs it lacks; readers then need --allow-skipped too",
     )
     r.add_argument("--shard", metavar="I/N", help="run every N-th case starting at the I-th (0 <= I < N)")
     r.add_argument(

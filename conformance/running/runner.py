@@ -39,9 +39,10 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-from conformance.records import CheckResult, Header, Status, append_record, read_records
+from conformance.lock import hold
+from conformance.records import Appender, CheckResult, Header, Status, append_record
 from conformance.running.outcome import RunSummary, resume_command, short_reason
-from conformance.running.outfile import check_resume, check_writable, move_aside, repair_tail, sweep
+from conformance.running.outfile import check_resume, check_writable, move_aside, read_for_resume, repair_tail, sweep
 from conformance.running.pairs import (
     RunConfig,
     _account,
@@ -56,7 +57,6 @@ from conformance.running.pairs import (
     _retry_units,
     _timing_warning,
     _units,
-    _Writer,
     _counts_text,
     is_cuda_oom,
 )
@@ -79,24 +79,31 @@ __all__ = [
 
 
 def _previous(config: RunConfig, identity: dict[str, Any]) -> dict[tuple[str, str], CheckResult]:
-    """The records of the file ``resume`` continues, once its headers say it holds this sweep."""
-    if not config.resume or not config.out.exists():
+    """The records of the file ``resume`` continues, once it reads cleanly (:func:`read_for_resume`) and its
+    headers say it holds this sweep; its cut tail is then repaired, so appends start on a fresh line or member."""
+    if not config.resume:
         return {}
-    try:
-        headers, results = read_records(config.out)
-        text = config.out.read_bytes().strip() != b""
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UsageError(f"--resume: {config.out} cannot be read as a results file: {exc}") from None
-    check_resume(config.out, headers, identity, has_records=text)
-    repair_tail(config.out)
-    return {(r.case_id, r.backend): r for r in results}
+    previous = read_for_resume(config.out, allow_skipped=config.allow_skipped)
+    if previous is None:
+        return {}
+    has_records = bool(previous.headers or previous.results or len(previous.skipped) > previous.cut_tail)
+    check_resume(config.out, previous.headers, identity, has_records=has_records)
+    repair_tail(config.out, previous)
+    return {(r.case_id, r.backend): r for r in previous.results}
 
 
 def run(config: RunConfig) -> RunSummary:
-    """Run the sweep described by ``config``; raises :class:`UsageError` for a bad selection.
+    """Run the sweep described by ``config``; raises :class:`UsageError` for a bad selection, or when another
+    command holds the results file (:mod:`conformance.lock`: the lock is held for the whole run).
 
     Ctrl-C (``KeyboardInterrupt``) during the sweep does not propagate: the workers are stopped, the records that
     arrived are kept, and the summary returned has ``interrupted`` set (exit status 130)."""
+    check_writable(config.out)
+    with hold(config.out, "--out"):
+        return _run(config)
+
+
+def _run(config: RunConfig) -> RunSummary:
     t_start = time.perf_counter()
     cases = select_cases(
         config.suite,
@@ -118,7 +125,6 @@ def run(config: RunConfig) -> RunSummary:
         overrides = load_overrides(list(config.tol), config.tol_file)  # the worker parses them again; fail fast
     except (OSError, ValueError, RuntimeError) as exc:
         raise UsageError(f"tolerance overrides: {exc}") from None
-    check_writable(config.out)
     placements = _placements(config)
     warning = _timing_warning(config, placements)
     if warning:
@@ -210,7 +216,7 @@ def run(config: RunConfig) -> RunSummary:
             restart = record.status is Status.ERROR and (config.device.startswith("cuda") or is_cuda_oom(record))
             return replace(record, extra=extra), restart
 
-        def deliver(outcome: Outcome, writer: _Writer, shared: Counter) -> bool:
+        def deliver(outcome: Outcome, writer: Appender, shared: Counter) -> bool:
             """Write a finished record, or defer a CUDA OOM of a worker that shared its GPU (False)."""
             record = outcome.record
             n = shared[placements[outcome.worker].gpu]
@@ -223,7 +229,7 @@ def run(config: RunConfig) -> RunSummary:
             _account(summary, record, outcome.reply)
             return True
 
-        def phase(ids: list[int], feed: WorkFeed, shared: Counter, writer: _Writer, bar: Any, task: Any) -> None:
+        def phase(ids: list[int], feed: WorkFeed, shared: Counter, writer: Appender, bar: Any, task: Any) -> None:
             """Drive the workers ``ids`` until ``feed`` is empty, writing records as they arrive."""
             outcomes: queue.Queue[Outcome] = queue.Queue()
             stop = threading.Event()
@@ -278,9 +284,8 @@ def run(config: RunConfig) -> RunSummary:
         unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 else {}
         feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()))
         label = (config.suite or "cases") + (f" ({workers} workers)" if workers > 1 else "")
-        with _progress(config, len(todo)) as bar, open(config.out, "a", encoding="utf-8") as fh:
+        with _progress(config, len(todo)) as bar, Appender(config.out) as writer:
             task = bar.add_task(label, total=len(todo), counts="")
-            writer = _Writer(fh)
             phase(list(range(workers)), feed, sharing, writer, bar, task)
             if deferred:
                 # Alone: one worker per GPU (the first placed on it), every other worker closed so that its
