@@ -614,17 +614,19 @@ def scan_results(path: Path | str) -> ResultsFile:
             last = raw
             offset += len(raw)
             cut = not raw.endswith(b"\n")  # only the last line can lack its newline
+            stripped = raw.strip()  # ASCII whitespace: a control byte (a cut gzip magic, 1f) is not blank
+            if not stripped:
+                continue
             try:
-                text = raw.decode("utf-8").strip()
+                text = stripped.decode("utf-8")
             except UnicodeDecodeError as exc:
                 if cut:
                     skipped.append(SkippedLine(n, "not UTF-8 text (the last line, cut short)"))
                 else:
                     skipped.append(SkippedLine(n, f"not UTF-8 text ({exc.reason})"))
                     if bad_text is None:
-                        bad_text = (n, f"byte {offset - len(raw) + exc.start}: {exc.reason}")
-                continue
-            if not text:
+                        at = offset - len(raw) + len(raw) - len(raw.lstrip()) + exc.start
+                        bad_text = (n, f"byte {at}: {exc.reason}")
                 continue
             try:
                 line = json.loads(text)

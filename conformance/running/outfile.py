@@ -18,7 +18,11 @@ of one file must share to be one sweep, and what ``attnconf compare`` checks bef
 
 ``--resume`` refuses (:class:`UsageError`, exit 2) a file any of whose headers differs from the new run in one
 of :data:`RESUME_KEYS`, naming the file and the first differing field.  A header written before ``sweep``
-existed is checked on what it recorded (suite, ``env.run``'s seed, device, shard, tol and tol_file).
+existed is checked on what it recorded (suite, ``env.run``'s seed, device, shard, tol and tol_file).  Before
+that, :func:`read_for_resume` reads the whole file strictly and refuses what a resumed run must not extend
+(unreadable, a pair twice, a newer writer's, garbled lines unless allowed); :func:`repair_tail` then drops a
+killed writer's cut tail, so the appended records (plain lines, or gzip members for a gzipped file:
+:class:`conformance.records.Appender`) start clean.  All of it under the file's lock (:mod:`conformance.lock`).
 
 **No run deletes earlier results**: without ``--resume`` an existing file moves to the first free numbered
 backup ``NAME.1.jsonl``, ``NAME.2.jsonl``, ... (:func:`backup_path`; the highest number is the newest, no

@@ -7,8 +7,10 @@ worker computes the case's reference once and reuses it for every backend.  Kern
 a silent one a ``timeout`` record, and that worker alone is replaced by a fresh one.  Each worker has
 its next request queued before it finishes the current one, so it never waits for the parent.
 
-The parent is the only writer: records are appended as soon as they arrive, and the file is fsync'ed
-once per batch of records that arrived together (before the parent waits again), so a killed run
+The parent is the only writer, and one run at a time holds the file (:mod:`conformance.lock`): records are
+appended as soon as they arrive (:class:`conformance.records.Appender`: plain lines, or one gzip member per batch
+for a gzipped file), and the file is fsync'ed once per batch of records that arrived together (before the parent
+waits again), so a killed run
 loses at most the pairs in flight; ``resume`` skips the pairs already in the file, and refuses a file whose
 header says it holds another sweep (:mod:`conformance.running.outfile`: suite, selection, seed, device,
 tolerance).  Without ``resume`` an existing file is moved to the first free numbered backup
