@@ -23,7 +23,7 @@ from conformance.reporting.ledger import load_ledger
 from conformance.running import runner
 from conformance.running.outcome import RunSummary
 from conformance.running.outfile import backup_path, check_resume, move_aside
-from conformance.running.usage import UsageError
+from conformance.exits import UsageError
 
 FAKES = "tests.conformance.fakes"
 SMOKE = get_suite("smoke")
