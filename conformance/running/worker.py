@@ -133,12 +133,19 @@ class _Worker:
 
     def check(self, req: dict[str, Any]) -> dict[str, Any]:
         from conformance.cases.case import AttentionCase
-        from conformance.verdict.check import check_backend, prepare_context
+        from conformance.verdict.check import check_backend, prepare_context, refusal
 
         phases: dict[str, float] = {}
         device, seed = req.get("device", "cpu"), int(req.get("seed", 0))
         key = json.dumps([req["case"], seed, device], sort_keys=True)
         if key != self.ctx_key:
+            # A backend that refuses the case is answered from the case alone: a case no backend runs never
+            # costs inputs, a reference or a baseline.
+            t0 = time.perf_counter()
+            refused = refusal(AttentionCase.from_json(req["case"]), self.backend(req["backend"]), device, seed)
+            if refused is not None:
+                phases["check_s"] = time.perf_counter() - t0
+                return {"ok": True, "result": refused.to_json(), "phases": phases}
             t0 = time.perf_counter()
             self.ctx, self.ctx_key = None, None  # free the previous case's tensors first
             self.ctx = prepare_context(AttentionCase.from_json(req["case"]), seed=seed, device=device)

@@ -34,7 +34,16 @@ from conformance.verdict.compare import CHECKS, compare, compare_details
 from conformance.verdict.reference import reference
 from conformance.verdict.tolerance import resolve
 
-__all__ = ["CHECKS", "CaseContext", "check_backend", "compare", "composition_of", "prepare_context", "repro_command"]
+__all__ = [
+    "CHECKS",
+    "CaseContext",
+    "check_backend",
+    "compare",
+    "composition_of",
+    "prepare_context",
+    "refusal",
+    "repro_command",
+]
 
 
 @dataclass
@@ -132,6 +141,73 @@ def _exc_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+def _version(backend: Backend) -> str:
+    try:
+        return backend.version()
+    except Exception as exc:  # a broken version probe must not hide the verdict
+        return f"unknown ({_exc_line(exc)})"
+
+
+def _result(
+    case: AttentionCase,
+    backend: Backend,
+    device: str,
+    seed: int,
+    version: str,
+    status: Status,
+    reason: str,
+    *,
+    elapsed: float,
+    kernel_s: float = 0.0,
+    bench_s: float = 0.0,
+    stats: ErrorStats | None = None,
+    timing: Timing | None = None,
+    extra: dict[str, Any] | None = None,
+) -> CheckResult:
+    return CheckResult(
+        case_id=case.id,
+        backend=backend.name,
+        family=backend.family,
+        status=status,
+        case=case.to_json(),
+        reason=reason,
+        version=version,
+        device=device,
+        seed=seed,
+        stats=stats,
+        timing=timing,
+        repro=repro_command(case, backend.name, device, seed),
+        elapsed_s=elapsed,
+        kernel_s=kernel_s,
+        harness_s=elapsed - kernel_s - bench_s,
+        extra=extra if extra is not None else {},
+    )
+
+
+def _engine_extra(case: AttentionCase, engine: Any) -> dict[str, Any]:
+    return {"engine": {"engine": case.engine, "scenario": case.scenario, "seed": engine.seed}} if case.engine else {}
+
+
+def refusal(case: AttentionCase, backend: Backend, device: str, seed: int = 0) -> CheckResult | None:
+    """The record of ``backend`` on ``case`` when it does not run it: UNSUPPORTED with its declared reason (or
+    ERROR when ``supports`` itself raised); None when it runs the case.  Decided from the case alone, before any
+    tensor exists, so a case no backend runs costs no inputs, reference or baseline (the worker asks this first)."""
+    t_start = time.perf_counter()
+    engine = composition_of(case)
+    try:
+        support = backend.supports(case, device) if engine is None else engine.supports(case, backend, device)
+    except Exception as exc:
+        status, reason = Status.ERROR, f"supports() raised {_exc_line(exc)}"
+    else:
+        if support:
+            return None
+        status, reason = Status.UNSUPPORTED, support.reason or "refused without a reason"
+    return _result(
+        case, backend, device, seed, _version(backend), status, reason,
+        elapsed=time.perf_counter() - t_start, extra=_engine_extra(case, engine),
+    )
+
+
 def check_backend(
     ctx: CaseContext,
     backend: Backend,
@@ -143,51 +219,29 @@ def check_backend(
 
     ``kernel_s`` is the one verified kernel call (first-call compilation included); ``harness_s`` is
     everything else (support check, preparation, comparison, and the context's ``ref_s`` the first
-    time the context is used); benchmarking time goes to ``extra["bench_s"]``.
+    time a backend that runs the case uses the context); benchmarking time goes to ``extra["bench_s"]``.
     """
+    refused = refusal(ctx.case, backend, ctx.device, ctx.seed)
+    if refused is not None:
+        return refused
     t_start = time.perf_counter()
     case = ctx.case
     ref_share = 0.0 if ctx.ref_charged else ctx.ref_s
     ctx.ref_charged = True
     clock = {"kernel": 0.0, "bench": 0.0}
-    extra: dict[str, Any] = {}
-    try:
-        version = backend.version()
-    except Exception as exc:  # a broken version probe must not hide the verdict
-        version = f"unknown ({_exc_line(exc)})"
+    engine = composition_of(case)
+    extra: dict[str, Any] = _engine_extra(case, engine)
+    version = _version(backend)
 
     def finish(
         status: Status, reason: str, stats: ErrorStats | None = None, timing: Timing | None = None
     ) -> CheckResult:
-        elapsed = time.perf_counter() - t_start + ref_share
-        return CheckResult(
-            case_id=case.id,
-            backend=backend.name,
-            family=backend.family,
-            status=status,
-            case=case.to_json(),
-            reason=reason,
-            version=version,
-            device=ctx.device,
-            seed=ctx.seed,
-            stats=stats,
-            timing=timing,
-            repro=repro_command(case, backend.name, ctx.device, ctx.seed),
-            elapsed_s=elapsed,
-            kernel_s=clock["kernel"],
-            harness_s=elapsed - clock["kernel"] - clock["bench"],
-            extra=extra,
+        return _result(
+            case, backend, ctx.device, ctx.seed, version, status, reason,
+            elapsed=time.perf_counter() - t_start + ref_share, kernel_s=clock["kernel"], bench_s=clock["bench"],
+            stats=stats, timing=timing, extra=extra,
         )
 
-    engine = composition_of(case)
-    if case.engine:
-        extra["engine"] = {"engine": case.engine, "scenario": case.scenario, "seed": engine.seed}
-    try:
-        support = backend.supports(case, ctx.device) if engine is None else engine.supports(case, backend, ctx.device)
-    except Exception as exc:
-        return finish(Status.ERROR, f"supports() raised {_exc_line(exc)}")
-    if not support:
-        return finish(Status.UNSUPPORTED, support.reason or "refused without a reason")
     tol = resolve(case, backend.name, overrides)
     extra["tolerance"] = tol.fields()
     try:
