@@ -37,7 +37,7 @@ from conformance.reporting.fuzz_table import fuzz_findings
 from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases, load_ledger
 from conformance.records import CheckResult, Header, ResultsFile, Status, load_results
 from conformance.exits import OutputError, UsageError
-from conformance.outputs import Output, check_outputs, marker, write_many
+from conformance.outputs import Output, check_outputs, marker, same_file, write_many
 from conformance.reporting.plots import PLOT_KIND
 
 __all__ = [
@@ -393,6 +393,9 @@ def check_report_dir(
     :func:`conformance.outputs.check_outputs` checks them (none one of ``inputs`` or another, not a directory or
     device, writable).  Returns the paths of ``REPORT_FILES``, in order."""
     out_dir = Path(out_dir)
+    for other, other_flag in others:
+        if other is not None and str(other) != "-" and same_file(other, out_dir):
+            raise UsageError(f"{other_flag} {other}: is also {flag} (the report directory); give it a file path")
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{flag} {out_dir}: exists and is not a directory (the report is written into a directory)")
     try:
