@@ -19,7 +19,9 @@ def add_parser(sub) -> None:
         description="Exit status: 0 when every problem (fail, error, crash, timeout) of the selected (case, "
         "backend) pairs is a known failure of the ledger (--ledger-dir), 1 when some problem is unexpected "
         "(with --strict: any problem, or a case a ledger entry expects to fail passing), 130 when interrupted "
-        "(Ctrl-C: the records are kept; the message gives the --resume command), 2 on usage errors. The run "
+        "(Ctrl-C: the records are kept; the message gives the --resume command), 2 on usage errors (an --out or "
+        "--json that is a directory, a device, a FIFO or an input included), 3 when --out or --json cannot be "
+        "written (read-only, disk full; the records before are kept). The run "
         "ends by listing every unexpected problem (status, backend, case id, reason, repro command) and the "
         "known ones counted per ledger entry; --json writes the same as JSON.",
     )

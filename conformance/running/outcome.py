@@ -26,6 +26,8 @@ __all__ = ["LIST_MAX", "RunSummary", "resume_command", "short_reason"]
 #: Unexpected problems (and unexpected passes) listed at the end of a run; the ``--json`` summary has all.
 LIST_MAX = 50
 SUMMARY_SCHEMA = 1
+#: The output kind of the ``--json`` summary (:mod:`conformance.outputs`).
+SUMMARY_KIND = "run-summary"
 
 
 def short_reason(reason: str, limit: int = 300) -> str:
@@ -232,4 +234,9 @@ class RunSummary:
         return Counter(r.status.value for r in self.results)
 
     def write_json(self, path: Path, argv: list[str] | tuple[str, ...] = ()) -> None:
-        path.write_text(json.dumps(self.to_json(argv), indent=1, allow_nan=True) + "\n", encoding="utf-8")
+        """The ``--json`` summary, written as an attnconf output of kind :data:`SUMMARY_KIND`
+        (:mod:`conformance.outputs`: atomic; an earlier summary replaced, any other file kept as a backup)."""
+        from conformance.outputs import write_text
+
+        data = {"attnconf_output": SUMMARY_KIND, **self.to_json(argv)}
+        write_text(path, json.dumps(data, indent=1, allow_nan=True) + "\n", kind=SUMMARY_KIND, flag="--json")

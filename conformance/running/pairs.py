@@ -19,7 +19,7 @@ from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, Status
 from conformance.running.outcome import RunSummary
 from conformance.running.pool import Placement, PlacementError, parse_gpus, plan_workers
-from conformance.exits import UsageError
+from conformance.exits import OutputError, UsageError
 from conformance.running.worker import Reply, WorkerClient
 
 __all__ = ["RunConfig", "is_cuda_oom"]
@@ -266,18 +266,46 @@ def _timing_warning(config: RunConfig, placements: list[Placement]) -> str | Non
 
 
 class _Writer:
-    """The results file, open for the whole run: lines appended as records arrive, fsync'ed per batch."""
+    """The results file, open for the whole run: lines appended as records arrive, fsync'ed per batch.
+
+    A write that fails (a full disk, an I/O error) is an :class:`OutputError` (exit 3), raised again by every
+    later call; the records before it are kept, and the file's descriptor then points at ``/dev/null`` so that
+    the close that follows does not fail a second time on the bytes it could not write."""
 
     def __init__(self, fh: IO[str]) -> None:
         self.fh = fh
+        self.failed: OutputError | None = None
 
     def write(self, record: CheckResult) -> None:
         # The line format of conformance.records.append_record, without its open and fsync per record.
-        self.fh.write(json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n")
+        if self.failed:
+            raise self.failed
+        try:
+            self.fh.write(json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n")
+        except OSError as exc:
+            self._fail(exc)
 
     def sync(self) -> None:
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
+        if self.failed:
+            raise self.failed
+        try:
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.failed = OutputError(
+            f"--out {self.fh.name}: cannot write: {exc.strerror or exc}; the records written before are kept "
+            "(free the space, then run the same command with --resume)"
+        )
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.fh.fileno())
+            os.close(null)
+        except OSError:
+            pass
+        raise self.failed from None
 
 
 def _account(summary: RunSummary, record: CheckResult, reply: Reply) -> None:

@@ -56,7 +56,8 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         type=Path,
         default=Path("results.jsonl"),
         help="results file (default results.jsonl); without --resume an existing one moves to the first free "
-        "numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten)",
+        "numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten); a directory, device, FIFO or an "
+        "input of the run is refused (exit 2), an unwritable path is exit 3, before any worker starts",
     )
     r.add_argument(
         "--resume",
@@ -113,7 +114,8 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         metavar="PATH",
         dest="summary_json",
         help="write a JSON summary here: exit status, counts, every unexpected problem with its repro, known "
-        "problems per ledger entry, unexpected passes, wall time, the results file",
+        "problems per ledger entry, unexpected passes, wall time, the results file; never --out or an input "
+        "(exit 2); an earlier summary is replaced, any other file there kept as a numbered backup",
     )
 
 

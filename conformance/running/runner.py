@@ -37,6 +37,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from conformance.records import CheckResult, Header, Status, append_record, read_records
@@ -62,7 +63,8 @@ from conformance.running.pairs import (
 )
 from conformance.running.pool import Outcome, WorkFeed, serve
 from conformance.running.selection import json_case_ids, parse_features, parse_models, parse_shard, select_cases
-from conformance.exits import UsageError
+from conformance.exits import OutputError, UsageError
+from conformance.outputs import check_outputs
 from conformance.running.worker import Reply, WorkerClient
 
 __all__ = [
@@ -76,6 +78,17 @@ __all__ = [
     "run",
     "select_cases",
 ]
+
+
+def run_inputs(config: RunConfig) -> list[Path]:
+    """The files a run reads (``--case-json @FILE``, ``--tol-file``, the ``--ledger-dir`` ledgers): no output
+    may name one of them."""
+    found = [Path(config.case_json[1:])] if config.case_json and config.case_json.startswith("@") else []
+    if config.tol_file:
+        found.append(Path(config.tol_file))
+    if config.ledger_dir is not None and config.ledger_dir.is_dir():
+        found += sorted(config.ledger_dir.glob("*.toml"))
+    return found
 
 
 def _previous(config: RunConfig, identity: dict[str, Any]) -> dict[tuple[str, str], CheckResult]:
@@ -118,7 +131,7 @@ def run(config: RunConfig) -> RunSummary:
         overrides = load_overrides(list(config.tol), config.tol_file)  # the worker parses them again; fail fast
     except (OSError, ValueError, RuntimeError) as exc:
         raise UsageError(f"tolerance overrides: {exc}") from None
-    check_writable(config.out)
+    check_writable(config.out, "--out", run_inputs(config))
     placements = _placements(config)
     warning = _timing_warning(config, placements)
     if warning:
@@ -186,7 +199,7 @@ def run(config: RunConfig) -> RunSummary:
         try:
             append_record(config.out, header)
         except OSError as exc:
-            raise UsageError(f"--out {config.out}: cannot write: {exc.strerror or exc}") from None
+            raise OutputError(f"--out {config.out}: cannot write: {exc.strerror or exc}") from None
         summary.skipped = len(pairs) - len(todo)
         summary.results = [done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done]
         summary.problems = sum(r.status.is_problem for r in summary.results)
@@ -321,8 +334,8 @@ def main_run(config: RunConfig) -> int:
         # The packaged ledgers are broken (a bug of this checkout): run anyway, every problem unexpected.
         print(f"attnconf run: the known-failure ledger cannot be read, so every problem counts: {exc}", file=sys.stderr)
         ledger = None
-    if config.summary_json is not None:
-        check_writable(config.summary_json, "--json")
+    # every output checked before any worker starts: --json naming --out (the results) or an input is refused
+    check_outputs([(config.out, "--out"), (config.summary_json, "--json")], run_inputs(config))
     summary = run(config)
     if ledger is not None:
         summary.finish(ledger, config.strict)

@@ -104,6 +104,16 @@ def test_backups_over_three_runs_are_numbered_and_never_overwritten(tmp_path: Pa
     assert backup_path(out) == tmp_path / "res.4.jsonl"
 
 
+def test_a_gzipped_results_file_keeps_its_double_suffix_in_one_backup_scheme(tmp_path: Path) -> None:
+    import conformance.outputs
+
+    assert move_aside is conformance.outputs.move_aside and backup_path is conformance.outputs.backup_path
+    out = tmp_path / "r.jsonl.gz"
+    out.write_bytes(b"gzipped sweep")
+    assert move_aside(out) == tmp_path / "r.1.jsonl.gz" and (tmp_path / "r.1.jsonl.gz").read_bytes() == b"gzipped sweep"
+    assert backup_path(out) == tmp_path / "r.2.jsonl.gz"
+
+
 def test_the_sweep_lists_unexpected_problems_and_counts_known_ones(sweep: dict) -> None:
     err = sweep["stderr"]
     assert sweep["code"] == 1  # fake-lse-sign is unexpected
