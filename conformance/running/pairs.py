@@ -61,6 +61,15 @@ class RunConfig:
     ledger_dir: Path | None = None
     #: ``--json``: the machine-readable summary goes here
     summary_json: Path | None = None
+    #: ``--profile``: print where the time went at the end (:mod:`conformance.running.profile`)
+    profile: bool = False
+    #: ``--compile-only`` (``attnconf warmup``): the compile phase alone, no results file
+    compile_only: bool = False
+    #: ``--no-compile-phase``: JIT backends compile inside the checks (:mod:`conformance.running.compile_phase`)
+    compile_phase: bool = True
+    #: ``--schedule``: ``cost`` (longest case first) or ``fifo`` (the selection's order); ``--costs`` FILE
+    schedule: str = "cost"
+    costs: Path | None = None
 
 
 def _check_names(specs: tuple[str, ...]) -> None:

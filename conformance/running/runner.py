@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import Any
 
 from conformance.records import CheckResult, Header, Status, append_record, read_records
-from conformance.running.outcome import RunSummary, resume_command, short_reason
+from conformance.running.outcome import LIST_MAX, RunSummary, resume_command, short_reason
 from conformance.running.outfile import check_resume, check_writable, move_aside, repair_tail, sweep
 from conformance.running.pairs import (
     RunConfig,
@@ -60,7 +60,10 @@ from conformance.running.pairs import (
     _counts_text,
     is_cuda_oom,
 )
+from conformance.running.compile_phase import compile_first
 from conformance.running.pool import Outcome, WorkFeed, serve
+from conformance.running.profile import RunClock, profile_records
+from conformance.running.schedule import load_costs, schedule_units
 from conformance.running.selection import json_case_ids, parse_features, parse_models, parse_shard, select_cases
 from conformance.exits import UsageError
 from conformance.running.worker import Reply, WorkerClient
@@ -118,7 +121,8 @@ def run(config: RunConfig) -> RunSummary:
         overrides = load_overrides(list(config.tol), config.tol_file)  # the worker parses them again; fail fast
     except (OSError, ValueError, RuntimeError) as exc:
         raise UsageError(f"tolerance overrides: {exc}") from None
-    check_writable(config.out)
+    if not config.compile_only:
+        check_writable(config.out)
     placements = _placements(config)
     warning = _timing_warning(config, placements)
     if warning:
@@ -141,15 +145,18 @@ def run(config: RunConfig) -> RunSummary:
         tol_file=config.tol_file,
     )
     done = _previous(config, identity)
+    measured = [*load_costs(config.costs), *done.values()] if config.costs else list(done.values())
     clients = [WorkerClient(env=p.env()) for p in placements]
-    summary = RunSummary(out=config.out)
+    summary = RunSummary(out=config.out, compile_only=config.compile_only)
+    clock = RunClock(t_start)
+    n_before, workers, checks_at = 0, 0, None
     try:
         for client in clients[1 : len(cases)]:
             client.spawn()  # their imports overlap the first worker's describe
         env, infos, jit = _describe(clients[0], config)
         for client in clients:
             client.preload = list(config.backends)
-        if not config.resume and config.out.exists():
+        if not config.compile_only and not config.resume and config.out.exists():
             # A fresh run starts a new file, and every earlier one is kept: a repro command pasted from a
             # report (default --out) must not destroy the sweep it came from.
             backup = move_aside(config.out)
@@ -157,8 +164,20 @@ def run(config: RunConfig) -> RunSummary:
         pairs = [(c, s) for c in cases for s in config.backends]
         todo = {(c.id, s) for c, s in pairs if (c.id, infos[s]["name"]) not in done}
         units = _units(config, cases, todo)
+        names = {s: infos[s]["name"] for s in config.backends}
+        units, unit_cost = schedule_units(units, names, measured, config.schedule)
         workers = min(len(placements), len(units))
+        unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 or config.compile_only else {}
+        if unit_keys and (config.compile_only or config.compile_phase):
+            summary.compile = compile_first(
+                clients[:workers], units, unit_keys, seed=config.seed, device=config.device,
+                timeout=config.timeout, progress=config.progress,
+            )  # fmt: skip
+        if config.compile_only:
+            summary.workers = summary.compile.workers if summary.compile else 0
+            return summary
         gpus = [p.gpu for p in placements[: max(1, workers)] if p.gpu is not None]
+        checks_at = round(time.perf_counter() - t_start, 3)
         run_info = {
             "device": config.device,
             "seed": config.seed,
@@ -173,6 +192,9 @@ def run(config: RunConfig) -> RunSummary:
             "jobs": workers,
             "gpus": sorted(set(gpus), key=gpus.index) if gpus else None,
             "workers": [p.to_json() for p in placements[:workers]],
+            "schedule": config.schedule,
+            "compile": summary.compile.to_json() if summary.compile else None,
+            "checks_at_s": checks_at,
         }
         started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         header = Header(
@@ -191,6 +213,7 @@ def run(config: RunConfig) -> RunSummary:
         summary.results = [done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done]
         summary.problems = sum(r.status.is_problem for r in summary.results)
         summary.workers = workers
+        n_before = len(summary.results)
 
         #: (case id, backend name) -> its pair; deferred CUDA OOMs and their first error, for the retry phase
         pair_of = {(p.case.id, infos[p.spec]["name"]): p for u in units for p in u}
@@ -199,6 +222,7 @@ def run(config: RunConfig) -> RunSummary:
         sharing = Counter(p.gpu for p in placements[:workers])  # workers per GPU (None: the one device)
 
         def judge(pair: _Pair, reply: Reply, worker: int) -> tuple[CheckResult, bool]:
+            t0 = time.perf_counter()
             record = _record(reply, pair.case, pair.spec, infos[pair.spec], config)
             extra = {**record.extra, "worker": worker}
             if placements[worker].gpu is not None:
@@ -208,6 +232,7 @@ def run(config: RunConfig) -> RunSummary:
             # An ERROR on CUDA may have poisoned the worker's context, and one that ran out of memory holds a
             # large allocator cache: it is replaced before its next request.
             restart = record.status is Status.ERROR and (config.device.startswith("cuda") or is_cuda_oom(record))
+            clock.judged(extra, reply, time.perf_counter() - t0)
             return replace(record, extra=extra), restart
 
         def deliver(outcome: Outcome, writer: _Writer, shared: Counter) -> bool:
@@ -219,6 +244,7 @@ def run(config: RunConfig) -> RunSummary:
                 retried[pair.case.id, pair.spec] = {"first_error": short_reason(record.reason), "workers_sharing": n}
                 deferred.append(pair)
                 return False
+            clock.written(record.extra)
             writer.write(record)
             _account(summary, record, outcome.reply)
             return True
@@ -259,6 +285,7 @@ def run(config: RunConfig) -> RunSummary:
                         writer.sync()
                         bar.update(task, advance=wrote, counts=_counts_text(summary.counts))
                     summary.parent_s += time.perf_counter() - t0
+                    clock.batch(time.perf_counter() - t0, wrote)
             finally:
                 if ended < len(ids):  # interrupted or a worker could not start: stop the others now
                     stop.set()
@@ -275,8 +302,10 @@ def run(config: RunConfig) -> RunSummary:
                             deliver(outcome, writer, shared)
                     writer.sync()
 
-        unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 else {}
-        feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()))
+        weigh = (lambda unit: unit_cost[unit[0].case.id]) if config.schedule == "cost" else None
+        feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()), cost=weigh)
+        for key, holder in (summary.compile.owner if summary.compile else {}).items():
+            feed.hold(holder, key)  # the worker that compiled a kernel runs its cases first
         label = (config.suite or "cases") + (f" ({workers} workers)" if workers > 1 else "")
         with _progress(config, len(todo)) as bar, open(config.out, "a", encoding="utf-8") as fh:
             task = bar.add_task(label, total=len(todo), counts="")
@@ -302,6 +331,11 @@ def run(config: RunConfig) -> RunSummary:
         summary.worker_starts = sum(c.starts for c in clients)
         _close_all(clients)
         summary.wall_s = time.perf_counter() - t_start
+        summary.profile = profile_records(
+            summary.results[n_before:], wall_s=summary.wall_s, workers=workers or None, checks_at_s=checks_at
+        )
+        summary.profile.live = clock.live([s for c in clients for s in c.start_s])
+        summary.profile.compile = summary.compile.to_json() if summary.compile else None
     return summary
 
 
@@ -324,10 +358,14 @@ def main_run(config: RunConfig) -> int:
     if config.summary_json is not None:
         check_writable(config.summary_json, "--json")
     summary = run(config)
+    if config.compile_only:
+        return _end_warmup(config, summary)
     if ledger is not None:
         summary.finish(ledger, config.strict)
     summary.strict = config.strict
     print(summary.text(), file=sys.stderr)
+    if config.profile and summary.profile is not None:
+        print(summary.profile.text(), file=sys.stderr)
     print(summary.listing(), file=sys.stderr)
     if config.summary_json is not None:
         summary.write_json(config.summary_json, config.argv)
@@ -338,4 +376,21 @@ def main_run(config: RunConfig) -> int:
             f"{resume_command(config.argv)}",
             file=sys.stderr,
         )
+    return summary.exit_code
+
+
+def _end_warmup(config: RunConfig, summary: RunSummary) -> int:
+    """The end of ``attnconf warmup`` (``run --compile-only``): the compile phase's line, each kernel that did
+    not compile (its pairs fail or crash in a sweep, with their own records), the ``--json`` summary; exit 0
+    (130 when interrupted)."""
+    print(f"attnconf warmup: {summary.text()}", file=sys.stderr)
+    failed = summary.compile.failed if summary.compile is not None else []
+    for f in failed[:LIST_MAX]:
+        print(f"  not compiled: {f['backend']} {f['case_id']}: {short_reason(f['reason'], 200)}", file=sys.stderr)
+    if len(failed) > LIST_MAX:
+        print(f"  ... and {len(failed) - LIST_MAX} more (all of them in the --json summary)", file=sys.stderr)
+    if config.summary_json is not None:
+        summary.write_json(config.summary_json, config.argv)
+    if summary.interrupted:
+        print("attnconf warmup: interrupted (Ctrl-C): the kernels compiled so far are in the cache", file=sys.stderr)
     return summary.exit_code
