@@ -355,7 +355,9 @@ def _run_lines(p: Profile, named: bool) -> list[str]:
     total = p.total
     cap = p.capacity()
     if p.wall_s is not None:
-        text = f"{prefix}run: wall {p.wall_s:.1f} s"
+        # a live run knows its wall time; a file, when its last record was written
+        wall = "wall" if "parent_main_s" in p.live else "last record at"
+        text = f"{prefix}run: {wall} {p.wall_s:.1f} s"
         if cap is not None:
             busy = total.get("busy", 0.0) + total.get("lost", 0.0)
             text += (
