@@ -82,7 +82,8 @@ def _r(x: float) -> float:
 def record_times(data: Mapping[str, Any], judge_s: float) -> dict[str, float]:
     """``extra["t"]`` of a record from its worker reply ``data`` (its ``phases``, ``idle_s``) and the parent's
     time turning the reply into the record; ``par`` grows and ``at`` is set when the record is written."""
-    t = {PHASE_KEYS[k]: _r(v) for k, v in data.get("phases", {}).items() if k in PHASE_KEYS and v > 0}
+    t = {PHASE_KEYS[k]: _r(v) for k, v in data.get("phases", {}).items() if k in PHASE_KEYS}
+    t = {k: v for k, v in t.items() if v > 0}  # what rounds to 0 is left out
     if data.get("idle_s", 0) > 0:
         t["idle"] = _r(data["idle_s"])
     t["par"] = _r(judge_s)
