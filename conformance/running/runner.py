@@ -300,7 +300,7 @@ def run(config: RunConfig) -> RunSummary:
                             break
                         if outcome.record is not None:
                             deliver(outcome, writer, shared)
-                    writer.sync()
+                writer.sync(force=True)  # every record that arrived is on disk before the phase returns
 
         weigh = (lambda unit: unit_cost[unit[0].case.id]) if config.schedule == "cost" else None
         feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()), cost=weigh)

@@ -182,3 +182,24 @@ def test_a_resumed_file_has_one_profile_per_run(tmp_path: Path) -> None:
     assert [p.pairs for p in profiles] == [2, 2]
     assert set(profiles[1].backends) == {"fake-stored-exact"}
     assert "run started" in profiles[0].label
+
+
+def test_the_writer_hands_every_batch_to_the_os_and_fsyncs_at_most_twice_a_second(tmp_path: Path, monkeypatch):
+    from conformance.running import pairs
+
+    synced: list[int] = []
+    monkeypatch.setattr(pairs.os, "fsync", lambda fd: synced.append(fd))
+    record = CheckResult(case_id="c", backend="b", family="f", status=Status.PASS, case={})
+    path = tmp_path / "r.jsonl"
+    with open(path, "a", encoding="utf-8") as fh:
+        writer = pairs._Writer(fh)
+        for n in range(1, 51):
+            writer.write(record)
+            writer.sync()
+            assert path.read_text().count("\n") == n  # a killed parent keeps it: the OS has it
+        assert len(synced) <= 1  # 50 batches within far less than SYNC_EVERY_S
+        writer.sync(force=True)  # the end of a phase, or Ctrl-C
+        assert len(synced) in (1, 2)
+        monkeypatch.setattr(pairs._Writer, "SYNC_EVERY_S", 0.0)
+        writer.sync()
+        assert len(synced) in (2, 3)
