@@ -7,8 +7,9 @@ worker computes the case's reference once and reuses it for every backend.  Kern
 a silent one a ``timeout`` record, and that worker alone is replaced by a fresh one.  Each worker has
 its next request queued before it finishes the current one, so it never waits for the parent.
 
-The parent is the only writer: records are appended as soon as they arrive, and the file is fsync'ed
-once per batch of records that arrived together (before the parent waits again), so a killed run
+The parent is the only writer: records are appended as soon as they arrive, each batch of records that
+arrived together is handed to the operating system before the parent waits again (and fsync'ed at most
+every 0.5 s and when a phase ends, :class:`~conformance.running.pairs._Writer`), so a killed run
 loses at most the pairs in flight; ``resume`` skips the pairs already in the file, and refuses a file whose
 header says it holds another sweep (:mod:`conformance.running.outfile`: suite, selection, seed, device,
 tolerance).  Without ``resume`` an existing file is moved to the first free numbered backup
@@ -21,8 +22,11 @@ from a worker that shares its GPU with others, is not written; the pair is defer
 restarted, and after the parallel phase the deferred pairs run again with one worker per GPU and every
 other worker closed.  That record is final and carries ``extra["oom_retry"]`` (the first error and how
 many workers shared the GPU).  A run killed before the retry has not written those pairs, so ``resume``
-runs them again.  Cases go to workers by compile affinity (:class:`~conformance.running.pool.WorkFeed`,
-keys from the first worker's ``keys`` op), so a JIT backend compiles each kernel in as few workers as it can.
+runs them again.  Cases go to workers longest first (:mod:`conformance.running.schedule`, ``--schedule``) and by
+compile affinity (:class:`~conformance.running.pool.WorkFeed`, keys from the first worker's ``keys`` op); before
+the checks, the compile phase (:mod:`conformance.running.compile_phase`) compiles each JIT kernel once over all
+workers, and ``--compile-only`` (``attnconf warmup``) stops there, writing no results file.  Each record carries
+its time split (``extra["t"]``, :mod:`conformance.running.profile`); the summary holds the run's profile.
 
 Exit status of a run: :attr:`conformance.running.outcome.RunSummary.exit_code` (unexpected problems, by the
 known-failure ledger; ``--strict``; 130 when interrupted).

@@ -190,3 +190,74 @@ def test_plan_takes_the_smallest_plain_case_of_each_key() -> None:
         ("('fake-jit', 16)", small.id, 3),  # most-shared key first
         ("('fake-jit', 64)", other.id, 1),
     ]
+
+
+class FakeClient:
+    """A worker client answering ``compile`` requests from a script: ``{key: reply}``; records what it was sent."""
+
+    def __init__(self, replies: dict, delay: float = 0.0) -> None:
+        self.replies, self.delay, self.sent, self.kills = replies, delay, [], 0
+
+    def request(self, message: dict, timeout: float):
+        import time
+
+        from conformance.running.worker import Reply
+
+        time.sleep(self.delay)
+        case = AttentionCase.from_json(message["case"])
+        self.sent.append(case.head_dim)
+        kind, data = self.replies.get(case.head_dim, ("ok", {"ok": True, "compiled": True, "compile_s": 0.1}))
+        return Reply(kind, data={**data, "worker_s": 0.2} if kind == "ok" else {}, reason="worker killed by SIGABRT",
+                     wall_s=0.3)  # fmt: skip
+
+    def kill(self) -> None:
+        self.kills += 1
+
+
+def _tasks(dims) -> list:
+    from conformance.running.compile_phase import CompileTask
+
+    return [CompileTask(JIT, f"k{d}", cases(head_dims=(d,), per_key=1)[0], 1) for d in dims]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_phase_runs_each_task_once_and_replaces_a_worker_that_died_or_may_be_poisoned(device: str) -> None:
+    from conformance.running.compile_phase import run_compile_phase
+
+    script = {
+        32: ("ok", {"ok": True, "compiled": False, "error": "RuntimeError: refused"}),
+        48: ("crash", {}),
+        64: ("ok", {"ok": False, "error": "bad request"}),
+    }
+    clients = [FakeClient(script, delay=0.01) for _ in range(3)]
+    done = []
+    stats = run_compile_phase(
+        clients, _tasks((16, 32, 48, 64, 80, 96)), seed=0, device=device, timeout=5,
+        on_done=lambda task, outcome: done.append(task.key),
+    )  # fmt: skip
+    assert sorted(d for c in clients for d in c.sent) == [16, 32, 48, 64, 80, 96]  # each once
+    assert sorted(done) == sorted(f"k{d}" for d in (16, 32, 48, 64, 80, 96))
+    assert stats.keys == 6 and stats.compiled == 3 and stats.workers == 3
+    assert {f["key"]: f["reason"] for f in stats.failed} == {
+        "k32": "RuntimeError: refused",
+        "k48": "crash: worker killed by SIGABRT",
+        "k64": "bad request",
+    }
+    kills = sum(c.kills for c in clients)
+    assert kills == (1 if device == "cpu" else 3)  # a crash always; an error only where CUDA may be poisoned
+    assert stats.worker_s == pytest.approx(5 * 0.2 + 0.3)
+    assert set(stats.owner) == {(JIT, "k16"), (JIT, "k80"), (JIT, "k96")}
+
+
+def test_ctrl_c_in_the_compile_phase_kills_the_workers_and_propagates() -> None:
+    import _thread
+    import threading
+
+    from conformance.running.compile_phase import run_compile_phase
+
+    clients = [FakeClient({}, delay=0.5) for _ in range(2)]
+    threading.Timer(0.2, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_compile_phase(clients, _tasks((16, 32, 48, 64)), seed=0, device="cpu", timeout=5)
+    assert all(c.kills == 1 for c in clients)
+    assert sum(len(c.sent) for c in clients) <= 4
