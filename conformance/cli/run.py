@@ -71,6 +71,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     return main_run(config)
 
 
+#: ``run`` options ``warmup`` does not list: about the results file, the verdict or the checks' order
+_NOT_FOR_WARMUP = {"out", "resume", "time", "strict", "ledger_dir", "profile", "compile_only", "compile_phase",
+                   "schedule", "costs"}  # fmt: skip
+
+
 def add_warmup_parser(sub) -> None:
     """The ``warmup`` subparser: ``run``'s options, for ``run --compile-only``."""
     w = sub.add_parser(
@@ -84,6 +89,9 @@ def add_warmup_parser(sub) -> None:
     )
     add_run_arguments(w)
     w.set_defaults(out=None, compile_only=True)
+    for action in w._actions:  # run's options that mean nothing without checks: accepted (or refused), not listed
+        if action.dest in _NOT_FOR_WARMUP:
+            action.help = argparse.SUPPRESS
 
 
 def warmup(args: argparse.Namespace, argv: list[str]) -> int:
