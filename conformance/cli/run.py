@@ -5,10 +5,12 @@ shard merge re-reads too) and the command, a :class:`~conformance.running.runner
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from conformance.exits import UsageError
 from conformance.running.run_args import add_run_arguments
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "add_warmup_parser", "run", "warmup"]
 
 
 def add_parser(sub) -> None:
@@ -60,5 +62,44 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         strict=args.strict,
         ledger_dir=args.ledger_dir,
         summary_json=args.summary_json,
+        profile=args.profile,
+        compile_only=args.compile_only,
+        compile_phase=args.compile_phase,
+        schedule=args.schedule,
+        costs=args.costs,
     )
+    if config.compile_only and config.resume:
+        raise UsageError("--resume: --compile-only (warmup) writes no results file, so there is nothing to resume")
     return main_run(config)
+
+
+#: ``run`` options ``warmup`` does not list: about the results file, the verdict or the checks' order
+_NOT_FOR_WARMUP = {"out", "resume", "time", "strict", "ledger_dir", "profile", "compile_only", "compile_phase",
+                   "schedule", "costs"}  # fmt: skip
+
+
+def add_warmup_parser(sub) -> None:
+    """The ``warmup`` subparser: ``run``'s options, for ``run --compile-only``."""
+    w = sub.add_parser(
+        "warmup",
+        help="compile the JIT kernels (FA4) of a selection into their disk cache; no results file",
+        description="attnconf run --compile-only: select cases and backends as run does, compile each distinct "
+        "kernel of the JIT backends (those with a compile key, FA4) once, spread over the workers and GPUs, into "
+        "the backend's persistent cache (FA4: FLASH_ATTENTION_CUTE_DSL_CACHE_DIR), and write no results file "
+        "(--out and --resume are refused). A kernel that does not compile is listed and left to the checks of "
+        "a later run. Exit status 0 (130 when interrupted), 2 on usage errors.",
+    )
+    add_run_arguments(w)
+    w.set_defaults(out=None, compile_only=True)
+    for action in w._actions:  # run's options that mean nothing without checks: accepted (or refused), not listed
+        if action.dest in _NOT_FOR_WARMUP:
+            action.help = argparse.SUPPRESS
+
+
+def warmup(args: argparse.Namespace, argv: list[str]) -> int:
+    """``attnconf warmup``: ``attnconf run --compile-only`` with the same options."""
+    if args.out is not None:
+        raise UsageError("--out: warmup writes no results file (it fills the kernels' disk cache)")
+    args.out = Path("results.jsonl")  # unused: nothing is written
+    args.compile_only = True
+    return run(args, argv)

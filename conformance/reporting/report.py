@@ -3,8 +3,9 @@
 :func:`build_context` turns records into plain data (every number already formatted where a
 template would otherwise repeat the logic); the two Jinja templates in ``templates/`` lay it out.
 Sections: runs and environments, per-backend totals (with the harness time spent outside the
-kernel), feature x backend matrix, unexpected failures, ledger-known failures, unexpected passes
-and stale ledger entries, the declared capability matrix, error-ratio histograms, performance.
+kernel), where the time went (:mod:`conformance.running.profile`), feature x backend matrix, unexpected
+failures, ledger-known failures, unexpected passes and stale ledger entries, the declared capability matrix,
+error-ratio histograms, performance.
 
 Several files are merged (shards of one sweep, or runs on several machines); when two records
 share (case id, backend), the one read last wins.  Files are read by :func:`conformance.records.load_results`:
@@ -345,8 +346,25 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
         "tput_png": _b64(tput_png),
         "perf": perf,
         "backward_perf": backward_perf_rows(results),
+        "time_profile": _time_profile(runs.sources),
         "_pngs": {"error_ratio.png": ratio_png, "throughput.png": tput_png},
     }
+
+
+def _time_profile(sources: Sequence[str]) -> str:
+    """The "where the time went" table of the files' runs (:mod:`conformance.running.profile`); empty when no record
+    carries a time split (files written before it existed)."""
+    from conformance.running.profile import file_profiles, render_profiles
+
+    profiles = []
+    for source in sources:
+        try:
+            profiles.extend(file_profiles(source))
+        except (OSError, EOFError, ValueError):  # unreadable here: load_runs already said what it could read
+            continue
+    if not any(p.unsplit < p.pairs for p in profiles):
+        return ""
+    return render_profiles(profiles)
 
 
 def _md_cell(text: Any) -> str:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shlex
+import time
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
@@ -61,6 +62,15 @@ class RunConfig:
     ledger_dir: Path | None = None
     #: ``--json``: the machine-readable summary goes here
     summary_json: Path | None = None
+    #: ``--profile``: print where the time went at the end (:mod:`conformance.running.profile`)
+    profile: bool = False
+    #: ``--compile-only`` (``attnconf warmup``): the compile phase alone, no results file
+    compile_only: bool = False
+    #: ``--no-compile-phase``: JIT backends compile inside the checks (:mod:`conformance.running.compile_phase`)
+    compile_phase: bool = True
+    #: ``--schedule``: ``cost`` (longest case first) or ``fifo`` (the selection's order); ``--costs`` FILE
+    schedule: str = "cost"
+    costs: Path | None = None
 
 
 def _check_names(specs: tuple[str, ...]) -> None:
@@ -266,15 +276,21 @@ def _timing_warning(config: RunConfig, placements: list[Placement]) -> str | Non
 
 
 class _Writer:
-    """The results file, open for the whole run: lines appended as records arrive, fsync'ed per batch.
+    """The results file, open for the whole run: lines appended as records arrive, handed to the operating system
+    per batch (:meth:`sync`: a killed run keeps them), and fsync'ed at most every :attr:`SYNC_EVERY_S` seconds and
+    when a phase ends (``force``): only a machine that crashes loses the records of that interval, which
+    ``--resume`` runs again.
 
     A write that fails (a full disk, an I/O error) is an :class:`OutputError` (exit 3), raised again by every
     later call; the records before it are kept, and the file's descriptor then points at ``/dev/null`` so that
     the close that follows does not fail a second time on the bytes it could not write."""
 
+    SYNC_EVERY_S = 0.5
+
     def __init__(self, fh: IO[str]) -> None:
         self.fh = fh
         self.failed: OutputError | None = None
+        self._synced = time.perf_counter()
 
     def write(self, record: CheckResult) -> None:
         # The line format of conformance.records.append_record, without its open and fsync per record.
@@ -285,12 +301,15 @@ class _Writer:
         except OSError as exc:
             self._fail(exc)
 
-    def sync(self) -> None:
+    def sync(self, force: bool = False) -> None:
         if self.failed:
             raise self.failed
         try:
             self.fh.flush()
-            os.fsync(self.fh.fileno())
+            now = time.perf_counter()
+            if force or now - self._synced >= self.SYNC_EVERY_S:
+                os.fsync(self.fh.fileno())
+                self._synced = now
         except OSError as exc:
             self._fail(exc)
 

@@ -43,12 +43,15 @@ __all__ = [
     "prepare_context",
     "refusal",
     "repro_command",
+    "sync",
 ]
 
 
 @dataclass
 class CaseContext:
-    """Everything the backends of one case share.  ``ref_s``: seconds for inputs + reference + baseline.
+    """Everything the backends of one case share.  ``ref_s``: seconds for inputs + reference + baseline;
+    ``phases``: the same split as ``{"inputs_s", "reference_s", "baseline_s"}`` (each ended by a device
+    synchronisation, so GPU work is charged to the phase that queued it).
 
     ``ref_charged`` becomes True once a record has counted ``ref_s`` in its ``harness_s``, so the
     harness time summed over a case's records counts the reference once.
@@ -62,6 +65,7 @@ class CaseContext:
     base: tuple[torch.Tensor, torch.Tensor]
     ref_s: float
     ref_charged: bool = False
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def composition_of(case: AttentionCase) -> Any:
@@ -96,7 +100,8 @@ def composition_of(case: AttentionCase) -> Any:
     return None
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
+    """Wait for the device's queued work (a no-op off CUDA): what a host clock around GPU work needs."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -109,13 +114,17 @@ def prepare_context(case: AttentionCase, seed: int = 0, device: str = "cpu") -> 
     (:func:`composition_of`)."""
     t0 = time.perf_counter()
     inputs = make_inputs(case, seed, device)
+    sync(device)
+    t1 = time.perf_counter()
     composition = composition_of(case)
-    if composition is not None:
-        ref, base = composition.reference(case, inputs), composition.baseline(case, inputs)
-    else:
-        ref, base = reference(case, inputs), baseline(case, inputs)
-    _sync(device)
-    return CaseContext(case, seed, device, inputs, ref, base, time.perf_counter() - t0)
+    ref = composition.reference(case, inputs) if composition is not None else reference(case, inputs)
+    sync(device)
+    t2 = time.perf_counter()
+    base = composition.baseline(case, inputs) if composition is not None else baseline(case, inputs)
+    sync(device)
+    t3 = time.perf_counter()
+    phases = {"inputs_s": t1 - t0, "reference_s": t2 - t1, "baseline_s": t3 - t2}
+    return CaseContext(case, seed, device, inputs, ref, base, t3 - t0, phases=phases)
 
 
 def repro_command(case: AttentionCase, backend_name: str, device: str, seed: int) -> str:
@@ -214,12 +223,16 @@ def check_backend(
     *,
     overrides: Sequence[Mapping[str, Any]] = (),
     timer: Callable[[Callable[[], KernelOutput]], Timing] | None = None,
+    phases: dict[str, float] | None = None,
 ) -> CheckResult:
     """Judge ``backend`` on the context's case: UNSUPPORTED, ERROR, FAIL or PASS (with timing if ``timer``).
 
     ``kernel_s`` is the one verified kernel call (first-call compilation included); ``harness_s`` is
     everything else (support check, preparation, comparison, and the context's ``ref_s`` the first
     time a backend that runs the case uses the context); benchmarking time goes to ``extra["bench_s"]``.
+    ``phases``, when given, receives this call's split (seconds): ``kernel_s``, ``verdict_s`` (the comparison) and
+    ``bench_s`` (the timer); the rest of the call is the support check, the input copies and the adapter's
+    ``prepare``.  The record is the same with or without it.
     """
     refused = refusal(ctx.case, backend, ctx.device, ctx.seed)
     if refused is not None:
@@ -228,7 +241,7 @@ def check_backend(
     case = ctx.case
     ref_share = 0.0 if ctx.ref_charged else ctx.ref_s
     ctx.ref_charged = True
-    clock = {"kernel": 0.0, "bench": 0.0}
+    clock = {"kernel": 0.0, "bench": 0.0, "verdict": 0.0}
     engine = composition_of(case)
     extra: dict[str, Any] = _engine_extra(case, engine)
     version = _version(backend)
@@ -236,6 +249,8 @@ def check_backend(
     def finish(
         status: Status, reason: str, stats: ErrorStats | None = None, timing: Timing | None = None
     ) -> CheckResult:
+        if phases is not None:
+            phases.update({f"{k}_s": v for k, v in clock.items()})
         return _result(
             case, backend, ctx.device, ctx.seed, version, status, reason,
             elapsed=time.perf_counter() - t_start + ref_share, kernel_s=clock["kernel"], bench_s=clock["bench"],
@@ -249,7 +264,7 @@ def check_backend(
         fn = backend.prepare(case, inputs) if engine is None else engine.prepare(case, inputs, backend, ctx.device)
         t0 = time.perf_counter()
         result = fn()
-        _sync(ctx.device)
+        sync(ctx.device)
         clock["kernel"] = time.perf_counter() - t0
         notes = list(getattr(fn, "notes", None) or ())  # read after the call: an engine lists the calls it made
         if notes:
@@ -262,7 +277,9 @@ def check_backend(
     problem = _shape_problem(ctx, result)
     if problem:
         return finish(Status.FAIL, problem)
+    t0 = time.perf_counter()
     stats, details, base_nonfinite = compare_details(ctx.ref, ctx.base, result, tol)
+    clock["verdict"] = time.perf_counter() - t0
     if base_nonfinite:
         extra["baseline_nonfinite"] = base_nonfinite
     extra.update(getattr(fn, "extra", None) or {})  # a composition's own record fields (graph replays, ...)
