@@ -223,8 +223,9 @@ class Appender:
     gets one complete gzip member per :meth:`sync` (gzip readers, Python's and ``zcat``, read the members as one
     stream), so after every sync the file is whole, and a writer killed mid-write leaves only a cut last line or
     gzip member, which the reader reports and ``--resume`` drops (:func:`conformance.running.outfile.repair_tail`).
-    :meth:`write` buffers a record; :meth:`sync` writes the batch, flushes and fsyncs it (a crash after it loses
-    nothing); :meth:`close` syncs.  One writer per file: :mod:`conformance.lock` keeps others out."""
+    :meth:`write` buffers a record; :meth:`sync` writes the batch and flushes it to the operating system (a killed
+    process loses nothing after it), and fsyncs it unless told not to (a crash of the machine loses nothing after
+    that); :meth:`close` syncs.  One writer per file: :mod:`conformance.lock` keeps others out."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
@@ -235,7 +236,7 @@ class Appender:
     def write(self, record: CheckResult | Header) -> None:
         self._batch.append(record_line(record))
 
-    def sync(self) -> None:
+    def sync(self, fsync: bool = True) -> None:
         if self._batch:
             data = "".join(self._batch).encode("utf-8")
             self._batch.clear()
@@ -243,7 +244,11 @@ class Appender:
                 data = gzip.compress(data, compresslevel=_GZIP_LEVEL, mtime=0)
             self._fh.write(data)
         self._fh.flush()
-        os.fsync(self._fh.fileno())
+        if fsync:
+            os.fsync(self._fh.fileno())
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
 
     def close(self) -> None:
         if not self._fh.closed:
@@ -255,8 +260,14 @@ class Appender:
     def __enter__(self) -> "Appender":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *exc: object) -> None:
+        if kind is None:
+            self.close()
+            return
+        try:  # an error is on its way out (a failed write, Ctrl-C): keep what can be kept, raise nothing new
+            self.close()
+        except OSError:
+            pass
 
 
 def append_record(path: Path | str, record: CheckResult | Header) -> None:

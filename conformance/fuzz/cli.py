@@ -1,7 +1,8 @@
 """The ``attnconf fuzz`` subcommand: :func:`add_parser` registers it, :func:`main` runs it.
 
 Exit status: 0 when no drawn or replayed case failed, errored, crashed or timed out; 1 otherwise (the groups
-of failures are printed); 2 on usage errors.
+of failures are printed); 2 on usage errors; 3 when the campaign file cannot be written
+(:func:`conformance.fuzz.campaign.check_campaign_paths`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="random cases from the whole case space; failures shrunk to minimal cases and grouped",
         description="Draw seeded random cases from the case space, check them against backends (crash-isolated, "
         "same records as `run`), shrink every failure to a minimal case and group failures by the axis values "
-        "their minimal cases share. Exit status: 0 if nothing failed, 1 otherwise, 2 on usage errors.",
+        "their minimal cases share. Exit status: 0 if nothing failed, 1 otherwise, 2 on usage errors (an --out "
+        "that is a directory, a device, a FIFO or the --tol-file included), 3 when --out cannot be written.",
     )
     f.add_argument(
         "--backend",
@@ -40,7 +42,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=Path,
         default=Path("fuzz.jsonl"),
         help="results file (default fuzz.jsonl; NAME.jsonl.gz: gzipped); without --resume an existing one moves "
-        "to the first free numbered backup NAME.1.jsonl, NAME.2.jsonl, ...; one command at a time per file",
+        "to the first free numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten); a directory, "
+        "device or FIFO is refused (exit 2), an unwritable path is exit 3, before any worker starts; one command "
+        "at a time per file: a second one refuses (exit 2) naming the pid of the first",
     )
     f.add_argument(
         "--resume",

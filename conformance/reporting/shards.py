@@ -27,17 +27,26 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from conformance.outputs import Output, write_many
 from conformance.records import CheckResult, Header, ResultsFile, Status
 from conformance.reporting.shard_parts import MergeError, Pair, ShardPart, agree, read_file, read_parts
 
-__all__ = ["MergeError", "MergedRun", "ShardPart", "merge_shards", "read_parts", "render_markdown", "write_merged"]
+__all__ = [
+    "MergeError",
+    "MergedRun",
+    "ShardPart",
+    "merge_shards",
+    "merged_output",
+    "read_parts",
+    "render_markdown",
+    "write_merged",
+]
 
 #: most missing pairs listed in a merged header or summary (the count is always exact)
 MAX_LISTED = 1000
@@ -213,17 +222,29 @@ def _header(parts: list[ShardPart], n: int, missing_shards: tuple[int, ...], dup
     )
 
 
-def write_merged(run: MergedRun, out: Path | str) -> Path:
-    """Write the merged JSONL (gzipped when ``out`` ends in ``.gz``); atomic, so ``out`` may be an input."""
+def merged_output(run: MergedRun, out: Path | str, flag: str = "--out") -> Output:
+    """The merged JSONL (gzipped when ``out`` ends in ``.gz``) as a :class:`conformance.outputs.Output` of no
+    kind: a results file is data, so whatever is at ``out`` is kept as a numbered backup, never replaced."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    opener = gzip.open if out.name.endswith(".gz") else open
-    with opener(tmp, "wt", encoding="utf-8") as fh:
+
+    def lines(fh: BinaryIO) -> None:
         for record in (run.header, *run.results):
-            fh.write(json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n")
-    os.replace(tmp, out)
-    return out
+            fh.write((json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n").encode("utf-8"))
+
+    def data(fh: BinaryIO) -> None:
+        if out.name.endswith(".gz"):
+            with gzip.GzipFile(filename=out.name, mode="wb", fileobj=fh) as gz:
+                lines(gz)
+        else:
+            lines(fh)
+
+    return Output(out, data, None, flag)
+
+
+def write_merged(run: MergedRun, out: Path | str) -> Path:
+    """Write the merged JSONL (:func:`merged_output`) as :func:`conformance.outputs.write_many` writes: checked,
+    atomic, an existing file at ``out`` kept as a numbered backup."""
+    return write_many([merged_output(run, out)])[0]
 
 
 def render_markdown(run: MergedRun, out: Path | str | None = None) -> str:

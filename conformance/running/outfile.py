@@ -25,8 +25,11 @@ killed writer's cut tail, so the appended records (plain lines, or gzip members 
 :class:`conformance.records.Appender`) start clean.  All of it under the file's lock (:mod:`conformance.lock`).
 
 **No run deletes earlier results**: without ``--resume`` an existing file moves to the first free numbered
-backup ``NAME.1.jsonl``, ``NAME.2.jsonl``, ... (:func:`backup_path`; the highest number is the newest, no
-backup is ever overwritten).
+backup ``NAME.1.jsonl``, ``NAME.2.jsonl``, ... (``NAME.1.jsonl.gz`` for a gzipped one; :func:`backup_path`, the
+one backup scheme of every output, :mod:`conformance.outputs`: the highest number is the newest, no backup is ever
+overwritten).  The path is checked before any worker starts (:func:`check_writable`): a directory, a device node,
+a FIFO or socket, or one of the run's own inputs is refused (exit 2), an unwritable directory or read-only file
+is exit 3.
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ import gzip
 import hashlib
 import json
 import os
-import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.records import SCHEMA, Header, ResultsFile, ResultsFileError, refuse_duplicates, scan_results
 from conformance.exits import UsageError
+from conformance.outputs import backup_path, check_output, move_aside
+from conformance.records import SCHEMA, Header, ResultsFile, ResultsFileError, refuse_duplicates, scan_results
 
 __all__ = [
     "RESUME_KEYS",
@@ -160,43 +163,11 @@ def _show(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-_NUMBERED = re.compile(r"\.(\d+)$")
-
-
-def backup_path(out: Path) -> Path:
-    """The first free numbered backup of ``out`` (``r.jsonl`` -> ``r.1.jsonl``, then ``r.2.jsonl``, ...):
-    one past the highest number there, so a backup is never overwritten and the highest is the newest."""
-    stem, suffix = out.stem, out.suffix
-    taken = [0]
-    for p in out.parent.glob(f"{stem}.*{suffix}"):
-        m = _NUMBERED.search(p.name[: len(p.name) - len(suffix)] if suffix else p.name)
-        if m and p.name == f"{stem}.{m.group(1)}{suffix}":
-            taken.append(int(m.group(1)))
-    return out.with_name(f"{stem}.{max(taken) + 1}{suffix}")
-
-
-def move_aside(out: Path) -> Path:
-    """Move an existing results file to its first free numbered backup (:func:`backup_path`); returns it."""
-    backup = backup_path(out)
-    try:
-        out.rename(backup)  # the name is free (backup_path): nothing is overwritten
-    except OSError as exc:
-        raise UsageError(f"--out {out}: cannot move it to {backup}: {exc.strerror or exc}") from None
-    return backup
-
-
-def check_writable(path: Path, flag: str = "--out") -> None:
-    """A usage error when ``path`` cannot be written: its directory cannot be made, or it or its directory is
-    read-only (checked up front, so a run does not start only to fail on its first write)."""
-    parent = path.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot create its directory: {exc.strerror or exc}") from None
-    if path.is_dir():
-        raise UsageError(f"{flag} {path}: is a directory")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {path}: not writable (read-only file or directory)")
+def check_writable(path: Path, flag: str = "--out", inputs: Iterable[Path | str] = ()) -> None:
+    """Refuse ``path`` as the results file before any worker starts: :func:`conformance.outputs.check_output`
+    (a directory, device node, FIFO, socket or one of ``inputs``: exit 2; an unwritable directory or read-only
+    file: exit 3)."""
+    check_output(path, flag, inputs)
 
 
 def read_for_resume(path: Path, *, allow_skipped: bool = False, flag: str = "--resume") -> ResultsFile | None:
@@ -234,8 +205,9 @@ def read_for_resume(path: Path, *, allow_skipped: bool = False, flag: str = "--r
         return refuse_duplicates(f)
     except ResultsFileError as exc:
         raise UsageError(
-            f"{flag}: {exc.path}: {exc.reason.split('; pass --drop-duplicates')[0]}; a resumed run would not repair "
-            f"it: rewrite it once with attnconf merge {path} --drop-duplicates --out FIXED"
+            f"{flag}: {exc.path}: {exc.reason.split('; pass --drop-duplicates')[0]}; resuming would not repair it: "
+            "readers take it with --drop-duplicates (the last record of each pair), and a run without --resume starts "
+            "a clean file (this one is kept as a numbered backup)"
         ) from None
 
 

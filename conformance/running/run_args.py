@@ -56,8 +56,9 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         type=Path,
         default=Path("results.jsonl"),
         help="results file (default results.jsonl; NAME.jsonl.gz: gzipped); without --resume an existing one "
-        "moves to the first free numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten); one run at a "
-        "time per file: a second one refuses (exit 2) naming the pid of the first",
+        "moves to the first free numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten); a directory, "
+        "device, FIFO or an input of the run is refused (exit 2), an unwritable path is exit 3, before any worker "
+        "starts; one run at a time per file: a second one refuses (exit 2) naming the pid of the first",
     )
     r.add_argument(
         "--resume",
@@ -122,7 +123,43 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         metavar="PATH",
         dest="summary_json",
         help="write a JSON summary here: exit status, counts, every unexpected problem with its repro, known "
-        "problems per ledger entry, unexpected passes, wall time, the results file",
+        "problems per ledger entry, unexpected passes, wall time, the results file, the compile phase and where "
+        "the time went (profile); never --out or an input (exit 2); an earlier summary is replaced, any other "
+        "file there kept as a numbered backup",
+    )
+    r.add_argument(
+        "--profile",
+        action="store_true",
+        help="print where the time went at the end: per backend, seconds of inputs, reference, baseline, "
+        "prepare, compile, kernel, verdict, encode, IPC, worker idle and parent work; the run's wall time, "
+        "workers, idle capacity, when the last pairs finished, the slowest cases (every record carries its "
+        "timings; attnconf report rebuilds the table from the file)",
+    )
+    r.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="only the compile phase: compile each JIT kernel (FA4) of the selection once into its disk cache, "
+        "spread over the workers, and write no results file (attnconf warmup is the same; for baking a CI image)",
+    )
+    r.add_argument(
+        "--no-compile-phase",
+        action="store_false",
+        dest="compile_phase",
+        help="let JIT backends compile inside the checks (default: with several workers, every distinct kernel "
+        "is compiled once, spread over the workers, before the checks start)",
+    )
+    r.add_argument(
+        "--schedule",
+        choices=("cost", "fifo"),
+        default="cost",
+        help="order the cases go to workers: cost (default: longest first, by measured times from --costs or "
+        "the resumed file, else by the case's size) or fifo (the selection's order)",
+    )
+    r.add_argument(
+        "--costs",
+        type=Path,
+        metavar="FILE",
+        help="a results file of an earlier run of these cases: its measured times order the cases (--schedule cost)",
     )
 
 

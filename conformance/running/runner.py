@@ -8,9 +8,9 @@ a silent one a ``timeout`` record, and that worker alone is replaced by a fresh 
 its next request queued before it finishes the current one, so it never waits for the parent.
 
 The parent is the only writer, and one run at a time holds the file (:mod:`conformance.lock`): records are
-appended as soon as they arrive (:class:`conformance.records.Appender`: plain lines, or one gzip member per batch
-for a gzipped file), and the file is fsync'ed once per batch of records that arrived together (before the parent
-waits again), so a killed run
+appended as soon as they arrive (plain lines, or one gzip member per batch for a gzipped file), each batch of
+records that arrived together is handed to the operating system before the parent waits again (and fsync'ed at
+most every 0.5 s and when a phase ends, :class:`~conformance.running.pairs._Writer`), so a killed run
 loses at most the pairs in flight; ``resume`` skips the pairs already in the file, and refuses a file whose
 header says it holds another sweep (:mod:`conformance.running.outfile`: suite, selection, seed, device,
 tolerance).  Without ``resume`` an existing file is moved to the first free numbered backup
@@ -23,8 +23,11 @@ from a worker that shares its GPU with others, is not written; the pair is defer
 restarted, and after the parallel phase the deferred pairs run again with one worker per GPU and every
 other worker closed.  That record is final and carries ``extra["oom_retry"]`` (the first error and how
 many workers shared the GPU).  A run killed before the retry has not written those pairs, so ``resume``
-runs them again.  Cases go to workers by compile affinity (:class:`~conformance.running.pool.WorkFeed`,
-keys from the first worker's ``keys`` op), so a JIT backend compiles each kernel in as few workers as it can.
+runs them again.  Cases go to workers longest first (:mod:`conformance.running.schedule`, ``--schedule``) and by
+compile affinity (:class:`~conformance.running.pool.WorkFeed`, keys from the first worker's ``keys`` op); before
+the checks, the compile phase (:mod:`conformance.running.compile_phase`) compiles each JIT kernel once over all
+workers, and ``--compile-only`` (``attnconf warmup``) stops there, writing no results file.  Each record carries
+its time split (``extra["t"]``, :mod:`conformance.running.profile`); the summary holds the run's profile.
 
 Exit status of a run: :attr:`conformance.running.outcome.RunSummary.exit_code` (unexpected problems, by the
 known-failure ledger; ``--strict``; 130 when interrupted).
@@ -39,11 +42,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from conformance.lock import hold
 from conformance.records import Appender, CheckResult, Header, Status, append_record
-from conformance.running.outcome import RunSummary, resume_command, short_reason
+from conformance.running.outcome import LIST_MAX, RunSummary, resume_command, short_reason
 from conformance.running.outfile import check_resume, check_writable, move_aside, read_for_resume, repair_tail, sweep
 from conformance.running.pairs import (
     RunConfig,
@@ -59,12 +63,17 @@ from conformance.running.pairs import (
     _retry_units,
     _timing_warning,
     _units,
+    _Writer,
     _counts_text,
     is_cuda_oom,
 )
+from conformance.running.compile_phase import compile_first
 from conformance.running.pool import Outcome, WorkFeed, serve
+from conformance.running.profile import RunClock, profile_records
+from conformance.running.schedule import load_costs, schedule_units
 from conformance.running.selection import json_case_ids, parse_features, parse_models, parse_shard, select_cases
-from conformance.exits import UsageError
+from conformance.exits import OutputError, UsageError
+from conformance.outputs import check_outputs
 from conformance.running.worker import Reply, WorkerClient
 
 __all__ = [
@@ -78,6 +87,17 @@ __all__ = [
     "run",
     "select_cases",
 ]
+
+
+def run_inputs(config: RunConfig) -> list[Path]:
+    """The files a run reads (``--case-json @FILE``, ``--tol-file``, the ``--ledger-dir`` ledgers): no output
+    may name one of them."""
+    found = [Path(config.case_json[1:])] if config.case_json and config.case_json.startswith("@") else []
+    if config.tol_file:
+        found.append(Path(config.tol_file))
+    if config.ledger_dir is not None and config.ledger_dir.is_dir():
+        found += sorted(config.ledger_dir.glob("*.toml"))
+    return found
 
 
 def _previous(config: RunConfig, identity: dict[str, Any]) -> dict[tuple[str, str], CheckResult]:
@@ -100,7 +120,9 @@ def run(config: RunConfig) -> RunSummary:
 
     Ctrl-C (``KeyboardInterrupt``) during the sweep does not propagate: the workers are stopped, the records that
     arrived are kept, and the summary returned has ``interrupted`` set (exit status 130)."""
-    check_writable(config.out)
+    if config.compile_only:  # warmup: no results file, nothing to hold
+        return _run(config)
+    check_writable(config.out, "--out", run_inputs(config))  # a directory, device or FIFO refused before the lock
     with hold(config.out, "--out"):
         return _run(config)
 
@@ -149,15 +171,18 @@ def _run(config: RunConfig) -> RunSummary:
         tol_file=config.tol_file,
     )
     done = _previous(config, identity)
+    measured = [*load_costs(config.costs), *done.values()] if config.costs else list(done.values())
     clients = [WorkerClient(env=p.env()) for p in placements]
-    summary = RunSummary(out=config.out)
+    summary = RunSummary(out=config.out, compile_only=config.compile_only)
+    clock = RunClock(t_start)
+    n_before, workers, checks_at = 0, 0, None
     try:
         for client in clients[1 : len(cases)]:
             client.spawn()  # their imports overlap the first worker's describe
         env, infos, jit = _describe(clients[0], config)
         for client in clients:
             client.preload = list(config.backends)
-        if not config.resume and config.out.exists():
+        if not config.compile_only and not config.resume and config.out.exists():
             # A fresh run starts a new file, and every earlier one is kept: a repro command pasted from a
             # report (default --out) must not destroy the sweep it came from.
             backup = move_aside(config.out)
@@ -165,8 +190,20 @@ def _run(config: RunConfig) -> RunSummary:
         pairs = [(c, s) for c in cases for s in config.backends]
         todo = {(c.id, s) for c, s in pairs if (c.id, infos[s]["name"]) not in done}
         units = _units(config, cases, todo)
+        names = {s: infos[s]["name"] for s in config.backends}
+        units, unit_cost = schedule_units(units, names, measured, config.schedule)
         workers = min(len(placements), len(units))
+        unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 or config.compile_only else {}
+        if unit_keys and (config.compile_only or config.compile_phase):
+            summary.compile = compile_first(
+                clients[:workers], units, unit_keys, seed=config.seed, device=config.device,
+                timeout=config.timeout, progress=config.progress,
+            )  # fmt: skip
+        if config.compile_only:
+            summary.workers = summary.compile.workers if summary.compile else 0
+            return summary
         gpus = [p.gpu for p in placements[: max(1, workers)] if p.gpu is not None]
+        checks_at = round(time.perf_counter() - t_start, 3)
         run_info = {
             "device": config.device,
             "seed": config.seed,
@@ -181,6 +218,9 @@ def _run(config: RunConfig) -> RunSummary:
             "jobs": workers,
             "gpus": sorted(set(gpus), key=gpus.index) if gpus else None,
             "workers": [p.to_json() for p in placements[:workers]],
+            "schedule": config.schedule,
+            "compile": summary.compile.to_json() if summary.compile else None,
+            "checks_at_s": checks_at,
         }
         started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         header = Header(
@@ -194,11 +234,12 @@ def _run(config: RunConfig) -> RunSummary:
         try:
             append_record(config.out, header)
         except OSError as exc:
-            raise UsageError(f"--out {config.out}: cannot write: {exc.strerror or exc}") from None
+            raise OutputError(f"--out {config.out}: cannot write: {exc.strerror or exc}") from None
         summary.skipped = len(pairs) - len(todo)
         summary.results = [done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done]
         summary.problems = sum(r.status.is_problem for r in summary.results)
         summary.workers = workers
+        n_before = len(summary.results)
 
         #: (case id, backend name) -> its pair; deferred CUDA OOMs and their first error, for the retry phase
         pair_of = {(p.case.id, infos[p.spec]["name"]): p for u in units for p in u}
@@ -207,6 +248,7 @@ def _run(config: RunConfig) -> RunSummary:
         sharing = Counter(p.gpu for p in placements[:workers])  # workers per GPU (None: the one device)
 
         def judge(pair: _Pair, reply: Reply, worker: int) -> tuple[CheckResult, bool]:
+            t0 = time.perf_counter()
             record = _record(reply, pair.case, pair.spec, infos[pair.spec], config)
             extra = {**record.extra, "worker": worker}
             if placements[worker].gpu is not None:
@@ -216,9 +258,10 @@ def _run(config: RunConfig) -> RunSummary:
             # An ERROR on CUDA may have poisoned the worker's context, and one that ran out of memory holds a
             # large allocator cache: it is replaced before its next request.
             restart = record.status is Status.ERROR and (config.device.startswith("cuda") or is_cuda_oom(record))
+            clock.judged(extra, reply, time.perf_counter() - t0)
             return replace(record, extra=extra), restart
 
-        def deliver(outcome: Outcome, writer: Appender, shared: Counter) -> bool:
+        def deliver(outcome: Outcome, writer: _Writer, shared: Counter) -> bool:
             """Write a finished record, or defer a CUDA OOM of a worker that shared its GPU (False)."""
             record = outcome.record
             n = shared[placements[outcome.worker].gpu]
@@ -227,11 +270,12 @@ def _run(config: RunConfig) -> RunSummary:
                 retried[pair.case.id, pair.spec] = {"first_error": short_reason(record.reason), "workers_sharing": n}
                 deferred.append(pair)
                 return False
+            clock.written(record.extra)
             writer.write(record)
             _account(summary, record, outcome.reply)
             return True
 
-        def phase(ids: list[int], feed: WorkFeed, shared: Counter, writer: Appender, bar: Any, task: Any) -> None:
+        def phase(ids: list[int], feed: WorkFeed, shared: Counter, writer: _Writer, bar: Any, task: Any) -> None:
             """Drive the workers ``ids`` until ``feed`` is empty, writing records as they arrive."""
             outcomes: queue.Queue[Outcome] = queue.Queue()
             stop = threading.Event()
@@ -267,6 +311,7 @@ def _run(config: RunConfig) -> RunSummary:
                         writer.sync()
                         bar.update(task, advance=wrote, counts=_counts_text(summary.counts))
                     summary.parent_s += time.perf_counter() - t0
+                    clock.batch(time.perf_counter() - t0, wrote)
             finally:
                 if ended < len(ids):  # interrupted or a worker could not start: stop the others now
                     stop.set()
@@ -281,12 +326,15 @@ def _run(config: RunConfig) -> RunSummary:
                             break
                         if outcome.record is not None:
                             deliver(outcome, writer, shared)
-                    writer.sync()
+                writer.sync(force=True)  # every record that arrived is on disk before the phase returns
 
-        unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 else {}
-        feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()))
+        weigh = (lambda unit: unit_cost[unit[0].case.id]) if config.schedule == "cost" else None
+        feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()), cost=weigh)
+        for key, holder in (summary.compile.owner if summary.compile else {}).items():
+            feed.hold(holder, key)  # the worker that compiled a kernel runs its cases first
         label = (config.suite or "cases") + (f" ({workers} workers)" if workers > 1 else "")
-        with _progress(config, len(todo)) as bar, Appender(config.out) as writer:
+        with _progress(config, len(todo)) as bar, Appender(config.out) as appender:
+            writer = _Writer(appender)
             task = bar.add_task(label, total=len(todo), counts="")
             phase(list(range(workers)), feed, sharing, writer, bar, task)
             if deferred:
@@ -309,6 +357,11 @@ def _run(config: RunConfig) -> RunSummary:
         summary.worker_starts = sum(c.starts for c in clients)
         _close_all(clients)
         summary.wall_s = time.perf_counter() - t_start
+        summary.profile = profile_records(
+            summary.results[n_before:], wall_s=summary.wall_s, workers=workers or None, checks_at_s=checks_at
+        )
+        summary.profile.live = clock.live([s for c in clients for s in c.start_s])
+        summary.profile.compile = summary.compile.to_json() if summary.compile else None
     return summary
 
 
@@ -328,13 +381,17 @@ def main_run(config: RunConfig) -> int:
         # The packaged ledgers are broken (a bug of this checkout): run anyway, every problem unexpected.
         print(f"attnconf run: the known-failure ledger cannot be read, so every problem counts: {exc}", file=sys.stderr)
         ledger = None
-    if config.summary_json is not None:
-        check_writable(config.summary_json, "--json")
+    # every output checked before any worker starts: --json naming --out (the results) or an input is refused
+    check_outputs([(config.out, "--out"), (config.summary_json, "--json")], run_inputs(config))
     summary = run(config)
+    if config.compile_only:
+        return _end_warmup(config, summary)
     if ledger is not None:
         summary.finish(ledger, config.strict)
     summary.strict = config.strict
     print(summary.text(), file=sys.stderr)
+    if config.profile and summary.profile is not None:
+        print(summary.profile.text(), file=sys.stderr)
     print(summary.listing(), file=sys.stderr)
     if config.summary_json is not None:
         summary.write_json(config.summary_json, config.argv)
@@ -345,4 +402,21 @@ def main_run(config: RunConfig) -> int:
             f"{resume_command(config.argv)}",
             file=sys.stderr,
         )
+    return summary.exit_code
+
+
+def _end_warmup(config: RunConfig, summary: RunSummary) -> int:
+    """The end of ``attnconf warmup`` (``run --compile-only``): the compile phase's line, each kernel that did
+    not compile (its pairs fail or crash in a sweep, with their own records), the ``--json`` summary; exit 0
+    (130 when interrupted)."""
+    print(f"attnconf warmup: {summary.text()}", file=sys.stderr)
+    failed = summary.compile.failed if summary.compile is not None else []
+    for f in failed[:LIST_MAX]:
+        print(f"  not compiled: {f['backend']} {f['case_id']}: {short_reason(f['reason'], 200)}", file=sys.stderr)
+    if len(failed) > LIST_MAX:
+        print(f"  ... and {len(failed) - LIST_MAX} more (all of them in the --json summary)", file=sys.stderr)
+    if config.summary_json is not None:
+        summary.write_json(config.summary_json, config.argv)
+    if summary.interrupted:
+        print("attnconf warmup: interrupted (Ctrl-C): the kernels compiled so far are in the cache", file=sys.stderr)
     return summary.exit_code
