@@ -139,7 +139,8 @@ def load_costs(path: Any) -> list[CheckResult]:
     from conformance.records import ResultsFileError, load_results
 
     try:
-        return list(load_results(path, allow_skipped=True, need_header=False).results)
+        # timings are a scheduling hint, not a verdict: a pair recorded twice counts once (its last record)
+        return list(load_results(path, allow_skipped=True, need_header=False, drop_duplicates=True).results)
     except ResultsFileError as exc:
         raise UsageError(f"--costs {exc}") from None
 

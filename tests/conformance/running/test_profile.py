@@ -9,7 +9,7 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
-from conformance.records import CheckResult, Status, read_records
+from conformance.records import Appender, CheckResult, Status, read_records
 from conformance.running.profile import COLUMNS, file_profiles, profile_records, record_times, render_profiles
 from conformance.running.runner import RunConfig, run
 from conformance.verdict.check import check_backend, prepare_context
@@ -191,8 +191,8 @@ def test_the_writer_hands_every_batch_to_the_os_and_fsyncs_at_most_twice_a_secon
     monkeypatch.setattr(pairs.os, "fsync", lambda fd: synced.append(fd))
     record = CheckResult(case_id="c", backend="b", family="f", status=Status.PASS, case={})
     path = tmp_path / "r.jsonl"
-    with open(path, "a", encoding="utf-8") as fh:
-        writer = pairs._Writer(fh)
+    with Appender(path) as out:  # the results file in its format (conformance.records)
+        writer = pairs._Writer(out)
         for n in range(1, 51):
             writer.write(record)
             writer.sync()
