@@ -532,7 +532,7 @@ class _Lines:
                 data = stripped
                 if not data:
                     continue
-                if member >= 0 and len(data) >= 2 and not data.startswith(_GZIP_MAGIC):
+                if member >= 0 and not _GZIP_MAGIC.startswith(data[:2]):  # (one byte left: its first)
                     raise ResultsFileError(
                         self.path,
                         f"holds bytes that are not gzip data after its gzip member ending at byte {pos} (plain text "

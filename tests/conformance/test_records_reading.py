@@ -232,6 +232,7 @@ def test_gzip_damage_that_is_not_a_cut_is_refused(tmp_path: Path) -> None:
     members = [gzip.compress("".join(record_line(r) for r in b).encode(), mtime=0) for b in BATCHES]
     cases = {
         "plain-after-gzip.jsonl.gz": (GZ + PLAIN, "holds bytes that are not gzip data after its gzip member"),
+        "one-byte-after-gzip.jsonl.gz": (GZ + b"x", "holds bytes that are not gzip data after its gzip member"),
         "corrupt-middle.jsonl.gz": (
             b"".join(members[:2]) + members[2][:-8] + b"\0\0\0\0\0\0\0\0" + b"".join(members[3:]),
             "corrupt gzip data in the member starting at byte",
