@@ -34,6 +34,7 @@ from functools import lru_cache
 from conformance.backward.training import training_cases
 from conformance.cases import covering
 from conformance.cases.case import AttentionCase
+from conformance.cases.case_cache import cached_cases
 from conformance.cases.found import found_cases
 from conformance.cases.suite_backward import DEFAULT_BACKWARD, SMOKE_BACKWARD, backward_covering
 from conformance.cases.suite_default import DEFAULT, QUANT_MLA
@@ -77,14 +78,20 @@ COVERING_SEED = 0
 def covering_cases(name: str) -> tuple[AttentionCase, ...]:
     """The cases the covering arrays add to suite ``default`` or ``full`` (after its sweep cases), seeded with
     them (``full``: its sweeps and default's covering cases), plain tuples by plain cases first
-    (:func:`conformance.cases.covering.cover`); built once per process (about 2 s and 4 s)."""
+    (:func:`conformance.cases.covering.cover`); built once per machine and source version
+    (:mod:`conformance.cases.case_cache`), then read from the disk cache."""
     if name == "default":
-        base, strengths = _union(DEFAULT), covering.DEFAULT_STRENGTHS
-    elif name == "full":
-        base, strengths = _union(FULL, covering_cases("default")), covering.FULL_STRENGTHS
-    else:
-        raise ValueError(f"covering_cases: name must be 'default' or 'full', got {name!r}")
-    return covering.cover(strengths, base, seed=COVERING_SEED)
+        return cached_cases(
+            "covering-default", lambda: covering.cover(covering.DEFAULT_STRENGTHS, _union(DEFAULT), seed=COVERING_SEED)
+        )
+    if name == "full":
+        return cached_cases(
+            "covering-full",
+            lambda: covering.cover(
+                covering.FULL_STRENGTHS, _union(FULL, covering_cases("default")), seed=COVERING_SEED
+            ),
+        )
+    raise ValueError(f"covering_cases: name must be 'default' or 'full', got {name!r}")
 
 
 @lru_cache(maxsize=None)

@@ -47,6 +47,7 @@ __all__ = [
     "FA4_CACHE_DIR_ENV",
     "FA4_CACHE_ENV",
     "FAKE_GPUS_ENV",
+    "GPU_SHARING_ENV",
     "PIPELINE_DEPTH",
     "Outcome",
     "Placement",
@@ -73,6 +74,11 @@ MAX_CPU_JOBS = 16
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
 #: FA4's persistent JIT cache (``flash_attn/cute/cache_utils.py``): on in every worker unless the caller set it.
 FA4_CACHE_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+#: How many workers share this worker's GPU: the worker keeps its allocator cache below its share of the GPU's
+#: memory (:class:`conformance.running.worker` empties it between cases when it is over), so memory one worker
+#: freed after a large case is not held back from the others (34 CUDA OOMs, each retried alone at the end of the
+#: run, in ``default`` with 12 workers on one H100 without it).
+GPU_SHARING_ENV = "ATTNCONF_GPU_SHARING"
 #: Where that cache lives (``flash_attn/cute/cache_utils.py``: this variable, else ``<tempdir>/<user>/...``).
 FA4_CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
 
@@ -155,6 +161,8 @@ class Placement:
     worker: int
     gpu: str | None = None
     threads: int | None = None
+    #: workers placed on this worker's GPU (itself included)
+    sharing: int = 1
 
     def env(self, environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
         """Environment changes of this worker's process (variables the caller already set are kept)."""
@@ -162,6 +170,7 @@ class Placement:
         env: dict[str, str | None] = {}
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu
+        env[GPU_SHARING_ENV] = str(self.sharing)
         if self.threads is not None:
             env.update({k: str(self.threads) for k in _THREAD_VARS if k not in environ})
         if FA4_CACHE_ENV not in environ:
@@ -223,7 +232,8 @@ def plan_workers(
             f"--jobs {jobs} is fewer than the {len(tokens)} GPUs to use: give --jobs >= {len(tokens)} or fewer --gpus"
         )
     threads = max(1, cpus // jobs) if jobs > 1 else None
-    return [Placement(i, tokens[i % len(tokens)] if tokens else None, threads) for i in range(jobs)]
+    placed = [tokens[i % len(tokens)] if tokens else None for i in range(jobs)]
+    return [Placement(i, gpu, threads, placed.count(gpu)) for i, gpu in enumerate(placed)]
 
 
 class WorkFeed:

@@ -85,6 +85,30 @@ class _Worker:
         self.overrides: dict[str, tuple[Any, ...]] = {}
         #: (spec, repr of a compile key) whose kernel this process has called: the next call is no compile
         self.compiled: set[tuple[str, str]] = set()
+        #: bytes of CUDA allocator cache this worker may keep between cases (its share of the GPU), once known
+        self.cuda_cap: int | None = None
+
+    def trim_cuda_cache(self, device: str) -> bool:
+        """Between two cases: give the allocator's unused cached blocks back to the GPU when this worker holds more
+        than its share of the GPU's memory (90 % of it over the workers sharing the GPU, ``ATTNCONF_GPU_SHARING``);
+        True when it did.  The previous case's tensors must be released first."""
+        if not device.startswith("cuda"):
+            return False
+        import torch
+
+        if self.cuda_cap is None:
+            from conformance.running.pool import GPU_SHARING_ENV
+
+            try:
+                sharing = max(1, int(os.environ.get(GPU_SHARING_ENV, "1")))
+            except ValueError:
+                sharing = 1
+            total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+            self.cuda_cap = int(total * 0.9 / sharing)
+        if torch.cuda.memory_reserved(torch.device(device)) <= self.cuda_cap:
+            return False
+        torch.cuda.empty_cache()
+        return True
 
     def compile_key(self, spec: str, case: Any) -> str | None:
         """``repr`` of the backend's compile key for ``case``; None when it has none (or computing it fails)."""
@@ -171,6 +195,7 @@ class _Worker:
                 return {"ok": True, "result": refused.to_json(), "phases": phases}
             t0 = time.perf_counter()
             self.ctx, self.ctx_key = None, None  # free the previous case's tensors first
+            self.trim_cuda_cache(device)
             self.ctx = prepare_context(AttentionCase.from_json(req["case"]), seed=seed, device=device)
             self.ctx_key = key
             phases["context_s"] = time.perf_counter() - t0

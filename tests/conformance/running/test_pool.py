@@ -31,6 +31,7 @@ from conformance.running.pool import (
     FA4_CACHE_DIR_ENV,
     FA4_CACHE_ENV,
     FAKE_GPUS_ENV,
+    GPU_SHARING_ENV,
     Placement,
     PlacementError,
     WorkFeed,
@@ -134,8 +135,10 @@ def test_workers_go_round_robin_over_the_listed_gpus() -> None:
     plan = plan_workers("cuda", 6, None, gpus_given=True, cpus=12, discover=four, environ={})
     assert [p.gpu for p in plan] == ["0", "1", "2", "3", "0", "1"]
     assert [p.worker for p in plan] == list(range(6)) and {p.threads for p in plan} == {2}
+    assert [p.sharing for p in plan] == [2, 2, 1, 1, 2, 2]  # GPUs 0 and 1 hold two workers each
     assert plan[4].env({}) == {
         "CUDA_VISIBLE_DEVICES": "0",
+        GPU_SHARING_ENV: "2",
         "OMP_NUM_THREADS": "2",
         "MKL_NUM_THREADS": "2",
         "TORCHINDUCTOR_COMPILE_THREADS": "2",

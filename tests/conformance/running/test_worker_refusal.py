@@ -61,3 +61,32 @@ def test_the_refusal_record_is_the_one_check_backend_writes() -> None:
     assert direct is not None
     assert {k: getattr(direct, k) for k in keep} == {k: getattr(via_check, k) for k in keep}
     assert check_mod.refusal(_case(), backend, "cpu", 0) is None
+
+
+def test_a_worker_over_its_share_of_the_gpu_empties_its_cache_between_cases(monkeypatch: pytest.MonkeyPatch) -> None:
+    """12 workers on one H100 held the cached blocks of their largest case (34 CUDA OOMs, retried alone at the end of
+    ``default``): between cases a worker over 90 % / sharing of the GPU's memory gives its unused blocks back."""
+    import torch
+
+    from conformance.running.pool import GPU_SHARING_ENV
+
+    class Props:
+        total_memory = 80 * 2**30
+
+    state = {"reserved": 0, "emptied": 0}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: state["reserved"])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: state.__setitem__("emptied", state["emptied"] + 1))
+    monkeypatch.setenv(GPU_SHARING_ENV, "12")
+    w = worker_mod._Worker()
+    assert not w.trim_cuda_cache("cpu")
+    share = int(80 * 2**30 * 0.9 / 12)
+    state["reserved"] = share
+    assert not w.trim_cuda_cache("cuda") and state["emptied"] == 0
+    assert w.cuda_cap == share
+    state["reserved"] = share + 1
+    assert w.trim_cuda_cache("cuda") and state["emptied"] == 1
+    monkeypatch.setenv(GPU_SHARING_ENV, "junk")
+    w = worker_mod._Worker()
+    state["reserved"] = int(80 * 2**30 * 0.9) - 1  # alone on the GPU (a bad value counts as 1)
+    assert not w.trim_cuda_cache("cuda:0")
