@@ -106,6 +106,13 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         action="store_true",
         help="exit 1 on known failures (ledger) and unexpected passes too, not only on unexpected problems",
     )
+    r.add_argument(
+        "--allow-unjudged",
+        action="store_true",
+        help="exit 0, not 4, when a selected backend judged no case (every one of its pairs unsupported, e.g. a "
+        "backend not installed here): for a selection that legitimately holds no case a backend supports; the "
+        "listing and --json still name it",
+    )
     r.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
     r.add_argument(
         "--json",

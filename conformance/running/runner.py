@@ -25,7 +25,8 @@ runs them again.  Cases go to workers by compile affinity (:class:`~conformance.
 keys from the first worker's ``keys`` op), so a JIT backend compiles each kernel in as few workers as it can.
 
 Exit status of a run: :attr:`conformance.running.outcome.RunSummary.exit_code` (unexpected problems, by the
-known-failure ledger; ``--strict``; 130 when interrupted).
+known-failure ledger; ``--strict``; 4 when a selected backend judged no case, unless ``--allow-unjudged``; 130
+when interrupted).
 """
 
 from __future__ import annotations
@@ -188,8 +189,11 @@ def run(config: RunConfig) -> RunSummary:
         except OSError as exc:
             raise UsageError(f"--out {config.out}: cannot write: {exc.strerror or exc}") from None
         summary.skipped = len(pairs) - len(todo)
-        summary.results = [done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done]
-        summary.problems = sum(r.status.is_problem for r in summary.results)
+        summary.keep_recorded(done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done)
+        summary.backends = {
+            infos[s]["name"]: infos[s].get("unavailable_reason", "?") if infos[s].get("available") == "no" else ""
+            for s in config.backends
+        }
         summary.workers = workers
 
         #: (case id, backend name) -> its pair; deferred CUDA OOMs and their first error, for the retry phase
@@ -327,6 +331,7 @@ def main_run(config: RunConfig) -> int:
     if ledger is not None:
         summary.finish(ledger, config.strict)
     summary.strict = config.strict
+    summary.allow_unjudged = config.allow_unjudged
     print(summary.text(), file=sys.stderr)
     print(summary.listing(), file=sys.stderr)
     if config.summary_json is not None:
