@@ -8,20 +8,24 @@ import argparse
 import sys
 from pathlib import Path
 
+from conformance.running.usage import finite_float
+
 __all__ = ["add_parsers", "compare", "merge", "report"]
+
+#: ``--ratio-threshold``: a growth factor >= 1 (1: any growth above the floor counts; below 1 a ratio that
+#: shrank would count as a regression); ``--ratio-floor``: >= 0; ``--perf-threshold``: a fraction >= 0.
+_ratio_threshold = finite_float(1)
+_non_negative = finite_float(0)
 
 
 def _margin(text: str) -> float | None:
-    """``--perf-threshold``: ``auto`` (None: derived from the measured spread) or a fraction >= 0."""
-    if text == "auto":
+    """``--perf-threshold``: ``auto`` (None: derived from the measured spread) or a finite fraction >= 0."""
+    if text.strip() == "auto":
         return None
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be auto or a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+        return _non_negative(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"must be auto or {str(exc).removeprefix('must be ')}") from None
 
 
 def add_parsers(sub) -> None:
@@ -46,14 +50,18 @@ def add_parsers(sub) -> None:
 
     c = sub.add_parser(
         "compare",
-        help="diff two results files; exit 1 when anything regressed",
+        help="diff two results files; exit 1 when anything regressed, 4 when a family judged nothing",
         description="Exit status: 0 no regression; 1 regressed (a new failure, an error-ratio, gradient or "
-        "performance regression, gradient numbers one run lacks, a lost capability); 2 refused, with one line "
+        "performance regression, a NaN error ratio where the old one is a number, gradient numbers one run "
+        "lacks, a lost capability); 4 nothing judged: a backend family none of whose compared pairs was judged "
+        "in both files (every pair unsupported on one side or both, e.g. the new run on a machine without the "
+        "kernel; unless --allow-unjudged; 1 takes precedence); 2 refused, with one line "
         "naming the file and the reason: a file "
         "missing, unreadable, empty, without header or results, or with lines that are not records (unless "
         "--allow-skipped); runs of different suites or tolerances; NEW lacking (case, family) pairs of OLD "
-        "(unless --allow-subset); nothing in common. Different backend versions, devices or machines are what "
-        "compare is for.",
+        "(unless --allow-subset); nothing in common; a rule number out of range. Different backend versions, "
+        "devices or machines are what compare is for. A record marked pass whose statistics are NaN or inf "
+        "counts as a fail.",
     )
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
@@ -82,20 +90,30 @@ def add_parsers(sub) -> None:
         "families are counted as outside the comparison; NEW must still hold every OLD pair of its families",
     )
     c.add_argument(
-        "--ratio-threshold", type=float, default=2.0, help="error-ratio growth factor that counts (default 2)"
+        "--allow-unjudged",
+        action="store_true",
+        help="exit 0, not 4, when a backend family judged nothing in both files (the summary still names it): "
+        "for a selection that legitimately holds no case a backend supports",
+    )
+    c.add_argument(
+        "--ratio-threshold",
+        type=_ratio_threshold,
+        default=2.0,
+        help="error-ratio growth factor that counts, a finite number >= 1 (1: any growth above the floor; default 2)",
     )
     c.add_argument(
         "--ratio-floor",
-        type=float,
+        type=_non_negative,
         default=0.5,
-        help="new error ratios at or below this never count (default 0.5)",
+        help="new error ratios at or below this never count, a finite number >= 0 (default 0.5)",
     )
     c.add_argument(
         "--perf-threshold",
         default=None,
         type=_margin,
         metavar="auto|FRACTION",
-        help="margin over the old p80 a new p20 must exceed, e.g. 0.1; auto = the median p20-p80 spread",
+        help="margin over the old p80 a new p20 must exceed, a finite fraction >= 0, e.g. 0.1; auto = the median "
+        "p20-p80 spread",
     )
 
     m = sub.add_parser(
@@ -146,7 +164,8 @@ def report(args: argparse.Namespace) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
-    """``attnconf compare``: 1 when anything regressed, 2 when the files may not be compared."""
+    """``attnconf compare``: 1 when anything regressed, 4 when a family judged nothing (unless
+    ``--allow-unjudged``), 2 when the files may not be compared."""
     from conformance.reporting.compare import CompareRefused, compare_files, render_markdown
     from conformance.reporting.compare_summary import refusal_json, to_json
     from conformance.reporting.summary_json import write_summary
@@ -158,6 +177,7 @@ def compare(args: argparse.Namespace) -> int:
             allow_skipped=args.allow_skipped,
             allow_subset=args.allow_subset,
             only_new_families=args.only_new_families,
+            allow_unjudged=args.allow_unjudged,
             ratio_threshold=args.ratio_threshold,
             ratio_floor=args.ratio_floor,
             perf_margin=args.perf_threshold,
@@ -178,7 +198,10 @@ def compare(args: argparse.Namespace) -> int:
         args.out.write_text(text, encoding="utf-8")
     if args.summary_json:
         write_summary(to_json(cmp), args.summary_json)
-    return 1 if cmp.regressed else 0
+    for fam, why in cmp.unjudged:
+        accepted = " (accepted with --allow-unjudged)" if cmp.allow_unjudged else ""
+        print(f"attnconf compare: nothing judged: family {fam} {why}{accepted}", file=sys.stderr)
+    return cmp.exit_status
 
 
 def merge(args: argparse.Namespace) -> int:

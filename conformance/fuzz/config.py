@@ -6,6 +6,7 @@ The campaign itself is :mod:`conformance.fuzz.campaign`.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,14 +44,18 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)$")
 
 
 def parse_budget(text: str) -> Budget:
-    """``--budget``: a number of cases (``200``) or a duration (``90s``, ``10m``, ``1.5h``)."""
+    """``--budget``: a number of cases in [1, 10**18) (``200``) or a finite duration > 0 (``90s``, ``10m``,
+    ``1.5h``)."""
     t = text.strip().lower()
-    if t.isdigit() and int(t) > 0:
+    if t.isascii() and t.isdigit() and len(t) <= 18 and int(t) > 0:
         return Budget(cases=int(t))
     m = _DURATION.match(t)
-    if m and float(m.group(1)) > 0:
-        return Budget(seconds=float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)])
-    raise UsageError(f"--budget must be a number of cases (200) or a duration (90s, 10m, 1h), got {text!r}")
+    if m and 0 < (seconds := float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]) < math.inf:
+        return Budget(seconds=seconds)
+    raise UsageError(
+        f"--budget must be a number of cases in [1, 10**18) (200) or a finite duration > 0 (90s, 10m, 1h), "
+        f"got {text[:40]!r}"
+    )
 
 
 @dataclass(frozen=True)
