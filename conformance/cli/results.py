@@ -156,6 +156,10 @@ def report(args: argparse.Namespace) -> int:
             print(f"attnconf report: {f.path}: {f.skipped_summary()}; the rest is reported", file=sys.stderr)
         if not f.results:
             print(f"attnconf report: {f.path}: no result records (only a header)", file=sys.stderr)
+    if runs.nonfinite_passes:
+        from conformance.records import NONFINITE_PASS
+
+        print(f"attnconf report: {NONFINITE_PASS}: {runs.nonfinite_passes} record(s)", file=sys.stderr)
     md, html, ctx = write_report(runs, args.out, args.ledger_dir, with_context=True)
     print(f"wrote {md} and {html}", file=sys.stderr if args.summary_json == "-" else sys.stdout)
     if args.summary_json:

@@ -32,7 +32,7 @@ from conformance.fuzz.draw import draw
 from conformance.fuzz.group import fuzz_role, group_failures, label, signature
 from conformance.fuzz.persist import Prior, db_key, db_value, open_db, read_prior, with_fuzz, write_header
 from conformance.fuzz.shrink import ShrinkResult, failure_kind, shrink
-from conformance.records import CheckResult, Status, append_record, read_records
+from conformance.records import CheckResult, Status, append_record, judged_results, read_records
 from conformance.running.env import refused_features
 from conformance.running.outfile import move_aside
 from conformance.running.runner import UsageError, _check_names, _describe, _record
@@ -244,7 +244,7 @@ def run_fuzz(config: FuzzConfig) -> FuzzSummary:
         s.worker_starts = camp.client.starts
         camp.client.close()
         s.elapsed_s = time.monotonic() - camp.t0
-    _, s.records = read_records(config.out)
+    s.records, s.nonfinite_passes = judged_results(read_records(config.out)[1])
     s.groups = group_failures(r for r in s.records if fuzz_role(r).get("role") in ("minimal", "replay"))
     return s
 

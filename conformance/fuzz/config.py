@@ -15,7 +15,7 @@ from typing import Any
 
 from conformance.fuzz.draw import DrawLimits
 from conformance.fuzz.group import FuzzGroup, fuzz_role
-from conformance.records import CheckResult, Status
+from conformance.records import NONFINITE_PASS, CheckResult, Status
 from conformance.running.runner import RunConfig, UsageError
 
 __all__ = ["Budget", "FuzzConfig", "FuzzSummary", "parse_budget"]
@@ -121,8 +121,11 @@ class FuzzSummary:
     replays: int = 0
     elapsed_s: float = 0.0
     worker_starts: int = 0
+    #: the file's records, by effective status (:attr:`conformance.records.CheckResult.effective_status`)
     records: list[CheckResult] = field(default_factory=list)
     groups: list[FuzzGroup] = field(default_factory=list)
+    #: records marked ``pass`` whose statistics are not finite, counted as fails
+    nonfinite_passes: int = 0
 
     @property
     def problems(self) -> list[CheckResult]:
@@ -144,6 +147,8 @@ class FuzzSummary:
             "originals: " + ", ".join(f"{s.value} {counts.get(s.value, 0)}" for s in Status),
             f"shrinks: {self.shrinks} ({self.shrink_evaluations} evaluations); replays from --db: {self.replays}",
         ]
+        if self.nonfinite_passes:
+            lines.append(f"{NONFINITE_PASS}: {self.nonfinite_passes} record(s)")
         if self.refused:
             top = ", ".join(f"{reason} {n}" for reason, n in self.refused.most_common(6))
             lines.append(f"refusals of those draws, by feature (one per backend): {top}")

@@ -6,7 +6,9 @@ entry should claim none: its predicate is too wide or the bug is fixed), the pas
 the passes past its version range (fixed).  Per backend: the problems no entry explains, grouped by a short signature
 (status, layout, the modes that select kernel paths, whether some row sees no key, the checks that failed or the
 error's
-first words) so that failures of one cause fall into one group.
+first words) so that failures of one cause fall into one group.  Records are sorted by their effective status
+(:attr:`conformance.records.CheckResult.effective_status`: a ``pass`` whose statistics are NaN or inf is a fail;
+:attr:`Audit.nonfinite_passes` counts them).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.records import CheckResult, ResultsFileError, load_results
+from conformance.records import CheckResult, ResultsFileError, judged_results, load_results
 from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases
 from conformance.reporting.ledger_fields import case_view
 
@@ -133,6 +135,8 @@ class Audit:
     unknown_version: int = 0
     #: lines skipped per file (only with allow_skipped)
     skipped: dict[str, int] = field(default_factory=dict)
+    #: records marked ``pass`` whose statistics are not finite, sorted as fails
+    nonfinite_passes: int = 0
 
     @property
     def passes_claimed(self) -> int:
@@ -152,6 +156,7 @@ class Audit:
             "passes_claimed": self.passes_claimed,
             "explained_at_unknown_version": self.unknown_version,
             "skipped_lines": self.skipped,
+            "nonfinite_passes": self.nonfinite_passes,
             "entries": [e.to_json() for e in self.entries],
             "stale": [e.source for e in self.stale],
             "unexplained_groups": [g.to_json() for g in self.unexplained],
@@ -173,7 +178,8 @@ def audit(ledger: Ledger, paths: list[Path | str], suites: bool = True, allow_sk
             loaded = load_results(path, allow_skipped=allow_skipped, need_header=False)
         except ResultsFileError as exc:
             raise ValueError(str(exc)) from None
-        results = list(loaded.results)
+        results, nonfinite = judged_results(loaded.results)
+        out.nonfinite_passes += nonfinite
         if loaded.skipped:
             out.skipped[str(path)] = len(loaded.skipped)
         every.extend(results)
