@@ -46,6 +46,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
+    def _get_values(self, action, arg_strings):
+        # `--timeout=--`: argparse before Python 3.12 strips the '--' and hands the option an empty list, past its
+        # type check (a traceback later); the value is the text '--', checked by the option's type as any other.
+        if action.nargs is None and arg_strings == ["--"]:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
+
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version

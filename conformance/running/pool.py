@@ -99,8 +99,10 @@ def parse_gpus(text: str) -> tuple[int, ...] | None:
     if text.strip() == "all":
         return None
     parts = [p.strip() for p in text.split(",")]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise PlacementError(f"--gpus must be all or comma-separated GPU indices such as 0,1, got {text!r}")
+    if not parts or not all(p.isascii() and p.isdigit() and len(p) <= 4 and int(p) < MAX_JOBS for p in parts):
+        raise PlacementError(
+            f"--gpus must be all or comma-separated GPU indices below {MAX_JOBS} such as 0,1, got {text[:40]!r}"
+        )
     gpus = tuple(int(p) for p in parts)
     if len(set(gpus)) != len(gpus):
         raise PlacementError(f"--gpus names a GPU twice: {text!r} (use --jobs for several workers per GPU)")
