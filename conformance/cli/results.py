@@ -119,15 +119,23 @@ def add_parsers(sub) -> None:
     m = sub.add_parser(
         "merge",
         help="merge the shard files of one sweep into one results file",
-        description="Exit status: 0 when every shard and every selected (case, backend) pair is there; 1 when "
-        "some are missing (the merged file is written all the same and its header lists them); 2 when the files "
-        "are not shards of one sweep (suite, commit, backends, options, shard count), hold one shard twice, or "
-        "give one (case, backend) pair two verdicts.",
+        description="Exit status: 0 when every shard and every selected (case, backend) pair is there and every "
+        "backend judged at least one case; 1 when some are missing (the merged file is written all the same and "
+        "its header lists them); 4 when a backend of the sweep judged no case in any shard (every pair "
+        "unsupported, e.g. its kernel not installed on the runners; unless --allow-unjudged; 1 takes "
+        "precedence); 2 when the files are not shards of one sweep (suite, commit, backends, options, shard "
+        "count), hold one shard twice, or give one (case, backend) pair two verdicts.",
     )
     m.add_argument("shards", nargs="+", type=Path, help="results files of `attnconf run --shard i/n` (or merged ones)")
     m.add_argument("--out", type=Path, default=Path("merged.jsonl"), help="merged file (default merged.jsonl; .gz ok)")
     m.add_argument("--summary", type=Path, help="also write the Markdown summary here")
     m.add_argument("--allow-incomplete", action="store_true", help="exit 0 even when shards or pairs are missing")
+    m.add_argument(
+        "--allow-unjudged",
+        action="store_true",
+        help="exit 0, not 4, when a backend judged no case in any shard (for a selection that legitimately holds "
+        "no case a backend supports)",
+    )
 
 
 def report(args: argparse.Namespace) -> int:
@@ -209,7 +217,8 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def merge(args: argparse.Namespace) -> int:
-    """``attnconf merge``: 1 when shards or pairs are missing, 2 when the files are not one sweep's shards."""
+    """``attnconf merge``: 1 when shards or pairs are missing, 4 when a backend judged no case in any shard, 2 when
+    the files are not one sweep's shards."""
     from conformance.reporting.shards import MergeError, merge_shards, render_markdown, write_merged
 
     missing = [str(p) for p in args.shards if not p.is_file()]
@@ -228,4 +237,9 @@ def merge(args: argparse.Namespace) -> int:
         args.summary.write_text(text, encoding="utf-8")
     for line in merged.problems():
         print(f"attnconf merge: {line}", file=sys.stderr)
-    return 0 if merged.complete or args.allow_incomplete else 1
+    accepted = " (accepted: --allow-unjudged)" if args.allow_unjudged else ""
+    for name, why, pairs in merged.unjudged:
+        print(f"attnconf merge: UNJUDGED: {name} judged none of its {pairs} pair(s): {why}{accepted}", file=sys.stderr)
+    if not (merged.complete or args.allow_incomplete):
+        return 1
+    return 4 if merged.unjudged and not args.allow_unjudged else 0

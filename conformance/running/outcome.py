@@ -27,7 +27,7 @@ from typing import Any
 from conformance.exits import Exit
 from conformance.records import NONFINITE_PASS, CheckResult, Status, judged_results
 
-__all__ = ["LIST_MAX", "RunSummary", "resume_command", "short_reason"]
+__all__ = ["LIST_MAX", "RunSummary", "resume_command", "short_reason", "unjudged_backends"]
 
 #: Unexpected problems (and unexpected passes) listed at the end of a run; the ``--json`` summary has all.
 LIST_MAX = 50
@@ -62,6 +62,34 @@ def _problem_json(r: CheckResult) -> dict[str, Any]:
         "reason": short_reason(r.reason),
         "repro": r.repro,
     }
+
+
+def unjudged_backends(results: Iterable[CheckResult], backends: dict[str, str]) -> list[tuple[str, str, int]]:
+    """(backend, why, pairs) of every selected backend (``backends``: name -> why it is not available here, ''
+    when it is; empty: the backends of ``results``) that judged no case: each of its pairs is ``unsupported``
+    (why: its unavailability reason when it is not available here, else the most common refusal, with its count),
+    or none of its pairs was recorded; with no backend and no record at all, one ``(none)`` entry.  A backend with
+    a pass, a fail, an error, a crash or a timeout judged something (problems are the ledger's and exit 1's)."""
+    by_backend: dict[str, list[CheckResult]] = {}
+    for r in results:
+        by_backend.setdefault(r.backend, []).append(r)
+    names = list(backends) or list(by_backend)
+    if not names:
+        return [("(none)", "no (case, backend) pair was recorded", 0)]
+    out = []
+    for name in names:
+        records = by_backend.get(name, [])
+        if any(r.status is not Status.UNSUPPORTED for r in records):
+            continue
+        if backends.get(name):
+            why = f"not available here: {short_reason(backends[name], 200)}"
+        elif records:
+            reason, n = Counter(short_reason(r.reason, 200) or "(no reason)" for r in records).most_common(1)[0]
+            why = f"unsupported: {reason}" + (f" ({n} of {len(records)} pairs)" if n < len(records) else "")
+        else:
+            why = "no pair of it was recorded"
+        out.append((name, why, len(records)))
+    return out
 
 
 @dataclass
@@ -125,30 +153,8 @@ class RunSummary:
         return counted
 
     def unjudged(self) -> list[tuple[str, str, int]]:
-        """(backend, why, pairs) of every selected backend that judged no case: each of its pairs is
-        ``unsupported`` (why: its unavailability reason when it is not available here, else the most common
-        refusal, with its count), or none of its pairs was recorded.  A backend with a pass, a fail, an error, a
-        crash or a timeout judged something (problems are the ledger's and exit 1's to sort)."""
-        by_backend: dict[str, list[CheckResult]] = {}
-        for r in self.results:
-            by_backend.setdefault(r.backend, []).append(r)
-        names = list(self.backends) or list(by_backend)
-        if not names:
-            return [("(none)", "no (case, backend) pair was recorded", 0)]
-        out = []
-        for name in names:
-            records = by_backend.get(name, [])
-            if any(r.status is not Status.UNSUPPORTED for r in records):
-                continue
-            if self.backends.get(name):
-                why = f"not available here: {short_reason(self.backends[name], 200)}"
-            elif records:
-                reason, n = Counter(short_reason(r.reason, 200) or "(no reason)" for r in records).most_common(1)[0]
-                why = f"unsupported: {reason}" + (f" ({n} of {len(records)} pairs)" if n < len(records) else "")
-            else:
-                why = "no pair of it was recorded"
-            out.append((name, why, len(records)))
-        return out
+        """The selected backends that judged no case (:func:`unjudged_backends`)."""
+        return unjudged_backends(self.results, self.backends)
 
     def finish(self, ledger: Any, strict: bool = False) -> None:
         """Sort the problems against ``ledger`` (a :class:`conformance.reporting.ledger.Ledger`)."""
