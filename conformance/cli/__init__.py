@@ -7,19 +7,21 @@ broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
 
 * ``run``: sweep cases x backends into a JSONL file (:mod:`conformance.running.runner`); 0 when every
   problem (fail/error/crash/timeout) of the selected (case, backend) pairs is a known failure of the ledger,
-  1 when some problem is unexpected (with ``--strict``: any problem, or an unexpected pass), 130 when
-  interrupted (Ctrl-C; the records are kept, the message says how to resume).  It ends by listing the
-  unexpected problems (status, backend, case id, one-line reason, repro) and the known ones per ledger entry;
-  ``--json PATH`` writes the same as JSON.
+  1 when some problem is unexpected (with ``--strict``: any problem, or an unexpected pass), 4 when a selected
+  backend judged no case (every pair unsupported; ``--allow-unjudged`` accepts it), 130 when interrupted
+  (Ctrl-C; the records are kept, the message says how to resume).  It ends by listing the unexpected problems
+  (status, backend, case id, one-line reason, repro), the known ones per ledger entry and each backend that
+  judged nothing; ``--json PATH`` writes the same as JSON.
 * ``--version``: the package version; 0.
 * ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`); 0,
   2 when a file is missing or unreadable or the files hold no result (skipped lines are counted on stderr).
-* ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed, 2
+* ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed, 4
+  when a backend family judged nothing in both files (``--allow-unjudged``), 2
   when the files may not be compared (:mod:`conformance.reporting.compare_inputs`: unreadable, empty, skipped
   lines, other suite or tolerance, NEW lacking pairs of OLD), one line naming the file and the reason.
 * ``merge``: the shard files of one sweep into one results file (:mod:`conformance.reporting.shards`); 1 when
-  shards or (case, backend) pairs are missing (the file is written all the same), 2 when the files do not
-  belong to one sweep or disagree.
+  shards or (case, backend) pairs are missing (the file is written all the same), 4 when a backend judged no
+  case in any shard, 2 when the files do not belong to one sweep or disagree.
 * ``backends``: capability matrix of the installed backends; 0.
 * ``fuzz``: random cases, failures shrunk and grouped (:mod:`conformance.fuzz`); 1 when any case failed.
 * ``cases``: the cases of a suite, selected as ``run`` selects them (``--case``, ``--feature``, ``--exclude``,
