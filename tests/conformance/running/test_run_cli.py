@@ -267,8 +267,12 @@ def test_a_backend_that_judges_no_case_fails_the_run_with_4_and_allow_unjudged_a
         "UNJUDGED: fake-not-installed judged none of its 2 pair(s): not available here: planted: fake_kernel_pkg is "
         "not importable",
     ]
-    assert err.rstrip().splitlines()[-1].startswith(
-        "exit 4: no evidence: 2 selected backend(s) judged no case (fake-refuses-everything, fake-not-installed)"
+    assert (
+        err.rstrip()
+        .splitlines()[-1]
+        .startswith(
+            "exit 4: no evidence: 2 selected backend(s) judged no case (fake-refuses-everything, fake-not-installed)"
+        )
     )
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["exit_status"] == 4 and [(u["backend"], u["pairs"]) for u in summary["unjudged"]] == [
