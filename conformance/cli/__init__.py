@@ -23,7 +23,8 @@ broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
   shards or (case, backend) pairs are missing (the file is written all the same), 4 when a backend judged no
   case in any shard, 2 when the files do not belong to one sweep or disagree.
 * ``backends``: capability matrix of the installed backends; 0.
-* ``fuzz``: random cases, failures shrunk and grouped (:mod:`conformance.fuzz`); 1 when any case failed.
+* ``fuzz``: random cases, failures shrunk and grouped (:mod:`conformance.fuzz`); 1 when any case failed, 4 when
+  a backend judged no drawn case (``--allow-unjudged``).
 * ``cases``: the cases of a suite, selected as ``run`` selects them (``--case``, ``--feature``, ``--exclude``,
   ``--exclude-feature``: :mod:`conformance.running.selection`); 0.
 

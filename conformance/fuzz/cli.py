@@ -1,7 +1,8 @@
 """The ``attnconf fuzz`` subcommand: :func:`add_parser` registers it, :func:`main` runs it.
 
 Exit status: 0 when no drawn or replayed case failed, errored, crashed or timed out; 1 otherwise (the groups
-of failures are printed); 2 on usage errors (every numeric option is range-checked by the parser:
+of failures are printed); 4 when a backend judged no drawn case (every draw it got unsupported, or it runs on
+another device; unless ``--allow-unjudged``); 2 on usage errors (every numeric option is range-checked by the parser:
 :mod:`conformance.running.usage`).
 """
 
@@ -42,7 +43,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="random cases from the whole case space; failures shrunk to minimal cases and grouped",
         description="Draw seeded random cases from the case space, check them against backends (crash-isolated, "
         "same records as `run`), shrink every failure to a minimal case and group failures by the axis values "
-        "their minimal cases share. Exit status: 0 if nothing failed, 1 otherwise, 2 on usage errors.",
+        "their minimal cases share. Exit status: 0 if nothing failed, 1 otherwise, 4 when a backend judged no drawn "
+        "case (e.g. a backend that runs on another device; unless --allow-unjudged; 1 takes precedence), 2 on "
+        "usage errors.",
     )
     f.add_argument(
         "--backend",
@@ -115,6 +118,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     f.add_argument("--tol-file", metavar="TOML", help="tolerance overrides from a TOML file (below --tol)")
     f.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    f.add_argument(
+        "--allow-unjudged",
+        action="store_true",
+        help="exit 0, not 4, when a backend judged no drawn case (the summary still names it)",
+    )
     return f
 
 
@@ -145,6 +153,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         db=args.db,
         progress=not args.no_progress,
         argv=("attnconf", *argv),
+        allow_unjudged=args.allow_unjudged,
     )
     summary = run_fuzz(config)
     print(summary.text(), file=sys.stderr)

@@ -76,6 +76,8 @@ class FuzzConfig:
     db: Path | None = None
     progress: bool = True
     argv: tuple[str, ...] = ()
+    #: ``--allow-unjudged``: a backend that judged no drawn case does not make the exit status 4
+    allow_unjudged: bool = False
 
     def run_config(self) -> RunConfig:
         """The ``run`` configuration the shared record helpers read (repro commands, tolerance overrides)."""
@@ -126,6 +128,19 @@ class FuzzSummary:
     groups: list[FuzzGroup] = field(default_factory=list)
     #: records marked ``pass`` whose statistics are not finite, counted as fails
     nonfinite_passes: int = 0
+    #: the campaign's backends by record name -> why it cannot run here ('' when it may)
+    backends: dict[str, str] = field(default_factory=dict)
+    allow_unjudged: bool = False
+    #: why the campaign stopped drawing before its budget was spent ('' when it did not)
+    stopped: str = ""
+
+    def unjudged(self) -> list[tuple[str, str, int]]:
+        """The campaign's backends that judged no drawn case (:func:`conformance.running.outcome.unjudged_backends`
+        over the original and replayed records)."""
+        from conformance.running.outcome import unjudged_backends
+
+        judged = [r for r in self.records if fuzz_role(r).get("role") in ("original", "replay")]
+        return unjudged_backends(judged, self.backends)
 
     @property
     def problems(self) -> list[CheckResult]:
@@ -134,7 +149,11 @@ class FuzzSummary:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.problems else 0
+        """1 when a drawn or replayed case had a problem; 4 when a backend judged no case (unless
+        ``allow_unjudged``); else 0."""
+        if self.problems:
+            return 1
+        return 4 if self.unjudged() and not self.allow_unjudged else 0
 
     def text(self) -> str:
         counts = Counter(r.status.value for r in self.records if fuzz_role(r).get("role") == "original")
@@ -149,6 +168,11 @@ class FuzzSummary:
         ]
         if self.nonfinite_passes:
             lines.append(f"{NONFINITE_PASS}: {self.nonfinite_passes} record(s)")
+        if self.stopped:
+            lines.append(f"stopped drawing before the budget was spent: {self.stopped}")
+        for name, why, pairs in self.unjudged():
+            accepted = " (accepted: --allow-unjudged)" if self.allow_unjudged else ""
+            lines.append(f"UNJUDGED: {name} judged none of its {pairs} drawn case(s): {why}{accepted}")
         if self.refused:
             top = ", ".join(f"{reason} {n}" for reason, n in self.refused.most_common(6))
             lines.append(f"refusals of those draws, by feature (one per backend): {top}")

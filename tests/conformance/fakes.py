@@ -41,6 +41,7 @@ __all__ = [
     "LseSignBackend",
     "NoisyBackend",
     "RaisingBackend",
+    "DeclaresNothingBackend",
     "NotInstalledBackend",
     "RefusesEverythingBackend",
     "RefusesSinksBackend",
@@ -256,6 +257,20 @@ class NotInstalledBackend(ExactBackend):
 
     def is_available(self) -> Support:
         return Support(False, "planted: fake_kernel_pkg is not importable")
+
+
+class DeclaresNothingBackend(ExactBackend):
+    """Declares every feature refused: every case is refused by its declarations alone (a fuzz campaign's draws
+    are all skipped without running)."""
+
+    name = "fake-declares-nothing"
+    description = "test fake: refuses every feature"
+
+    @property
+    def refused(self) -> dict[str, str]:  # type: ignore[override]
+        from conformance.cases.case import FEATURES
+
+        return {f: "planted: declares nothing" for f in FEATURES}
 
 
 class StoredExactBackend(ExactBackend):
