@@ -12,6 +12,8 @@ broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
   (Ctrl-C; the records are kept, the message says how to resume).  It ends by listing the unexpected problems
   (status, backend, case id, one-line reason, repro), the known ones per ledger entry and each backend that
   judged nothing; ``--json PATH`` writes the same as JSON.
+* ``warmup``: ``run --compile-only``: compile the JIT kernels of a selection into their disk cache, no results
+  file (:mod:`conformance.running.compile_phase`); 0, 130 when interrupted.
 * ``--version``: the package version; 0.
 * ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`); 0,
   2 when a file is missing or unreadable or the files hold no result (skipped lines are counted on stderr).
@@ -79,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"attnconf {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     run_cmd.add_parser(sub)
+    run_cmd.add_warmup_parser(sub)
     results.add_parsers(sub)
     inventory.add_backends_parser(sub)
     add_fuzz_parser(sub)
@@ -135,6 +138,8 @@ def _dispatch(argv: list[str]) -> int:
     try:
         if args.command == "run":
             return run_cmd.run(args, argv)
+        if args.command == "warmup":
+            return run_cmd.warmup(args, argv)
         if args.command == "report":
             return results.report(args)
         if args.command == "compare":

@@ -17,6 +17,10 @@ __all__ = ["add_parsers", "compare", "merge", "report"]
 _ratio_threshold = finite_float(1)
 _non_negative = finite_float(0)
 
+#: Output kinds (:mod:`conformance.outputs`) of the files these commands write besides the report itself
+#: (:mod:`conformance.reporting.report`) and the merged results file (never replaced: no kind).
+REPORT_JSON, COMPARE_MD, COMPARE_JSON, MERGE_MD = "report-summary", "compare-md", "compare-summary", "merge-md"
+
 
 def _margin(text: str) -> float | None:
     """``--perf-threshold``: ``auto`` (None: derived from the measured spread) or a finite fraction >= 0."""
@@ -34,18 +38,35 @@ def add_parsers(sub) -> None:
         "report",
         help="write DIR/report.md and DIR/report.html",
         description="Exit status: 0 when the report was written; 2 when a file is missing or unreadable (not "
-        "UTF-8 text, a broken gzip stream, no records at all) or the files hold no result record. Lines that "
-        "are not records (a truncated last line, garbage) are skipped and counted on stderr, per file.",
+        "UTF-8 text, a broken gzip stream, a line over 64 MiB, no records at all), records a (case, backend) pair "
+        "twice (unless --drop-duplicates) or the files hold no result record, or an output path is refused (an "
+        "input, a directory, a device, a FIFO); 3 when an output cannot be written (nothing is changed then). "
+        "Lines that are not records (a truncated last line, garbage) are skipped and counted on stderr, per file; "
+        "a file written by a newer attnconf is read as far as this version understands it, and said so on stderr. "
+        "Across files, the last record of a pair wins.",
     )
     rep.add_argument("results", nargs="+", type=Path)
-    rep.add_argument("--out", type=Path, default=Path("report"), help="output directory (default report/)")
+    rep.add_argument(
+        "--drop-duplicates",
+        action="store_true",
+        help="read files that record a (case, backend) pair twice (two runs wrote them at once), keeping the last "
+        "record of each pair (counted on stderr and in --json), instead of refusing them (exit 2)",
+    )
+    rep.add_argument(
+        "--out",
+        type=Path,
+        default=Path("report"),
+        help="output directory (default report/): report.md, report.html and the PNGs; an earlier report there "
+        "is replaced, any other file of those names kept as a numbered backup (report.1.md, ...)",
+    )
     rep.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
     rep.add_argument(
         "--json",
         metavar="PATH",
         dest="summary_json",
         help="also write a JSON summary here (- for stdout): files read and lines skipped, counts per backend and "
-        "status, unexpected failures with repro, known failures per ledger entry, unexpected passes, stale entries",
+        "status, unexpected failures with repro, known failures per ledger entry, unexpected passes, stale "
+        "entries; an earlier summary is replaced, any other file kept as a numbered backup",
     )
 
     c = sub.add_parser(
@@ -58,25 +79,39 @@ def add_parsers(sub) -> None:
         "kernel; unless --allow-unjudged; 1 takes precedence); 2 refused, with one line "
         "naming the file and the reason: a file "
         "missing, unreadable, empty, without header or results, or with lines that are not records (unless "
-        "--allow-skipped); runs of different suites or tolerances; NEW lacking (case, family) pairs of OLD "
-        "(unless --allow-subset); nothing in common; a rule number out of range. Different backend versions, "
-        "devices or machines are what compare is for. A record marked pass whose statistics are NaN or inf "
-        "counts as a fail.",
+        "--allow-skipped), or recording a (case, backend) pair twice (unless --drop-duplicates); runs of "
+        "different suites or tolerances; NEW lacking (case, family) pairs of OLD (unless --allow-subset); nothing "
+        "in common; a rule number out of range; an output path that is an input, a directory, a device or a FIFO; "
+        "3 when --out or --json cannot be written (never 1 or 4). A file written by a newer attnconf is compared "
+        "as far as this version reads it, and said so on stderr. Different backend versions, devices or machines "
+        "are what compare is for. A record marked pass whose statistics are NaN or inf counts as a fail.",
     )
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
-    c.add_argument("--out", type=Path, help="also write the Markdown summary here")
+    c.add_argument(
+        "--out",
+        type=Path,
+        help="also write the Markdown summary here (the reason, on a refusal); an earlier one is replaced, any "
+        "other file kept as a numbered backup",
+    )
     c.add_argument(
         "--json",
         metavar="PATH",
         dest="summary_json",
         help="also write a JSON summary here (- for stdout, instead of the Markdown): exit status, verdict or "
-        "refusal, counts, every regression and fix, pairs compared and not compared",
+        "refusal, counts, every regression and fix, pairs compared and not compared; an earlier one is "
+        "replaced, any other file kept as a numbered backup",
     )
     c.add_argument(
         "--allow-skipped",
         action="store_true",
         help="compare files with lines that are not records (e.g. a run killed mid-line); the summary counts them",
+    )
+    c.add_argument(
+        "--drop-duplicates",
+        action="store_true",
+        help="read files that record a (case, backend) pair twice (two runs wrote them at once), keeping the last "
+        "record of each pair (the summary counts the others), instead of refusing them (exit 2)",
     )
     c.add_argument(
         "--allow-subset",
@@ -124,11 +159,26 @@ def add_parsers(sub) -> None:
         "its header lists them); 4 when a backend of the sweep judged no case in any shard (every pair "
         "unsupported, e.g. its kernel not installed on the runners; unless --allow-unjudged; 1 takes "
         "precedence); 2 when the files are not shards of one sweep (suite, commit, backends, options, shard "
-        "count), hold one shard twice, or give one (case, backend) pair two verdicts.",
+        "count), hold one shard twice, give one (case, backend) pair two verdicts, record one pair twice in one "
+        "file (unless --drop-duplicates), cannot be read (binary, cut or corrupt gzip data, a line over 64 MiB), "
+        "hold lines that are not records (unless --allow-skipped; a killed runner's cut last line is fine: its "
+        "pair is missing) or were written by a newer attnconf, or when an output path is an input, a directory, "
+        "a device or a FIFO, or another command holds --out; 3 when an output cannot be written.",
     )
     m.add_argument("shards", nargs="+", type=Path, help="results files of `attnconf run --shard i/n` (or merged ones)")
-    m.add_argument("--out", type=Path, default=Path("merged.jsonl"), help="merged file (default merged.jsonl; .gz ok)")
-    m.add_argument("--summary", type=Path, help="also write the Markdown summary here")
+    m.add_argument(
+        "--out",
+        type=Path,
+        default=Path("merged.jsonl"),
+        help="merged file (default merged.jsonl; .gz ok); an existing file there, a results file or not, is kept "
+        "as a numbered backup (merged.1.jsonl), never replaced; not one of the shards",
+    )
+    m.add_argument(
+        "--summary",
+        type=Path,
+        help="also write the Markdown summary here; an earlier one is replaced, any other file kept as a "
+        "numbered backup",
+    )
     m.add_argument("--allow-incomplete", action="store_true", help="exit 0 even when shards or pairs are missing")
     m.add_argument(
         "--allow-unjudged",
@@ -136,30 +186,50 @@ def add_parsers(sub) -> None:
         help="exit 0, not 4, when a backend judged no case in any shard (for a selection that legitimately holds "
         "no case a backend supports)",
     )
+    m.add_argument(
+        "--allow-skipped",
+        action="store_true",
+        help="merge files with lines that are not records (garbled lines; the summary counts them)",
+    )
+    m.add_argument(
+        "--drop-duplicates",
+        action="store_true",
+        help="read files that record a (case, backend) pair twice (two runs wrote them at once), keeping the last "
+        "record of each pair (the summary and the merged header count the others), instead of refusing them (exit 2)",
+    )
 
 
 def report(args: argparse.Namespace) -> int:
-    """``attnconf report``: Markdown + HTML (+ ``--json``) of the results files; 2 when there is nothing to report."""
+    """``attnconf report``: Markdown + HTML (+ ``--json``) of the results files; 2 when there is nothing to report.
+    Every output path is checked before any file is read (:func:`conformance.reporting.report.check_report_dir`);
+    the files are written all or nothing (:func:`conformance.outputs.write_many`)."""
+    from conformance.outputs import write_many
     from conformance.records import ResultsFileError
-    from conformance.reporting.report import load_runs, write_report
+    from conformance.reporting.report import check_report_dir, load_runs, report_outputs
     from conformance.reporting.report_summary import report_json
-    from conformance.reporting.summary_json import write_summary
+    from conformance.reporting.summary_json import summary_output, write_summary
+
+    md, html = check_report_dir(args.out, args.results, others=[(args.summary_json, "--json")])[:2]
 
     def refuse(path: str, reason: str) -> int:
         print(f"attnconf report: {path}: {reason}", file=sys.stderr)
         if args.summary_json:
             write_summary(
-                {"schema": 1, "exit_status": 2, "refusal": {"file": path, "reason": reason}}, args.summary_json
+                {"schema": 1, "exit_status": 2, "refusal": {"file": path, "reason": reason}},
+                args.summary_json,
+                REPORT_JSON,
             )
         return 2
 
     try:
-        runs = load_runs(args.results)
+        runs = load_runs(args.results, drop_duplicates=args.drop_duplicates)
     except ResultsFileError as exc:
         return refuse(exc.path, exc.reason)
     if not runs.results:
         return refuse(", ".join(runs.sources), "no result records: nothing to report")
     for f in runs.files:
+        for note in f.notes():
+            print(f"attnconf report: {f.path}: {note}", file=sys.stderr)
         if f.skipped:
             print(f"attnconf report: {f.path}: {f.skipped_summary()}; the rest is reported", file=sys.stderr)
         if not f.results:
@@ -168,19 +238,35 @@ def report(args: argparse.Namespace) -> int:
         from conformance.records import NONFINITE_PASS
 
         print(f"attnconf report: {NONFINITE_PASS}: {runs.nonfinite_passes} record(s)", file=sys.stderr)
-    md, html, ctx = write_report(runs, args.out, args.ledger_dir, with_context=True)
+    outs, ctx = report_outputs(runs, args.out, args.ledger_dir)
+    summary = report_json(runs, ctx, md, html) if args.summary_json else None
+    if summary is not None and args.summary_json != "-":
+        outs.append(summary_output(summary, args.summary_json, REPORT_JSON))
+    write_many(outs)
     print(f"wrote {md} and {html}", file=sys.stderr if args.summary_json == "-" else sys.stdout)
-    if args.summary_json:
-        write_summary(report_json(runs, ctx, md, html), args.summary_json)
+    if summary is not None and args.summary_json == "-":
+        write_summary(summary, "-", REPORT_JSON)
     return 0
 
 
 def compare(args: argparse.Namespace) -> int:
     """``attnconf compare``: 1 when anything regressed, 4 when a family judged nothing (unless
-    ``--allow-unjudged``), 2 when the files may not be compared."""
+    ``--allow-unjudged``), 2 when the files may not be compared (or an output path is refused), 3 when an output
+    cannot be written; the outputs are checked before the files are read."""
+    from conformance.outputs import Output, check_outputs, with_marker, write_many
     from conformance.reporting.compare import CompareRefused, compare_files, render_markdown
     from conformance.reporting.compare_summary import refusal_json, to_json
-    from conformance.reporting.summary_json import write_summary
+    from conformance.reporting.summary_json import summary_output, write_summary
+
+    check_outputs([(args.out, "--out"), (args.summary_json, "--json")], [args.old, args.new])
+
+    def write(markdown: str, summary: dict) -> None:
+        outs = [Output(args.out, with_marker(markdown, COMPARE_MD).encode(), COMPARE_MD)] if args.out else []
+        if args.summary_json and args.summary_json != "-":
+            outs.append(summary_output(summary, args.summary_json, COMPARE_JSON))
+        write_many(outs)
+        if args.summary_json == "-":
+            write_summary(summary, "-", COMPARE_JSON)
 
     try:
         cmp = compare_files(
@@ -190,26 +276,22 @@ def compare(args: argparse.Namespace) -> int:
             allow_subset=args.allow_subset,
             only_new_families=args.only_new_families,
             allow_unjudged=args.allow_unjudged,
+            drop_duplicates=args.drop_duplicates,
             ratio_threshold=args.ratio_threshold,
             ratio_floor=args.ratio_floor,
             perf_margin=args.perf_threshold,
         )
     except CompareRefused as exc:
         print(f"attnconf compare: refused: {exc}", file=sys.stderr)
-        if args.out:  # a CI job summary built from --out shows why the gate failed
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(f"# Compare: {args.old} -> {args.new}: REFUSED\n\n{exc}\n", encoding="utf-8")
-        if args.summary_json:
-            write_summary(refusal_json(exc.path, exc.reason), args.summary_json)
+        # a CI job summary built from --out shows why the gate failed
+        write(f"# Compare: {args.old} -> {args.new}: REFUSED\n\n{exc}\n", refusal_json(exc.path, exc.reason))
         return 2
+    for note in cmp.file_notes:
+        print(f"attnconf compare: {note}", file=sys.stderr)
     text = render_markdown(cmp)
     if args.summary_json != "-":
         sys.stdout.write(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text, encoding="utf-8")
-    if args.summary_json:
-        write_summary(to_json(cmp), args.summary_json)
+    write(text, to_json(cmp))
     for fam, why in cmp.unjudged:
         accepted = " (accepted with --allow-unjudged)" if cmp.allow_unjudged else ""
         print(f"attnconf compare: nothing judged: family {fam} {why}{accepted}", file=sys.stderr)
@@ -218,23 +300,31 @@ def compare(args: argparse.Namespace) -> int:
 
 def merge(args: argparse.Namespace) -> int:
     """``attnconf merge``: 1 when shards or pairs are missing, 4 when a backend judged no case in any shard, 2 when
-    the files are not one sweep's shards."""
-    from conformance.reporting.shards import MergeError, merge_shards, render_markdown, write_merged
+    the files are not one sweep's shards (or an output path is refused), 3 when an output cannot be written.  An
+    existing ``--out`` is a results file, data: it is always kept as a numbered backup, never replaced."""
+    from conformance.lock import hold
+    from conformance.outputs import Output, check_outputs, with_marker, write_many
+    from conformance.reporting.shards import MergeError, merge_shards, merged_output, render_markdown
 
     missing = [str(p) for p in args.shards if not p.is_file()]
     if missing:
         print(f"attnconf merge: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
-    try:
-        merged = merge_shards(args.shards)
-    except MergeError as exc:
-        print(f"attnconf merge: {exc}", file=sys.stderr)
-        return 2
-    write_merged(merged, args.out)
-    text = render_markdown(merged, args.out)
+    check_outputs([(args.out, "--out"), (args.summary, "--summary")], args.shards)
+    with hold(args.out, "--out"):  # no other merge or run writes --out meanwhile
+        try:
+            merged = merge_shards(args.shards, allow_skipped=args.allow_skipped, drop_duplicates=args.drop_duplicates)
+        except MergeError as exc:
+            print(f"attnconf merge: {exc}", file=sys.stderr)
+            return 2
+        text = render_markdown(merged, args.out)
+        outs = [merged_output(merged, args.out)]
+        if args.summary:
+            outs.append(Output(args.summary, with_marker(text, MERGE_MD).encode(), MERGE_MD, "--summary"))
+        write_many(outs)
+    for note in merged.notes:
+        print(f"attnconf merge: {note}", file=sys.stderr)
     sys.stdout.write(text)
-    if args.summary:
-        args.summary.write_text(text, encoding="utf-8")
     for line in merged.problems():
         print(f"attnconf merge: {line}", file=sys.stderr)
     accepted = " (accepted: --allow-unjudged)" if args.allow_unjudged else ""

@@ -18,24 +18,28 @@ shrinks that are missing or incomplete, and then continues the stream after the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from conformance.cases import space
 from conformance.cases.case import AttentionCase
 from conformance.fuzz.config import Budget, FuzzConfig, FuzzSummary, parse_budget
+from conformance.lock import hold
 from conformance.fuzz.draw import draw
 from conformance.fuzz.group import fuzz_role, group_failures, label, signature
 from conformance.fuzz.persist import Prior, db_key, db_value, open_db, read_prior, with_fuzz, write_header
 from conformance.fuzz.shrink import ShrinkResult, failure_kind, shrink
 from conformance.records import CheckResult, Status, append_record, judged_results, read_records
 from conformance.running.env import refused_features
-from conformance.running.outfile import move_aside
-from conformance.running.runner import UsageError, _check_names, _describe, _record
+from conformance.exits import OutputError, UsageError
+from conformance.outputs import check_output, move_aside
+from conformance.running.runner import _check_names, _describe, _record
 from conformance.running.worker import WorkerClient
 
 __all__ = ["Budget", "FuzzConfig", "FuzzSummary", "declared_refusal", "parse_budget", "run_fuzz"]
@@ -115,7 +119,8 @@ class _Campaign:
         return record
 
     def write(self, record: CheckResult) -> None:
-        append_record(self.config.out, record)
+        with _writing(self.config.out):
+            append_record(self.config.out, record)
         self.summary.written += 1
 
     def out_of_time(self) -> bool:
@@ -223,8 +228,37 @@ def _progress_bar(config: FuzzConfig):
     )
 
 
+def check_campaign_paths(config: FuzzConfig) -> None:
+    """The campaign file and ``--db`` checked before any worker starts (:func:`conformance.outputs.check_output`:
+    a directory, device node, FIFO, socket, the ``--tol-file`` or the ``--db`` directory as ``--out``: exit 2;
+    an unwritable directory or read-only file: exit 3); a ``--db`` that exists and is not a directory: exit 2."""
+    inputs = [p for p in (config.tol_file, config.db) if p]
+    check_output(config.out, "--out", inputs)
+    if config.db is not None and config.db.exists() and not config.db.is_dir():
+        raise UsageError(f"--db {config.db}: is not a directory (the example database is a directory)")
+
+
+@contextlib.contextmanager
+def _writing(out: Path) -> Iterator[None]:
+    """An OSError appending to the campaign file as :class:`OutputError` (exit 3), one line."""
+    try:
+        yield
+    except OSError as exc:
+        raise OutputError(
+            f"--out {out}: cannot write: {exc.strerror or exc}; the records written before are kept (free the "
+            "space, then run the same command with --resume)"
+        ) from None
+
+
 def run_fuzz(config: FuzzConfig) -> FuzzSummary:
-    """Run the campaign described by ``config``; raises :class:`UsageError` for a bad command line."""
+    """Run the campaign described by ``config``; raises :class:`UsageError` for a bad command line, or when
+    another command holds the campaign file (:mod:`conformance.lock`: held for the whole campaign)."""
+    check_campaign_paths(config)  # a directory, device or FIFO refused before the lock's sidecar is made
+    with hold(config.out, "--out"):
+        return _run_fuzz(config)
+
+
+def _run_fuzz(config: FuzzConfig) -> FuzzSummary:
     if not config.backends:
         raise UsageError("give at least one --backend")
     if config.max_shrink_steps < 0:
@@ -251,11 +285,11 @@ def run_fuzz(config: FuzzConfig) -> FuzzSummary:
         camp.client.preload = list(config.backends)
         if config.db is not None:
             camp.db = open_db(config.db)
-        config.out.parent.mkdir(parents=True, exist_ok=True)
         if not config.resume and config.out.exists():
             backup = move_aside(config.out)  # numbered, never overwritten: no run deletes earlier results
             print(f"attnconf fuzz: moved the existing {config.out} to {backup}", file=sys.stderr)
-        write_header(config, env, camp.infos, len(prior.originals))
+        with _writing(config.out):
+            write_header(config, env, camp.infos, len(prior.originals))
         budget = config.budget
         with _progress_bar(config) as bar:
             camp.bar = bar

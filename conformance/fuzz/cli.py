@@ -3,7 +3,8 @@
 Exit status: 0 when no drawn or replayed case failed, errored, crashed or timed out; 1 otherwise (the groups
 of failures are printed); 4 when a backend judged no drawn case (every draw it got unsupported, or it runs on
 another device; unless ``--allow-unjudged``); 2 on usage errors (every numeric option is range-checked by the parser:
-:mod:`conformance.running.usage`).
+:mod:`conformance.running.usage`); 3 when the campaign file cannot be written
+(:func:`conformance.fuzz.campaign.check_campaign_paths`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "same records as `run`), shrink every failure to a minimal case and group failures by the axis values "
         "their minimal cases share. Exit status: 0 if nothing failed, 1 otherwise, 4 when a backend judged no drawn "
         "case (e.g. a backend that runs on another device; unless --allow-unjudged; 1 takes precedence), 2 on "
-        "usage errors.",
+        "usage errors (an --out that is a directory, a device, a FIFO or the --tol-file included), 3 when --out "
+        "cannot be written.",
     )
     f.add_argument(
         "--backend",
@@ -70,13 +72,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=Path("fuzz.jsonl"),
-        help="results file (default fuzz.jsonl); without --resume an existing one moves to the first free "
-        "numbered backup NAME.1.jsonl, NAME.2.jsonl, ...",
+        help="results file (default fuzz.jsonl; NAME.jsonl.gz: gzipped); without --resume an existing one moves "
+        "to the first free numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten); a directory, "
+        "device or FIFO is refused (exit 2), an unwritable path is exit 3, before any worker starts; one command "
+        "at a time per file: a second one refuses (exit 2) naming the pid of the first",
     )
     f.add_argument(
         "--resume",
         action="store_true",
-        help="continue the file's seeded stream: check only missing pairs, finish missing or cut shrinks",
+        help="continue the file's seeded stream: check only missing pairs, finish missing or cut shrinks; refused "
+        "(exit 2) for another campaign's file or one with lines that are not records (see --allow-skipped)",
+    )
+    f.add_argument(
+        "--allow-skipped",
+        action="store_true",
+        help="with --resume: keep lines of the file that are not records (a garbled line) instead of refusing it",
     )
     f.add_argument(
         "--timeout",
@@ -154,6 +164,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         progress=not args.no_progress,
         argv=("attnconf", *argv),
         allow_unjudged=args.allow_unjudged,
+        allow_skipped=args.allow_skipped,
     )
     summary = run_fuzz(config)
     print(summary.text(), file=sys.stderr)

@@ -78,6 +78,8 @@ class FuzzConfig:
     argv: tuple[str, ...] = ()
     #: ``--allow-unjudged``: a backend that judged no drawn case does not make the exit status 4
     allow_unjudged: bool = False
+    #: ``--allow-skipped``: ``resume`` keeps lines of the file that are not records instead of refusing it
+    allow_skipped: bool = False
 
     def run_config(self) -> RunConfig:
         """The ``run`` configuration the shared record helpers read (repro commands, tolerance overrides)."""

@@ -37,8 +37,9 @@ from typing import Any
 from conformance.cases.case import AttentionCase
 from conformance.fuzz.config import FuzzConfig
 from conformance.fuzz.group import fuzz_role
-from conformance.records import CheckResult, Header, append_record, read_records
-from conformance.running.runner import UsageError, repair_tail
+from conformance.exits import UsageError
+from conformance.records import CheckResult, Header, append_record
+from conformance.running.outfile import read_for_resume, repair_tail
 
 __all__ = ["Prior", "db_key", "db_value", "open_db", "read_prior", "with_fuzz", "write_header"]
 
@@ -87,10 +88,14 @@ class Prior:
 def read_prior(config: FuzzConfig) -> Prior:
     """What the file holds when ``--resume`` continues it; :class:`UsageError` when it is another campaign's."""
     prior = Prior()
-    if not config.resume or not config.out.exists():
+    if not config.resume:
         return prior
-    repair_tail(config.out)
-    headers, results = read_records(config.out)
+    previous = read_for_resume(config.out, allow_skipped=config.allow_skipped)
+    if previous is None:
+        return prior
+    headers, results = previous.headers, previous.results
+    if results and not headers:
+        raise UsageError(f"--resume: {config.out} has no header line: not a campaign file of attnconf fuzz")
     want = config.fuzz_info()
     for h in headers:
         run, fuzz = h.env.get("run", {}), h.env.get("fuzz")
@@ -101,6 +106,7 @@ def read_prior(config: FuzzConfig) -> Prior:
         for key in ("seed", "max_tokens", "max_heads"):
             if fuzz.get(key) != want[key]:
                 raise UsageError(f"--resume: {config.out} was fuzzed with {key}={fuzz.get(key)!r}, not {want[key]!r}")
+    repair_tail(config.out, previous)
     for r in results:
         info = fuzz_role(r)
         role = info.get("role")

@@ -116,6 +116,8 @@ class Comparison:
     allow_unjudged: bool = False
     #: ``pass`` records with non-finite statistics, counted as fails, per side (``old``, ``new``)
     nonfinite_passes: dict[str, int] = field(default_factory=dict)
+    #: what reading the files noted (a newer writer's schema, duplicates dropped), ``PATH: note``
+    file_notes: list[str] = field(default_factory=list)
 
     @property
     def exit_status(self) -> int:
@@ -293,6 +295,7 @@ def compare_files(
     allow_subset: bool = False,
     only_new_families: bool = False,
     allow_unjudged: bool = False,
+    drop_duplicates: bool = False,
     **kwargs: float | None,
 ) -> Comparison:
     """:func:`compare_results` on two results files, with their sources and package versions;
@@ -301,7 +304,12 @@ def compare_files(
     from conformance.reporting.compare_inputs import suite_of, tolerance_of
 
     ins = check_inputs(
-        old, new, allow_skipped=allow_skipped, allow_subset=allow_subset, only_new_families=only_new_families
+        old,
+        new,
+        allow_skipped=allow_skipped,
+        allow_subset=allow_subset,
+        only_new_families=only_new_families,
+        drop_duplicates=drop_duplicates,
     )
     cmp = compare_results(ins.old_results, ins.new_results, **kwargs)  # type: ignore[arg-type]
     cmp.allow_unjudged = allow_unjudged
@@ -309,6 +317,7 @@ def compare_files(
     old_h, new_h = list(ins.old.headers), list(ins.new.headers)
     cmp.old_versions, cmp.new_versions = _versions(old_h, ins.old_results), _versions(new_h, ins.new_results)
     cmp.not_in_new, cmp.outside_scope, cmp.notes = ins.not_in_new, ins.outside_scope, ins.notes
+    cmp.file_notes = ins.file_notes
     for name in cmp.outside_scope:
         cmp.old_versions.pop(name, None)  # listed on their own line, not as families the new run lost
     cmp.old_skipped = [str(s) for s in ins.old.skipped]
@@ -368,6 +377,7 @@ def render_markdown(cmp: Comparison) -> str:
             out.append(
                 f"Skipped {n} line{'s' * (n != 1)} of the {label} file (accepted with --allow-skipped): {first}."
             )
+    out.extend(f"{note}." for note in cmp.file_notes)
     out.extend(cmp.notes)
     for fam, why in cmp.unjudged:
         accepted = " (accepted with --allow-unjudged)" if cmp.allow_unjudged else ""

@@ -8,6 +8,8 @@ exits 2) when:
   result record (:func:`conformance.records.load_results`);
 * a file has lines that are not records (a truncated last line, garbage) and ``allow_skipped`` is off; with
   it they are counted and the summary says how many;
+* a file records one (case, backend) pair twice (two runs wrote it at once) and ``drop_duplicates`` is off; with
+  it the last record of each pair is kept and the summary counts the others;
 * a file mixes runs (headers) of different suites or tolerances;
 * the two runs are of different suites (``Header.sweep["suite"]``; ``custom`` for ``--case-json`` runs);
 * they were judged under different tolerances: the resolved overrides ``Header.sweep["tol"]``, or for a header
@@ -61,6 +63,9 @@ class Inputs:
     #: OLD families outside NEW's backends -> OLD records (only with ``only_new_families``)
     outside_scope: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: what reading the files noted (:meth:`conformance.records.ResultsFile.notes`: a newer writer's schema,
+    #: duplicates dropped), ``PATH: note``
+    file_notes: list[str] = field(default_factory=list)
 
 
 def family(r: CheckResult) -> str:
@@ -137,9 +142,9 @@ def _one(f: ResultsFile, what: str, of) -> tuple[str, str]:
     return ident, desc
 
 
-def _load(path: Path | str, allow_skipped: bool) -> ResultsFile:
+def _load(path: Path | str, allow_skipped: bool, drop_duplicates: bool = False) -> ResultsFile:
     try:
-        f = load_results(path, allow_skipped=True)
+        f = load_results(path, allow_skipped=True, drop_duplicates=drop_duplicates)
     except ResultsFileError as exc:
         raise CompareRefused(exc.path, exc.reason) from None
     if f.skipped and not allow_skipped:
@@ -166,10 +171,11 @@ def check_inputs(
     allow_skipped: bool = False,
     allow_subset: bool = False,
     only_new_families: bool = False,
+    drop_duplicates: bool = False,
 ) -> Inputs:
     """Load both files and check that they may be compared (module docstring); :class:`CompareRefused`
     otherwise."""
-    old, new = _load(old_path, allow_skipped), _load(new_path, allow_skipped)
+    old, new = _load(old_path, allow_skipped, drop_duplicates), _load(new_path, allow_skipped, drop_duplicates)
     old_suite, _ = _one(old, "suites", lambda h: (suite_of(h), suite_of(h)))
     new_suite, _ = _one(new, "suites", lambda h: (suite_of(h), suite_of(h)))
     if old_suite != new_suite:
@@ -186,6 +192,7 @@ def check_inputs(
             "unknown) tolerances are not comparable",
         )
     inputs = Inputs(old, new, list(old.results), list(new.results))
+    inputs.file_notes = [f"{f.path}: {note}" for f in (old, new) for note in f.notes()]
     if only_new_families:
         scope = _families_asked(new)
         for r in old.results:

@@ -134,5 +134,5 @@ def to_json(cmp: Comparison) -> dict[str, object]:
             "perf_margin_auto": cmp.margin_auto,
         },
         "duplicates": cmp.duplicates,
-        "notes": cmp.notes,
+        "notes": cmp.file_notes + cmp.notes,
     }

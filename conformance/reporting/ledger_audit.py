@@ -137,6 +137,10 @@ class Audit:
     skipped: dict[str, int] = field(default_factory=dict)
     #: records marked ``pass`` whose statistics are not finite, sorted as fails
     nonfinite_passes: int = 0
+    #: duplicated (case, backend) records dropped per file (only with drop_duplicates)
+    dropped_duplicates: dict[str, int] = field(default_factory=dict)
+    #: what reading the files noted, ``PATH: note`` (a newer writer's schema, duplicates dropped)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def passes_claimed(self) -> int:
@@ -157,16 +161,26 @@ class Audit:
             "explained_at_unknown_version": self.unknown_version,
             "skipped_lines": self.skipped,
             "nonfinite_passes": self.nonfinite_passes,
+            "duplicates_dropped": self.dropped_duplicates,
+            "notes": self.notes,
             "entries": [e.to_json() for e in self.entries],
             "stale": [e.source for e in self.stale],
             "unexplained_groups": [g.to_json() for g in self.unexplained],
         }
 
 
-def audit(ledger: Ledger, paths: list[Path | str], suites: bool = True, allow_skipped: bool = False) -> Audit:
+def audit(
+    ledger: Ledger,
+    paths: list[Path | str],
+    suites: bool = True,
+    allow_skipped: bool = False,
+    drop_duplicates: bool = False,
+) -> Audit:
     """Sort every record of ``paths`` against ``ledger``.  A missing or unreadable file, one without a result
-    record, or (unless ``allow_skipped``: then counted in :attr:`Audit.skipped`) one with lines that are not
-    records raises ``ValueError`` naming it (an audit over no data proves nothing).  ``suites``: an entry matching
+    record, (unless ``allow_skipped``: then counted in :attr:`Audit.skipped`) one with lines that are not
+    records, or (unless ``drop_duplicates``: the last record kept, the others counted) one recording a (case,
+    backend) pair twice raises ``ValueError`` naming it (an audit over no data proves nothing).  Fuzz campaigns
+    repeat pairs by design and are read whole (:func:`conformance.records.record_key`).  ``suites``: an entry matching
     no record is stale unless it matches a case of the built-in suites (building them takes seconds)."""
     out = Audit(files=[str(p) for p in paths])
     per_entry = {id(e): EntryAudit(e) for e in ledger.entries}
@@ -175,13 +189,16 @@ def audit(ledger: Ledger, paths: list[Path | str], suites: bool = True, allow_sk
     every: list[CheckResult] = []
     for path in paths:
         try:
-            loaded = load_results(path, allow_skipped=allow_skipped, need_header=False)
+            loaded = load_results(path, allow_skipped=allow_skipped, need_header=False, drop_duplicates=drop_duplicates)
         except ResultsFileError as exc:
             raise ValueError(str(exc)) from None
         results, nonfinite = judged_results(loaded.results)
         out.nonfinite_passes += nonfinite
         if loaded.skipped:
             out.skipped[str(path)] = len(loaded.skipped)
+        if loaded.dropped_duplicates:
+            out.dropped_duplicates[str(path)] = loaded.dropped_duplicates
+        out.notes.extend(f"{path}: {note}" for note in loaded.notes())
         every.extend(results)
         name = str(path)
         out.records += len(results)

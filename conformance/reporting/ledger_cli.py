@@ -6,7 +6,9 @@ entry explains, grouped by signature.  ``attnconf ledger fields`` lists the pred
 
 Exit status: 0; 1 when a non-flaky entry claims a pass (its predicate is too wide, or the bug is fixed), or with
 ``--strict`` when a problem is unexplained; 2 for a malformed ledger, or a missing, unreadable or empty results file,
-or one with lines that are not records (unless ``--allow-skipped``).
+one with lines that are not records (unless ``--allow-skipped``), or one recording a (case, backend) pair twice
+(unless ``--drop-duplicates``).  What reading a file noted (a newer writer's schema, duplicates dropped) goes to
+stderr, one line per file and note.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--allow-skipped",
         action="store_true",
         help="read files with lines that are not records (counted and reported) instead of refusing them",
+    )
+    a.add_argument(
+        "--drop-duplicates",
+        action="store_true",
+        help="read files that record a (case, backend) pair twice (two runs wrote them at once), keeping the last "
+        "record of each pair (counted and reported), instead of refusing them",
     )
     a.add_argument(
         "--no-suites",
@@ -118,10 +126,18 @@ def _main(args: argparse.Namespace) -> int:
         ledger = load_ledger(args.ledger_dir)
         if args.ledger_dir is not None and not Path(args.ledger_dir).is_dir():
             raise ValueError(f"--ledger-dir {args.ledger_dir}: no such directory")
-        result = audit(ledger, list(args.results), suites=not args.no_suites, allow_skipped=args.allow_skipped)
+        result = audit(
+            ledger,
+            list(args.results),
+            suites=not args.no_suites,
+            allow_skipped=args.allow_skipped,
+            drop_duplicates=args.drop_duplicates,
+        )
     except ValueError as exc:
         print(f"attnconf ledger audit: {exc}", file=sys.stderr)
         return 2
+    for note in result.notes:
+        print(f"attnconf ledger audit: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_json(), indent=1, sort_keys=True))
     else:

@@ -1,6 +1,8 @@
 """Report figures as PNG bytes (matplotlib, Agg backend: no display needed).
 
-The report embeds them in the HTML as base64 and writes them next to the Markdown file.
+The report embeds them in the HTML as base64 and writes them next to the Markdown file.  Each carries the PNG text
+chunk ``Software`` = ``attnconf-output: report-plot`` (:data:`PLOT_KIND`), the marker by which
+:mod:`conformance.outputs` knows a later report may replace it.
 """
 
 from __future__ import annotations
@@ -9,7 +11,12 @@ import io
 import math
 from collections.abc import Mapping, Sequence
 
-__all__ = ["RATIO_FLOOR", "error_ratio_histograms", "throughput_plot"]
+from conformance.outputs import marker
+
+__all__ = ["PLOT_KIND", "RATIO_FLOOR", "error_ratio_histograms", "throughput_plot"]
+
+#: The output kind of the report's figures (:mod:`conformance.outputs`).
+PLOT_KIND = "report-plot"
 
 #: Error ratios below this (an exact kernel has ratio 0) are drawn in the lowest bin.
 RATIO_FLOOR = 1e-4
@@ -31,7 +38,7 @@ def _pyplot():
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight", metadata={"Software": marker(PLOT_KIND)})
     _pyplot().close(fig)
     return buf.getvalue()
 

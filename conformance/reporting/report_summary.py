@@ -1,7 +1,8 @@
 """The machine-readable summary of ``attnconf report --json`` (:func:`report_json`).
 
 Keys (schema 1): ``exit_status`` (0; a refused report writes ``{"exit_status": 2, "refusal": {"file",
-"reason"}}``), ``files`` (per file read: path, headers, results, the lines skipped with their numbers),
+"reason"}}``), ``files`` (per file read: path, headers, results, the lines skipped with their numbers,
+``duplicates_dropped`` (``--drop-duplicates``), ``schema``: the newest its records state),
 ``skipped_lines`` (total), ``results`` and ``cases``, ``backends`` (per backend: version, total, counts per
 status, problems), ``ledger`` (counts of known and unexpected failures, unexpected passes, stale entries),
 ``unexpected`` (one object per unexpected failure: backend, case id, status, one-line reason, repro),
@@ -40,6 +41,8 @@ def report_json(runs: RunSet, ctx: dict[str, Any], md: Path, html: Path) -> dict
             "headers": len(f.headers),
             "results": len(f.results),
             "skipped_lines": [{"line": s.line, "reason": s.reason} for s in f.skipped],
+            "duplicates_dropped": f.dropped_duplicates,
+            "schema": f.schema,
         }
         for f in runs.files
     ]

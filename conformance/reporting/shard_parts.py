@@ -8,20 +8,25 @@ shard's selection can be rebuilt from its header (``argv`` re-parsed by :func:`c
 parse_run_argv`, the suite built by this checkout, and the same number of cases as the header recorded);
 otherwise they are counted from the header's case count.  :func:`agree` is the sweep identity two headers must
 share (suite, git commit, backends and versions, device type, seed, timing and tolerance options).
+
+Files are read by :func:`conformance.records.load_results`, strictly: an unreadable file (binary, not UTF-8, a
+line longer than :data:`conformance.records.MAX_LINE`, corrupt gzip data), one written by a newer attnconf (the
+merged file would lose the fields this version does not know), one recording a (case, backend) pair twice
+(unless ``drop_duplicates``: the last record is kept) or holding lines that are not records (unless
+``allow_skipped``) is a :class:`MergeError`.  A killed runner's cut tail (a last line without its newline, a cut
+last gzip member) is not refused: its pair is missing like any other, and the merge says so.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.records import CheckResult, Header
+from conformance.records import SCHEMA, CheckResult, Header, ResultsFile, ResultsFileError, load_results
 
-__all__ = ["RUN_KEYS", "MergeError", "Pair", "ShardPart", "agree", "read_parts"]
+__all__ = ["RUN_KEYS", "MergeError", "Pair", "ShardPart", "agree", "read_file", "read_parts"]
 
 Pair = tuple[str, str]  # (case id, backend)
 #: run options that every shard of one sweep shares (``env.run`` keys; the device compared by type)
@@ -59,31 +64,37 @@ class ShardPart:
 # --------------------------------------------------------------------------------------------- reading
 
 
-def _lines(path: Path) -> Iterator[dict[str, Any]]:
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for raw in fh:
-            raw = raw.strip()
-            if not raw:
-                continue
-            try:
-                yield json.loads(raw)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill (records.read_records skips it too)
+def read_file(path: Path | str, *, allow_skipped: bool = False, drop_duplicates: bool = False) -> ResultsFile:
+    """One input of a merge, read strictly (see the module docstring); :class:`MergeError` naming the file."""
+    try:
+        f = load_results(
+            path, allow_skipped=True, need_header=False, need_results=False, drop_duplicates=drop_duplicates
+        )
+    except ResultsFileError as exc:
+        raise MergeError(str(exc)) from None
+    garbled = f.skipped[:-1] if f.cut_tail else f.skipped
+    if garbled and not allow_skipped:
+        listed = "; ".join(str(s) for s in garbled[:3]) + (f"; +{len(garbled) - 3} more" if len(garbled) > 3 else "")
+        raise MergeError(
+            f"{path}: {len(garbled)} line{'s' * (len(garbled) != 1)} not records ({listed}); pass --allow-skipped to "
+            "merge the rest"
+        )
+    if f.newer:
+        raise MergeError(
+            f"{path}: written by a newer attnconf (schema {f.schema} > {SCHEMA}); merge it with that version (this "
+            "one would drop the fields it does not know)"
+        )
+    return f
 
 
-def _segments(path: Path) -> list[tuple[Header, list[CheckResult]]]:
-    segments: list[tuple[Header, list[CheckResult]]] = []
-    for line in _lines(path):
-        kind = line.get("type")
-        if kind == "header":
-            segments.append((Header.from_json(line), []))
-        elif kind == "result":
-            if not segments:
-                raise MergeError(f"{path}: a result record comes before any header line")
-            segments[-1][1].append(CheckResult.from_json(line))
+def _segments(f: ResultsFile) -> list[tuple[Header, list[CheckResult]]]:
+    segments: list[tuple[Header, list[CheckResult]]] = [(h, []) for h in f.headers]
+    for r, at, line in zip(f.results, f.result_headers, f.result_lines):
+        if at < 0:
+            raise MergeError(f"{f.path}: a result record comes before any header line (line {line})")
+        segments[at][1].append(r)
     if not segments:
-        raise MergeError(f"{path}: no header line (not a results file of `attnconf run`)")
+        raise MergeError(f"{f.path}: no header line (not a results file of `attnconf run`)")
     return segments
 
 
@@ -150,11 +161,13 @@ def _missing(
     return (), max(0, int(n_cases) * len(backends) - have), int(n_cases)
 
 
-def read_parts(path: Path | str) -> list[ShardPart]:
-    """The shards one file holds, in file order (a resumed shard's segments are one part)."""
-    path = Path(path)
+def read_parts(path: Path | str | ResultsFile) -> list[ShardPart]:
+    """The shards one file holds, in file order (a resumed shard's segments are one part); ``path`` may be the
+    file as :func:`read_file` read it."""
+    f = path if isinstance(path, ResultsFile) else read_file(path)
+    path = Path(f.path)
     grouped: dict[tuple[int, tuple[int, ...]], list[tuple[Header, list[CheckResult]]]] = {}
-    for header, results in _segments(path):
+    for header, results in _segments(f):
         grouped.setdefault(_coverage(header, path), []).append((header, results))
     parts = []
     for (n, covers), segments in grouped.items():

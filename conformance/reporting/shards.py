@@ -7,7 +7,11 @@ checks that they belong together before anything is compared with a baseline:
   device type, seed, timing and tolerance options, and shard count ``n`` (:class:`MergeError` naming the
   file and the field otherwise);
 * no shard twice, and no (case, backend) pair with two different verdicts (status and error figures) in
-  two files; the same verdict twice is kept once and counted;
+  two files; the same verdict twice is kept once and counted; within one file a pair recorded twice is refused
+  (two runs wrote it at once) unless ``drop_duplicates`` (the last record is kept, and counted);
+* every file reads cleanly (:func:`conformance.reporting.shard_parts.read_file`: unreadable, binary or cut gzip
+  data, a newer writer's schema, lines that are not records unless ``allow_skipped`` are refused); a killed
+  runner's cut last line is not refused, its pair is missing like the others;
 * what is missing: shards ``i/n`` no file holds, and, per shard, the selected (case, backend) pairs it did
   not record (a runner killed mid-sweep).  The pairs are named when the shard's selection can be rebuilt
   from its header (``argv`` re-parsed, the suite built by this checkout, and the same number of cases as
@@ -27,18 +31,27 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from conformance.records import CheckResult, Header, Status
-from conformance.reporting.shard_parts import MergeError, Pair, ShardPart, agree, read_parts
+from conformance.outputs import Output, write_many
+from conformance.records import CheckResult, Header, ResultsFile, Status
+from conformance.reporting.shard_parts import MergeError, Pair, ShardPart, agree, read_file, read_parts
 from conformance.running.outcome import unjudged_backends
 
-__all__ = ["MergeError", "MergedRun", "ShardPart", "merge_shards", "read_parts", "render_markdown", "write_merged"]
+__all__ = [
+    "MergeError",
+    "MergedRun",
+    "ShardPart",
+    "merge_shards",
+    "merged_output",
+    "read_parts",
+    "render_markdown",
+    "write_merged",
+]
 
 #: most missing pairs listed in a merged header or summary (the count is always exact)
 MAX_LISTED = 1000
@@ -54,6 +67,8 @@ class MergedRun:
     shard_count: int
     missing_shards: tuple[int, ...] = ()
     duplicates: int = 0
+    #: what reading the files noted, ``PATH: note`` (a cut last line, duplicates dropped within a file, ...)
+    notes: tuple[str, ...] = ()
 
     @property
     def missing_pairs(self) -> tuple[Pair, ...]:
@@ -106,10 +121,14 @@ def _verdict(r: CheckResult) -> tuple[Any, ...]:
 # --------------------------------------------------------------------------------------------- merging
 
 
-def merge_shards(paths: Iterable[Path | str]) -> MergedRun:
+def merge_shards(
+    paths: Iterable[Path | str], *, allow_skipped: bool = False, drop_duplicates: bool = False
+) -> MergedRun:
     """Check and merge the shard files of one sweep (see the module docstring); :class:`MergeError` when
-    they do not belong together."""
-    parts = [part for p in paths for part in read_parts(p)]
+    they do not belong together or one cannot be read."""
+    files = [read_file(p, allow_skipped=allow_skipped, drop_duplicates=drop_duplicates) for p in paths]
+    notes = tuple(f"{f.path}: {note}" for f in files for note in (*_skipped_note(f), *f.notes()))
+    parts = [part for f in files for part in read_parts(f)]
     if not parts:
         raise MergeError("no shard file given")
     ref = parts[0]
@@ -148,7 +167,16 @@ def merge_shards(paths: Iterable[Path | str]) -> MergedRun:
     missing_shards = tuple(i for i in range(n) if i not in owner)
     results = tuple(r for r, _ in merged.values())
     header = _header(parts, n, missing_shards, duplicates)
-    return MergedRun(header, results, tuple(parts), n, missing_shards, duplicates)
+    header.env["merge"]["dropped_duplicates"] = sum(f.dropped_duplicates for f in files)
+    header.env["merge"]["skipped_lines"] = sum(len(f.skipped) for f in files)
+    return MergedRun(header, results, tuple(parts), n, missing_shards, duplicates, notes)
+
+
+def _skipped_note(f: ResultsFile) -> list[str]:
+    if not f.skipped:
+        return []
+    what = "its pair counts as missing" if f.cut_tail and len(f.skipped) == 1 else "accepted with --allow-skipped"
+    return [f"{f.skipped_summary()}: {what}"]
 
 
 def _header(parts: list[ShardPart], n: int, missing_shards: tuple[int, ...], duplicates: int) -> Header:
@@ -209,17 +237,29 @@ def _header(parts: list[ShardPart], n: int, missing_shards: tuple[int, ...], dup
     )
 
 
-def write_merged(run: MergedRun, out: Path | str) -> Path:
-    """Write the merged JSONL (gzipped when ``out`` ends in ``.gz``); atomic, so ``out`` may be an input."""
+def merged_output(run: MergedRun, out: Path | str, flag: str = "--out") -> Output:
+    """The merged JSONL (gzipped when ``out`` ends in ``.gz``) as a :class:`conformance.outputs.Output` of no
+    kind: a results file is data, so whatever is at ``out`` is kept as a numbered backup, never replaced."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    opener = gzip.open if out.name.endswith(".gz") else open
-    with opener(tmp, "wt", encoding="utf-8") as fh:
+
+    def lines(fh: BinaryIO) -> None:
         for record in (run.header, *run.results):
-            fh.write(json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n")
-    os.replace(tmp, out)
-    return out
+            fh.write((json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n").encode("utf-8"))
+
+    def data(fh: BinaryIO) -> None:
+        if out.name.endswith(".gz"):
+            with gzip.GzipFile(filename=out.name, mode="wb", fileobj=fh) as gz:
+                lines(gz)
+        else:
+            lines(fh)
+
+    return Output(out, data, None, flag)
+
+
+def write_merged(run: MergedRun, out: Path | str) -> Path:
+    """Write the merged JSONL (:func:`merged_output`) as :func:`conformance.outputs.write_many` writes: checked,
+    atomic, an existing file at ``out`` kept as a numbered backup."""
+    return write_many([merged_output(run, out)])[0]
 
 
 def render_markdown(run: MergedRun, out: Path | str | None = None) -> str:
@@ -259,6 +299,8 @@ def render_markdown(run: MergedRun, out: Path | str | None = None) -> str:
     if unjudged:
         lines += ["", "## Nothing judged", ""]
         lines += [f"- {name} judged none of its {pairs} pair(s): {why}" for name, why, pairs in unjudged]
+    if run.notes:
+        lines += ["", "Read with notes:", ""] + [f"- {note}" for note in run.notes]
     problems = run.problems()
     if problems:
         lines += ["", "## Missing", ""] + [f"- {p}" for p in problems]

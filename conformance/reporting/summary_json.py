@@ -1,6 +1,9 @@
 """Writing the ``--json`` summaries of ``attnconf compare`` and ``attnconf report``: strict JSON (a
 non-finite number becomes the string ``"inf"``, ``"-inf"`` or ``"nan"``, so any JSON parser reads it), to a
-file or, for ``-``, to stdout."""
+file or, for ``-``, to stdout.  Each carries the key ``"attnconf_output": KIND`` (``compare-summary``,
+``report-summary``), the marker by which :mod:`conformance.outputs` replaces an earlier summary of that kind and
+keeps any other file at the path as a numbered backup; a file is written as that module writes (atomic, exit 3 on
+a write error)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["dumps", "write_summary"]
+from conformance.outputs import Output, write_bytes
+
+__all__ = ["dumps", "summary_output", "write_summary"]
 
 
 def _finite(value: Any) -> Any:
@@ -23,16 +28,22 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def dumps(summary: dict[str, Any]) -> str:
+def dumps(summary: dict[str, Any], kind: str | None = None) -> str:
+    """``summary`` as strict JSON text, with ``"attnconf_output": kind`` when ``kind`` is given."""
+    if kind is not None:
+        summary = {"attnconf_output": kind, **summary}
     return json.dumps(_finite(summary), indent=1, sort_keys=True, allow_nan=False) + "\n"
 
 
-def write_summary(summary: dict[str, Any], dest: Path | str) -> None:
-    """``dest`` ``-``: stdout; else the file (its directory made)."""
-    text = dumps(summary)
+def summary_output(summary: dict[str, Any], dest: Path | str, kind: str, flag: str = "--json") -> Output:
+    """The summary as one :class:`conformance.outputs.Output` (for ``write_many`` with a command's other outputs)."""
+    return Output(Path(dest), dumps(summary, kind).encode("utf-8"), kind, flag)
+
+
+def write_summary(summary: dict[str, Any], dest: Path | str, kind: str, flag: str = "--json") -> None:
+    """``dest`` ``-``: stdout; else the file (its directory made; :func:`conformance.outputs.write_bytes`)."""
     if str(dest) == "-":
-        sys.stdout.write(text)
+        sys.stdout.write(dumps(summary, kind))
         return
-    path = Path(dest)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    out = summary_output(summary, dest, kind, flag)
+    write_bytes(out.path, out.data, kind=kind, flag=flag)

@@ -32,6 +32,8 @@ __all__ = ["LIST_MAX", "RunSummary", "resume_command", "short_reason", "unjudged
 #: Unexpected problems (and unexpected passes) listed at the end of a run; the ``--json`` summary has all.
 LIST_MAX = 50
 SUMMARY_SCHEMA = 1
+#: The output kind of the ``--json`` summary (:mod:`conformance.outputs`).
+SUMMARY_KIND = "run-summary"
 
 
 def short_reason(reason: str, limit: int = 300) -> str:
@@ -136,6 +138,12 @@ class RunSummary:
     #: records marked ``pass`` whose statistics are not finite, counted as fails
     #: (:attr:`conformance.records.CheckResult.effective_status`)
     nonfinite_passes: int = 0
+    #: the compile phase's :class:`~conformance.running.compile_phase.CompileStats`, when it ran
+    compile: Any = None
+    #: ``--compile-only`` (``attnconf warmup``): no checks ran and no results file was written
+    compile_only: bool = False
+    #: where the time went (:class:`conformance.running.profile.Profile`; this run's records)
+    profile: Any = None
 
     def keep_recorded(self, records: Iterable[CheckResult]) -> None:
         """Start from the records a resumed file already holds (counted by their effective status)."""
@@ -169,6 +177,8 @@ class RunSummary:
     def exit_code(self) -> int:
         if self.interrupted:
             return Exit.INTERRUPTED
+        if self.compile_only:
+            return Exit.OK  # a failed compile is the checks' to judge: the warmup did what it could
         if self.unexpected is None:
             if self.problems:
                 return Exit.PROBLEMS
@@ -195,11 +205,18 @@ class RunSummary:
         def med(xs: list[float]) -> str:
             return f"{statistics.median(xs) * 1e3:.2f} ms" if xs else "n/a"
 
+        compiled = self.compile.line() if self.compile is not None else ""
+        if self.compile_only:
+            return (compiled or "compile phase: nothing to compile (no selected backend JIT-compiles per case)") + (
+                f"; no results file written; {self.wall_s:.1f} s in all"
+            )
         counts = ", ".join(f"{s.value} {self.counts.get(s.value, 0)}" for s in Status)
         parent = f"{self.parent_s / self.written * 1e3:.2f} ms" if self.written else "n/a"
-        phases = ", ".join(f"{k.removesuffix('_s')} {med(v)}" for k, v in self.phases_s.items())
+        legacy = ("context_s", "check_s", "encode_s")
+        phases = ", ".join(f"{k.removesuffix('_s')} {med(v)}" for k, v in self.phases_s.items() if k in legacy)
         return (
-            f"{self.written} records written to {self.out} ({self.skipped} already there) in {self.wall_s:.1f} s "
+            (f"{compiled}\n" if compiled else "")
+            + f"{self.written} records written to {self.out} ({self.skipped} already there) in {self.wall_s:.1f} s "
             f"by {self.workers} worker(s): {counts}\n"
             f"median per record: harness {med(self.harness_s)}, kernel {med(self.kernel_s)}, "
             f"parent round trip {med(self.roundtrip_s)}, overhead (round trip - worker time) "
@@ -309,10 +326,13 @@ class RunSummary:
             ],
             "unjudged": [
                 {"backend": name, "reason": why, "pairs": pairs}
-                for name, why, pairs in ([] if self.interrupted else self.unjudged())
+                for name, why, pairs in ([] if self.interrupted or self.compile_only else self.unjudged())
             ],
             "allow_unjudged": self.allow_unjudged,
             "nonfinite_passes": self.nonfinite_passes,
+            "compile_only": self.compile_only,
+            "compile": self.compile.to_json() if self.compile is not None else None,
+            "profile": self.profile.to_json() if self.profile is not None else None,
         }
 
     def counts_all(self) -> Counter:
@@ -320,4 +340,9 @@ class RunSummary:
         return Counter(r.status.value for r in self.results)
 
     def write_json(self, path: Path, argv: list[str] | tuple[str, ...] = ()) -> None:
-        path.write_text(json.dumps(self.to_json(argv), indent=1, allow_nan=True) + "\n", encoding="utf-8")
+        """The ``--json`` summary, written as an attnconf output of kind :data:`SUMMARY_KIND`
+        (:mod:`conformance.outputs`: atomic; an earlier summary replaced, any other file kept as a backup)."""
+        from conformance.outputs import write_text
+
+        data = {"attnconf_output": SUMMARY_KIND, **self.to_json(argv)}
+        write_text(path, json.dumps(data, indent=1, allow_nan=True) + "\n", kind=SUMMARY_KIND, flag="--json")

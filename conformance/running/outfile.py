@@ -18,25 +18,33 @@ of one file must share to be one sweep, and what ``attnconf compare`` checks bef
 
 ``--resume`` refuses (:class:`UsageError`, exit 2) a file any of whose headers differs from the new run in one
 of :data:`RESUME_KEYS`, naming the file and the first differing field.  A header written before ``sweep``
-existed is checked on what it recorded (suite, ``env.run``'s seed, device, shard, tol and tol_file).
+existed is checked on what it recorded (suite, ``env.run``'s seed, device, shard, tol and tol_file).  Before
+that, :func:`read_for_resume` reads the whole file strictly and refuses what a resumed run must not extend
+(unreadable, a pair twice, a newer writer's, garbled lines unless allowed); :func:`repair_tail` then drops a
+killed writer's cut tail, so the appended records (plain lines, or gzip members for a gzipped file:
+:class:`conformance.records.Appender`) start clean.  All of it under the file's lock (:mod:`conformance.lock`).
 
 **No run deletes earlier results**: without ``--resume`` an existing file moves to the first free numbered
-backup ``NAME.1.jsonl``, ``NAME.2.jsonl``, ... (:func:`backup_path`; the highest number is the newest, no
-backup is ever overwritten).
+backup ``NAME.1.jsonl``, ``NAME.2.jsonl``, ... (``NAME.1.jsonl.gz`` for a gzipped one; :func:`backup_path`, the
+one backup scheme of every output, :mod:`conformance.outputs`: the highest number is the newest, no backup is ever
+overwritten).  The path is checked before any worker starts (:func:`check_writable`): a directory, a device node,
+a FIFO or socket, or one of the run's own inputs is refused (exit 2), an unwritable directory or read-only file
+is exit 3.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
-import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from conformance.records import Header
 from conformance.exits import UsageError
+from conformance.outputs import backup_path, check_output, move_aside
+from conformance.records import SCHEMA, Header, ResultsFile, ResultsFileError, refuse_duplicates, scan_results
 
 __all__ = [
     "RESUME_KEYS",
@@ -45,6 +53,7 @@ __all__ = [
     "check_resume",
     "check_writable",
     "move_aside",
+    "read_for_resume",
     "repair_tail",
     "sweep",
 ]
@@ -154,64 +163,67 @@ def _show(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-_NUMBERED = re.compile(r"\.(\d+)$")
+def check_writable(path: Path, flag: str = "--out", inputs: Iterable[Path | str] = ()) -> None:
+    """Refuse ``path`` as the results file before any worker starts: :func:`conformance.outputs.check_output`
+    (a directory, device node, FIFO, socket or one of ``inputs``: exit 2; an unwritable directory or read-only
+    file: exit 3)."""
+    check_output(path, flag, inputs)
 
 
-def backup_path(out: Path) -> Path:
-    """The first free numbered backup of ``out`` (``r.jsonl`` -> ``r.1.jsonl``, then ``r.2.jsonl``, ...):
-    one past the highest number there, so a backup is never overwritten and the highest is the newest."""
-    stem, suffix = out.stem, out.suffix
-    taken = [0]
-    for p in out.parent.glob(f"{stem}.*{suffix}"):
-        m = _NUMBERED.search(p.name[: len(p.name) - len(suffix)] if suffix else p.name)
-        if m and p.name == f"{stem}.{m.group(1)}{suffix}":
-            taken.append(int(m.group(1)))
-    return out.with_name(f"{stem}.{max(taken) + 1}{suffix}")
-
-
-def move_aside(out: Path) -> Path:
-    """Move an existing results file to its first free numbered backup (:func:`backup_path`); returns it."""
-    backup = backup_path(out)
+def read_for_resume(path: Path, *, allow_skipped: bool = False, flag: str = "--resume") -> ResultsFile | None:
+    """The file a resumed run continues, read whole and checked before anything is touched; None when it is
+    absent or empty.  :class:`UsageError` (exit 2, one line naming the file) when it cannot be read (a line longer
+    than :data:`conformance.records.MAX_LINE`, text that is not UTF-8, corrupt gzip data, plain text after gzip
+    data), was written by a newer attnconf (appending to a format this version does not know could break it),
+    records a (case, backend) pair twice, or holds lines that are not records other than a killed writer's cut
+    tail (unless ``allow_skipped``: they are kept, and the pairs they might have held run again).  The cut tail
+    (a last line without its newline that is not JSON, or a cut last gzip member) is reported by the reader and
+    removed by :func:`repair_tail`.  The caller holds the file's lock (:mod:`conformance.lock`)."""
     try:
-        out.rename(backup)  # the name is free (backup_path): nothing is overwritten
+        if not path.exists() or path.stat().st_size == 0:
+            return None
+        f = scan_results(path)
     except OSError as exc:
-        raise UsageError(f"--out {out}: cannot move it to {backup}: {exc.strerror or exc}") from None
-    return backup
-
-
-def check_writable(path: Path, flag: str = "--out") -> None:
-    """A usage error when ``path`` cannot be written: its directory cannot be made, or it or its directory is
-    read-only (checked up front, so a run does not start only to fail on its first write)."""
-    parent = path.parent
+        raise UsageError(f"{flag}: {path}: cannot be read: {exc.strerror or exc}") from None
+    except ResultsFileError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    if f.newer:
+        raise UsageError(
+            f"{flag}: {path}: written by a newer attnconf (schema {f.schema} > {SCHEMA}); resume it with that "
+            "version, or run without --resume (the file is kept as a numbered backup)"
+        )
+    garbled = f.skipped[:-1] if f.cut_tail else f.skipped
+    if garbled and not allow_skipped:
+        n = len(garbled)
+        listed = "; ".join(str(s) for s in garbled[:3]) + (f"; +{n - 3} more" if n > 3 else "")
+        lines = "1 line is" if n == 1 else f"{n} lines are"
+        raise UsageError(
+            f"{flag}: {path}: {lines} not a record ({listed}); pass --allow-skipped to keep "
+            f"{'it' if n == 1 else 'them'} and run the pairs the file lacks"
+        )
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot create its directory: {exc.strerror or exc}") from None
-    if path.is_dir():
-        raise UsageError(f"{flag} {path}: is a directory")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {path}: not writable (read-only file or directory)")
+        return refuse_duplicates(f)
+    except ResultsFileError as exc:
+        raise UsageError(
+            f"{flag}: {exc.path}: {exc.reason.split('; pass --drop-duplicates')[0]}; resuming would not repair it: "
+            "readers take it with --drop-duplicates (the last record of each pair), and a run without --resume starts "
+            "a clean file (this one is kept as a numbered backup)"
+        ) from None
 
 
-def repair_tail(path: Path) -> None:
-    """Make the next append start on a fresh line: drop a last line cut short by a kill.
-
-    A complete JSON object that merely lacks its newline is kept (and given one).
-    """
+def repair_tail(path: Path, scanned: ResultsFile | None = None) -> None:
+    """Make the file ready for appending: cut off a killed writer's cut tail (a last line without its newline that
+    is not JSON, a cut last gzip member, zero padding after the last member), and give a last line that lacks only
+    its newline one (a plain newline, or a gzip member holding one).  ``scanned``: the file as
+    :func:`conformance.records.scan_results` read it (read again when None)."""
     if not path.exists() or path.stat().st_size == 0:
         return
-    data = path.read_bytes()
-    if data.endswith(b"\n"):
-        return
-    cut = data.rfind(b"\n") + 1
-    try:
-        json.loads(data[cut:])
-        complete = True
-    except ValueError:
-        complete = False
+    f = scanned if scanned is not None else scan_results(path)
     with open(path, "r+b") as fh:
-        if complete:
-            fh.seek(0, 2)
-            fh.write(b"\n")
-        else:
-            fh.truncate(cut)
+        if f.keep < fh.seek(0, os.SEEK_END):
+            fh.truncate(f.keep)
+        if f.needs_newline and f.keep > 0:
+            fh.seek(0, os.SEEK_END)
+            fh.write(gzip.compress(b"\n", mtime=0) if f.gzip else b"\n")
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -5,21 +5,21 @@ of a record (:mod:`conformance.running.runner` drives them).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
+import time
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from conformance.cases.case import AttentionCase
-from conformance.records import CheckResult, Status
+from conformance.records import Appender, CheckResult, Status
 from conformance.running.outcome import RunSummary
 from conformance.running.pool import Placement, PlacementError, parse_gpus, plan_workers
-from conformance.exits import UsageError
+from conformance.exits import OutputError, UsageError
 from conformance.running.worker import Reply, WorkerClient
 
 __all__ = ["RunConfig", "is_cuda_oom"]
@@ -63,6 +63,17 @@ class RunConfig:
     summary_json: Path | None = None
     #: ``--allow-unjudged``: a backend that judged no case (every pair unsupported) does not fail the run
     allow_unjudged: bool = False
+    #: ``--profile``: print where the time went at the end (:mod:`conformance.running.profile`)
+    profile: bool = False
+    #: ``--compile-only`` (``attnconf warmup``): the compile phase alone, no results file
+    compile_only: bool = False
+    #: ``--no-compile-phase``: JIT backends compile inside the checks (:mod:`conformance.running.compile_phase`)
+    compile_phase: bool = True
+    #: ``--schedule``: ``cost`` (longest case first) or ``fifo`` (the selection's order); ``--costs`` FILE
+    schedule: str = "cost"
+    costs: Path | None = None
+    #: ``--allow-skipped``: ``resume`` keeps lines of the file that are not records instead of refusing it
+    allow_skipped: bool = False
 
 
 def _check_names(specs: tuple[str, ...]) -> None:
@@ -268,18 +279,52 @@ def _timing_warning(config: RunConfig, placements: list[Placement]) -> str | Non
 
 
 class _Writer:
-    """The results file, open for the whole run: lines appended as records arrive, fsync'ed per batch."""
+    """The results file, open for the whole run (:class:`conformance.records.Appender`: plain lines, or one gzip
+    member per batch for a gzipped file): records appended as they arrive, handed to the operating system per
+    batch (:meth:`sync`: a killed run keeps them), and fsync'ed at most every :attr:`SYNC_EVERY_S` seconds and
+    when a phase ends (``force``): only a machine that crashes loses the records of that interval, which
+    ``--resume`` runs again.
 
-    def __init__(self, fh: IO[str]) -> None:
-        self.fh = fh
+    A write that fails (a full disk, an I/O error) is an :class:`OutputError` (exit 3), raised again by every
+    later call; the records before it are kept, and the file's descriptor then points at ``/dev/null`` so that
+    the close that follows does not fail a second time on the bytes it could not write."""
+
+    SYNC_EVERY_S = 0.5
+
+    def __init__(self, out: Appender) -> None:
+        self.out = out
+        self.failed: OutputError | None = None
+        self._synced = time.perf_counter()
 
     def write(self, record: CheckResult) -> None:
-        # The line format of conformance.records.append_record, without its open and fsync per record.
-        self.fh.write(json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n")
+        if self.failed:
+            raise self.failed
+        self.out.write(record)
 
-    def sync(self) -> None:
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
+    def sync(self, force: bool = False) -> None:
+        if self.failed:
+            raise self.failed
+        try:
+            now = time.perf_counter()
+            fsync = force or now - self._synced >= self.SYNC_EVERY_S
+            self.out.sync(fsync=fsync)
+            if fsync:
+                self._synced = now
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        self.failed = OutputError(
+            f"--out {self.out.path}: cannot write: {exc.strerror or exc}; the records written before are kept "
+            "(free the space, then run the same command with --resume)"
+        )
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.out.fileno())
+            os.close(null)
+        except OSError:
+            pass
+        raise self.failed from None
 
 
 def _account(summary: RunSummary, record: CheckResult, reply: Reply) -> None:

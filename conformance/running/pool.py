@@ -26,10 +26,11 @@ Compile affinity (:class:`WorkFeed`): a JIT backend (FA4) compiles one kernel pe
 (:meth:`attnfast.base.Backend.compile_key`) in each process that meets it, so a case goes preferably to
 a worker that already compiled its keys: a worker takes units of the keys it holds; with none left, the
 largest group of a key no worker holds yet; then units without keys; then the oldest unit (FIFO).  Every
-worker also gets ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` (FA4's persistent kernel cache on disk,
-under ``$FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`` or ``<tempdir>/<user>/flash_attention_cute_dsl_cache``)
-unless the caller set it, so a kernel one worker compiled is loaded, not compiled, by the others and by
-the next run.
+worker also gets ``FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1`` (FA4's persistent kernel cache on disk)
+and ``FLASH_ATTENTION_CUTE_DSL_CACHE_DIR`` = the directory FA4 would pick in the parent,
+``<tempdir>/<user>/flash_attention_cute_dsl_cache`` (:func:`fa4_cache_dir`), unless the caller set them,
+so every worker of a run (whatever its own environment would make of the temporary directory) reads and
+writes one cache: a kernel one worker compiled is loaded, not compiled, by the others and by the next run.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "FA4_CACHE_DIR_ENV",
     "FA4_CACHE_ENV",
     "FAKE_GPUS_ENV",
     "PIPELINE_DEPTH",
@@ -51,6 +53,7 @@ __all__ = [
     "PlacementError",
     "WorkFeed",
     "default_jobs",
+    "fa4_cache_dir",
     "parse_gpus",
     "parse_jobs",
     "plan_workers",
@@ -70,6 +73,20 @@ MAX_CPU_JOBS = 16
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
 #: FA4's persistent JIT cache (``flash_attn/cute/cache_utils.py``): on in every worker unless the caller set it.
 FA4_CACHE_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"
+#: Where that cache lives (``flash_attn/cute/cache_utils.py``: this variable, else ``<tempdir>/<user>/...``).
+FA4_CACHE_DIR_ENV = "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"
+
+
+def fa4_cache_dir() -> str | None:
+    """FA4's default cache directory as this process computes it (None when the user name is unknown)."""
+    import getpass
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        return None
+    return os.path.join(tempfile.gettempdir(), user, "flash_attention_cute_dsl_cache")
 
 
 class PlacementError(ValueError):
@@ -156,6 +173,10 @@ class Placement:
             env.update({k: str(self.threads) for k in _THREAD_VARS if k not in environ})
         if FA4_CACHE_ENV not in environ:
             env[FA4_CACHE_ENV] = "1"  # a kernel compiled by one worker is loaded by the others (and next run)
+        if FA4_CACHE_DIR_ENV not in environ:
+            cache = fa4_cache_dir()  # one directory for every worker, FA4's own default
+            if cache is not None:
+                env[FA4_CACHE_DIR_ENV] = cache
         return env
 
     def to_json(self) -> dict[str, Any]:
@@ -225,12 +246,22 @@ class WorkFeed:
     (FA4's disk cache makes that a load, not a compile).  Deterministic given the units' order and the
     sequence of ``take`` calls; amortised O(1) per take (each unit leaves each queue once), plus a scan
     of the unclaimed keys when a worker claims one; thread-safe.
+
+    ``cost(unit)`` (seconds, :mod:`conformance.running.schedule`; units given longest first): the largest
+    group is then the one whose units left cost most, and a unit without keys that costs more than that
+    group's next unit goes first (a long case must not wait behind every kernel's group).  Without it every
+    unit weighs 1.
     """
 
     def __init__(
-        self, units: Iterable[list[Any]], keys: Callable[[list[Any]], Iterable[Hashable]] | None = None
+        self,
+        units: Iterable[list[Any]],
+        keys: Callable[[list[Any]], Iterable[Hashable]] | None = None,
+        cost: Callable[[list[Any]], float] | None = None,
     ) -> None:
         self._units = [u for u in units if u]
+        self._cost = [float(cost(u)) if cost else 1.0 for u in self._units]
+        self._weighed = cost is not None
         self._keys = [tuple(dict.fromkeys(k for k in keys(u) if k is not None)) if keys else () for u in self._units]
         self._taken = [False] * len(self._units)
         self._left = len(self._units)
@@ -241,6 +272,7 @@ class WorkFeed:
             for k in ks:
                 self._by_key.setdefault(k, collections.deque()).append(i)
         self._count = {k: len(q) for k, q in self._by_key.items()}  # units not taken yet, per key
+        self._weight = {k: sum(self._cost[i] for i in q) for k, q in self._by_key.items()}  # their cost
         self._unclaimed = dict.fromkeys(self._by_key)  # keys no worker holds, in order of first appearance
         self._held: dict[Any, collections.deque[Hashable]] = {}  # per worker: its keys that may have units left
         self._holds: dict[Any, set[Hashable]] = {}
@@ -261,6 +293,7 @@ class WorkFeed:
         self._left -= 1
         for k in self._keys[i]:
             self._count[k] -= 1
+            self._weight[k] -= self._cost[i]
             if worker is None:
                 continue
             self._unclaimed.pop(k, None)
@@ -270,6 +303,17 @@ class WorkFeed:
                 holds.add(k)
                 self._held.setdefault(worker, collections.deque()).append(k)
         return self._units[i]
+
+    def hold(self, worker: Any, key: Hashable) -> None:
+        """Let ``worker`` hold ``key`` before any take (it compiled that kernel in the compile phase), so it is
+        handed the key's units first.  A key no unit has is ignored; a key held already stays with its holder."""
+        with self._lock:
+            if key not in self._by_key or key in self.owner:
+                return
+            self._unclaimed.pop(key, None)
+            self.owner[key] = worker
+            self._holds.setdefault(worker, set()).add(key)
+            self._held.setdefault(worker, collections.deque()).append(key)
 
     def take(self, worker: Any = None) -> list[Any] | None:
         """The next unit for ``worker`` (None: FIFO, no affinity), or None when all were handed out."""
@@ -287,12 +331,19 @@ class WorkFeed:
                 for k in list(self._unclaimed):
                     if not self._count[k]:
                         del self._unclaimed[k]  # taken up by workers that held other keys of its units
-                    elif best is None or self._count[k] > self._count[best]:
+                    elif best is None or self._weight[k] > self._weight[best]:
                         best = k
                 if best is not None:
-                    i = self._pop(self._by_key[best])
-                    assert i is not None
-                    return self._hand(i, worker)
+                    group = self._by_key[best]
+                    while group and self._taken[group[0]]:
+                        group.popleft()
+                    assert group
+                    if self._weighed:
+                        while self._keyless and self._taken[self._keyless[0]]:
+                            self._keyless.popleft()
+                        if self._keyless and self._cost[self._keyless[0]] > self._cost[group[0]]:
+                            return self._hand(self._keyless.popleft(), worker)
+                    return self._hand(group.popleft(), worker)
                 i = self._pop(self._keyless)
                 if i is not None:
                     return self._hand(i, worker)

@@ -67,14 +67,24 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=Path("results.jsonl"),
-        help="results file (default results.jsonl); without --resume an existing one moves to the first free "
-        "numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten)",
+        help="results file (default results.jsonl; NAME.jsonl.gz: gzipped); without --resume an existing one "
+        "moves to the first free numbered backup NAME.1.jsonl, NAME.2.jsonl, ... (never overwritten); a directory, "
+        "device, FIFO or an input of the run is refused (exit 2), an unwritable path is exit 3, before any worker "
+        "starts; one run at a time per file: a second one refuses (exit 2) naming the pid of the first",
     )
     r.add_argument(
         "--resume",
         action="store_true",
-        help="keep the file's records and run only the missing (case, backend) pairs; refused (exit 2) when the "
-        "file holds another sweep (suite, selection, seed, device or tolerance differ)",
+        help="keep the file's records and run only the missing (case, backend) pairs (a gzipped file gets gzip "
+        "members); a killed run's cut last line or gzip member is dropped; refused (exit 2) when the file holds "
+        "another sweep (suite, selection, seed, device or tolerance differ), a (case, backend) pair twice, lines "
+        "that are not records (see --allow-skipped) or was written by a newer attnconf",
+    )
+    r.add_argument(
+        "--allow-skipped",
+        action="store_true",
+        help="with --resume: keep lines of the file that are not records (a garbled line; the refusal names "
+        "them) instead of refusing the file, and run the pairs it lacks; readers then need --allow-skipped too",
     )
     r.add_argument("--shard", type=_shard, metavar="I/N", help="run every N-th case starting at the I-th (0 <= I < N)")
     r.add_argument(
@@ -134,7 +144,43 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         metavar="PATH",
         dest="summary_json",
         help="write a JSON summary here: exit status, counts, every unexpected problem with its repro, known "
-        "problems per ledger entry, unexpected passes, wall time, the results file",
+        "problems per ledger entry, unexpected passes, wall time, the results file, the compile phase and where "
+        "the time went (profile); never --out or an input (exit 2); an earlier summary is replaced, any other "
+        "file there kept as a numbered backup",
+    )
+    r.add_argument(
+        "--profile",
+        action="store_true",
+        help="print where the time went at the end: per backend, seconds of inputs, reference, baseline, "
+        "prepare, compile, kernel, verdict, encode, IPC, worker idle and parent work; the run's wall time, "
+        "workers, idle capacity, when the last pairs finished, the slowest cases (every record carries its "
+        "timings; attnconf report rebuilds the table from the file)",
+    )
+    r.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="only the compile phase: compile each JIT kernel (FA4) of the selection once into its disk cache, "
+        "spread over the workers, and write no results file (attnconf warmup is the same; for baking a CI image)",
+    )
+    r.add_argument(
+        "--no-compile-phase",
+        action="store_false",
+        dest="compile_phase",
+        help="let JIT backends compile inside the checks (default: with several workers, every distinct kernel "
+        "is compiled once, spread over the workers, before the checks start)",
+    )
+    r.add_argument(
+        "--schedule",
+        choices=("cost", "fifo"),
+        default="cost",
+        help="order the cases go to workers: cost (default: longest first, by measured times from --costs or "
+        "the resumed file, else by the case's size) or fifo (the selection's order)",
+    )
+    r.add_argument(
+        "--costs",
+        type=Path,
+        metavar="FILE",
+        help="a results file of an earlier run of these cases: its measured times order the cases (--schedule cost)",
     )
 
 

@@ -7,8 +7,10 @@ worker computes the case's reference once and reuses it for every backend.  Kern
 a silent one a ``timeout`` record, and that worker alone is replaced by a fresh one.  Each worker has
 its next request queued before it finishes the current one, so it never waits for the parent.
 
-The parent is the only writer: records are appended as soon as they arrive, and the file is fsync'ed
-once per batch of records that arrived together (before the parent waits again), so a killed run
+The parent is the only writer, and one run at a time holds the file (:mod:`conformance.lock`): records are
+appended as soon as they arrive (plain lines, or one gzip member per batch for a gzipped file), each batch of
+records that arrived together is handed to the operating system before the parent waits again (and fsync'ed at
+most every 0.5 s and when a phase ends, :class:`~conformance.running.pairs._Writer`), so a killed run
 loses at most the pairs in flight; ``resume`` skips the pairs already in the file, and refuses a file whose
 header says it holds another sweep (:mod:`conformance.running.outfile`: suite, selection, seed, device,
 tolerance).  Without ``resume`` an existing file is moved to the first free numbered backup
@@ -21,8 +23,11 @@ from a worker that shares its GPU with others, is not written; the pair is defer
 restarted, and after the parallel phase the deferred pairs run again with one worker per GPU and every
 other worker closed.  That record is final and carries ``extra["oom_retry"]`` (the first error and how
 many workers shared the GPU).  A run killed before the retry has not written those pairs, so ``resume``
-runs them again.  Cases go to workers by compile affinity (:class:`~conformance.running.pool.WorkFeed`,
-keys from the first worker's ``keys`` op), so a JIT backend compiles each kernel in as few workers as it can.
+runs them again.  Cases go to workers longest first (:mod:`conformance.running.schedule`, ``--schedule``) and by
+compile affinity (:class:`~conformance.running.pool.WorkFeed`, keys from the first worker's ``keys`` op); before
+the checks, the compile phase (:mod:`conformance.running.compile_phase`) compiles each JIT kernel once over all
+workers, and ``--compile-only`` (``attnconf warmup``) stops there, writing no results file.  Each record carries
+its time split (``extra["t"]``, :mod:`conformance.running.profile`); the summary holds the run's profile.
 
 Exit status of a run: :attr:`conformance.running.outcome.RunSummary.exit_code` (unexpected problems, by the
 known-failure ledger; ``--strict``; 4 when a selected backend judged no case, unless ``--allow-unjudged``; 130
@@ -38,11 +43,13 @@ import threading
 import time
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from conformance.records import CheckResult, Header, Status, append_record, read_records
-from conformance.running.outcome import RunSummary, resume_command, short_reason
-from conformance.running.outfile import check_resume, check_writable, move_aside, repair_tail, sweep
+from conformance.lock import hold
+from conformance.records import Appender, CheckResult, Header, Status, append_record
+from conformance.running.outcome import LIST_MAX, RunSummary, resume_command, short_reason
+from conformance.running.outfile import check_resume, check_writable, move_aside, read_for_resume, repair_tail, sweep
 from conformance.running.pairs import (
     RunConfig,
     _account,
@@ -61,9 +68,13 @@ from conformance.running.pairs import (
     _counts_text,
     is_cuda_oom,
 )
+from conformance.running.compile_phase import compile_first
 from conformance.running.pool import Outcome, WorkFeed, serve
+from conformance.running.profile import RunClock, profile_records
+from conformance.running.schedule import load_costs, schedule_units
 from conformance.running.selection import json_case_ids, parse_features, parse_models, parse_shard, select_cases
-from conformance.exits import UsageError
+from conformance.exits import OutputError, UsageError
+from conformance.outputs import check_outputs
 from conformance.running.worker import Reply, WorkerClient
 
 __all__ = [
@@ -79,25 +90,45 @@ __all__ = [
 ]
 
 
+def run_inputs(config: RunConfig) -> list[Path]:
+    """The files a run reads (``--case-json @FILE``, ``--tol-file``, the ``--ledger-dir`` ledgers): no output
+    may name one of them."""
+    found = [Path(config.case_json[1:])] if config.case_json and config.case_json.startswith("@") else []
+    if config.tol_file:
+        found.append(Path(config.tol_file))
+    if config.ledger_dir is not None and config.ledger_dir.is_dir():
+        found += sorted(config.ledger_dir.glob("*.toml"))
+    return found
+
+
 def _previous(config: RunConfig, identity: dict[str, Any]) -> dict[tuple[str, str], CheckResult]:
-    """The records of the file ``resume`` continues, once its headers say it holds this sweep."""
-    if not config.resume or not config.out.exists():
+    """The records of the file ``resume`` continues, once it reads cleanly (:func:`read_for_resume`) and its
+    headers say it holds this sweep; its cut tail is then repaired, so appends start on a fresh line or member."""
+    if not config.resume:
         return {}
-    try:
-        headers, results = read_records(config.out)
-        text = config.out.read_bytes().strip() != b""
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UsageError(f"--resume: {config.out} cannot be read as a results file: {exc}") from None
-    check_resume(config.out, headers, identity, has_records=text)
-    repair_tail(config.out)
-    return {(r.case_id, r.backend): r for r in results}
+    previous = read_for_resume(config.out, allow_skipped=config.allow_skipped)
+    if previous is None:
+        return {}
+    has_records = bool(previous.headers or previous.results or len(previous.skipped) > previous.cut_tail)
+    check_resume(config.out, previous.headers, identity, has_records=has_records)
+    repair_tail(config.out, previous)
+    return {(r.case_id, r.backend): r for r in previous.results}
 
 
 def run(config: RunConfig) -> RunSummary:
-    """Run the sweep described by ``config``; raises :class:`UsageError` for a bad selection.
+    """Run the sweep described by ``config``; raises :class:`UsageError` for a bad selection, or when another
+    command holds the results file (:mod:`conformance.lock`: the lock is held for the whole run).
 
     Ctrl-C (``KeyboardInterrupt``) during the sweep does not propagate: the workers are stopped, the records that
     arrived are kept, and the summary returned has ``interrupted`` set (exit status 130)."""
+    if config.compile_only:  # warmup: no results file, nothing to hold
+        return _run(config)
+    check_writable(config.out, "--out", run_inputs(config))  # a directory, device or FIFO refused before the lock
+    with hold(config.out, "--out"):
+        return _run(config)
+
+
+def _run(config: RunConfig) -> RunSummary:
     t_start = time.perf_counter()
     cases = select_cases(
         config.suite,
@@ -119,7 +150,6 @@ def run(config: RunConfig) -> RunSummary:
         overrides = load_overrides(list(config.tol), config.tol_file)  # the worker parses them again; fail fast
     except (OSError, ValueError, RuntimeError) as exc:
         raise UsageError(f"tolerance overrides: {exc}") from None
-    check_writable(config.out)
     placements = _placements(config)
     warning = _timing_warning(config, placements)
     if warning:
@@ -142,15 +172,18 @@ def run(config: RunConfig) -> RunSummary:
         tol_file=config.tol_file,
     )
     done = _previous(config, identity)
+    measured = [*load_costs(config.costs), *done.values()] if config.costs else list(done.values())
     clients = [WorkerClient(env=p.env()) for p in placements]
-    summary = RunSummary(out=config.out)
+    summary = RunSummary(out=config.out, compile_only=config.compile_only)
+    clock = RunClock(t_start)
+    n_before, workers, checks_at = 0, 0, None
     try:
         for client in clients[1 : len(cases)]:
             client.spawn()  # their imports overlap the first worker's describe
         env, infos, jit = _describe(clients[0], config)
         for client in clients:
             client.preload = list(config.backends)
-        if not config.resume and config.out.exists():
+        if not config.compile_only and not config.resume and config.out.exists():
             # A fresh run starts a new file, and every earlier one is kept: a repro command pasted from a
             # report (default --out) must not destroy the sweep it came from.
             backup = move_aside(config.out)
@@ -158,8 +191,20 @@ def run(config: RunConfig) -> RunSummary:
         pairs = [(c, s) for c in cases for s in config.backends]
         todo = {(c.id, s) for c, s in pairs if (c.id, infos[s]["name"]) not in done}
         units = _units(config, cases, todo)
+        names = {s: infos[s]["name"] for s in config.backends}
+        units, unit_cost = schedule_units(units, names, measured, config.schedule)
         workers = min(len(placements), len(units))
+        unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 or config.compile_only else {}
+        if unit_keys and (config.compile_only or config.compile_phase):
+            summary.compile = compile_first(
+                clients[:workers], units, unit_keys, seed=config.seed, device=config.device,
+                timeout=config.timeout, progress=config.progress,
+            )  # fmt: skip
+        if config.compile_only:
+            summary.workers = summary.compile.workers if summary.compile else 0
+            return summary
         gpus = [p.gpu for p in placements[: max(1, workers)] if p.gpu is not None]
+        checks_at = round(time.perf_counter() - t_start, 3)
         run_info = {
             "device": config.device,
             "seed": config.seed,
@@ -174,6 +219,9 @@ def run(config: RunConfig) -> RunSummary:
             "jobs": workers,
             "gpus": sorted(set(gpus), key=gpus.index) if gpus else None,
             "workers": [p.to_json() for p in placements[:workers]],
+            "schedule": config.schedule,
+            "compile": summary.compile.to_json() if summary.compile else None,
+            "checks_at_s": checks_at,
         }
         started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         header = Header(
@@ -187,7 +235,7 @@ def run(config: RunConfig) -> RunSummary:
         try:
             append_record(config.out, header)
         except OSError as exc:
-            raise UsageError(f"--out {config.out}: cannot write: {exc.strerror or exc}") from None
+            raise OutputError(f"--out {config.out}: cannot write: {exc.strerror or exc}") from None
         summary.skipped = len(pairs) - len(todo)
         summary.keep_recorded(done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done)
         summary.backends = {
@@ -195,6 +243,7 @@ def run(config: RunConfig) -> RunSummary:
             for s in config.backends
         }
         summary.workers = workers
+        n_before = len(summary.results)
 
         #: (case id, backend name) -> its pair; deferred CUDA OOMs and their first error, for the retry phase
         pair_of = {(p.case.id, infos[p.spec]["name"]): p for u in units for p in u}
@@ -203,6 +252,7 @@ def run(config: RunConfig) -> RunSummary:
         sharing = Counter(p.gpu for p in placements[:workers])  # workers per GPU (None: the one device)
 
         def judge(pair: _Pair, reply: Reply, worker: int) -> tuple[CheckResult, bool]:
+            t0 = time.perf_counter()
             record = _record(reply, pair.case, pair.spec, infos[pair.spec], config)
             extra = {**record.extra, "worker": worker}
             if placements[worker].gpu is not None:
@@ -212,6 +262,7 @@ def run(config: RunConfig) -> RunSummary:
             # An ERROR on CUDA may have poisoned the worker's context, and one that ran out of memory holds a
             # large allocator cache: it is replaced before its next request.
             restart = record.status is Status.ERROR and (config.device.startswith("cuda") or is_cuda_oom(record))
+            clock.judged(extra, reply, time.perf_counter() - t0)
             return replace(record, extra=extra), restart
 
         def deliver(outcome: Outcome, writer: _Writer, shared: Counter) -> bool:
@@ -223,6 +274,7 @@ def run(config: RunConfig) -> RunSummary:
                 retried[pair.case.id, pair.spec] = {"first_error": short_reason(record.reason), "workers_sharing": n}
                 deferred.append(pair)
                 return False
+            clock.written(record.extra)
             writer.write(record)
             _account(summary, record, outcome.reply)
             return True
@@ -263,6 +315,7 @@ def run(config: RunConfig) -> RunSummary:
                         writer.sync()
                         bar.update(task, advance=wrote, counts=_counts_text(summary.counts))
                     summary.parent_s += time.perf_counter() - t0
+                    clock.batch(time.perf_counter() - t0, wrote)
             finally:
                 if ended < len(ids):  # interrupted or a worker could not start: stop the others now
                     stop.set()
@@ -277,14 +330,16 @@ def run(config: RunConfig) -> RunSummary:
                             break
                         if outcome.record is not None:
                             deliver(outcome, writer, shared)
-                    writer.sync()
+                writer.sync(force=True)  # every record that arrived is on disk before the phase returns
 
-        unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 else {}
-        feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()))
+        weigh = (lambda unit: unit_cost[unit[0].case.id]) if config.schedule == "cost" else None
+        feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()), cost=weigh)
+        for key, holder in (summary.compile.owner if summary.compile else {}).items():
+            feed.hold(holder, key)  # the worker that compiled a kernel runs its cases first
         label = (config.suite or "cases") + (f" ({workers} workers)" if workers > 1 else "")
-        with _progress(config, len(todo)) as bar, open(config.out, "a", encoding="utf-8") as fh:
+        with _progress(config, len(todo)) as bar, Appender(config.out) as appender:
+            writer = _Writer(appender)
             task = bar.add_task(label, total=len(todo), counts="")
-            writer = _Writer(fh)
             phase(list(range(workers)), feed, sharing, writer, bar, task)
             if deferred:
                 # Alone: one worker per GPU (the first placed on it), every other worker closed so that its
@@ -306,6 +361,11 @@ def run(config: RunConfig) -> RunSummary:
         summary.worker_starts = sum(c.starts for c in clients)
         _close_all(clients)
         summary.wall_s = time.perf_counter() - t_start
+        summary.profile = profile_records(
+            summary.results[n_before:], wall_s=summary.wall_s, workers=workers or None, checks_at_s=checks_at
+        )
+        summary.profile.live = clock.live([s for c in clients for s in c.start_s])
+        summary.profile.compile = summary.compile.to_json() if summary.compile else None
     return summary
 
 
@@ -325,14 +385,18 @@ def main_run(config: RunConfig) -> int:
         # The packaged ledgers are broken (a bug of this checkout): run anyway, every problem unexpected.
         print(f"attnconf run: the known-failure ledger cannot be read, so every problem counts: {exc}", file=sys.stderr)
         ledger = None
-    if config.summary_json is not None:
-        check_writable(config.summary_json, "--json")
+    # every output checked before any worker starts: --json naming --out (the results) or an input is refused
+    check_outputs([(config.out, "--out"), (config.summary_json, "--json")], run_inputs(config))
     summary = run(config)
+    if config.compile_only:
+        return _end_warmup(config, summary)
     if ledger is not None:
         summary.finish(ledger, config.strict)
     summary.strict = config.strict
     summary.allow_unjudged = config.allow_unjudged
     print(summary.text(), file=sys.stderr)
+    if config.profile and summary.profile is not None:
+        print(summary.profile.text(), file=sys.stderr)
     print(summary.listing(), file=sys.stderr)
     if config.summary_json is not None:
         summary.write_json(config.summary_json, config.argv)
@@ -343,4 +407,21 @@ def main_run(config: RunConfig) -> int:
             f"{resume_command(config.argv)}",
             file=sys.stderr,
         )
+    return summary.exit_code
+
+
+def _end_warmup(config: RunConfig, summary: RunSummary) -> int:
+    """The end of ``attnconf warmup`` (``run --compile-only``): the compile phase's line, each kernel that did
+    not compile (its pairs fail or crash in a sweep, with their own records), the ``--json`` summary; exit 0
+    (130 when interrupted)."""
+    print(f"attnconf warmup: {summary.text()}", file=sys.stderr)
+    failed = summary.compile.failed if summary.compile is not None else []
+    for f in failed[:LIST_MAX]:
+        print(f"  not compiled: {f['backend']} {f['case_id']}: {short_reason(f['reason'], 200)}", file=sys.stderr)
+    if len(failed) > LIST_MAX:
+        print(f"  ... and {len(failed) - LIST_MAX} more (all of them in the --json summary)", file=sys.stderr)
+    if config.summary_json is not None:
+        summary.write_json(config.summary_json, config.argv)
+    if summary.interrupted:
+        print("attnconf warmup: interrupted (Ctrl-C): the kernels compiled so far are in the cache", file=sys.stderr)
     return summary.exit_code

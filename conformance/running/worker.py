@@ -23,14 +23,22 @@ Requests and replies (one JSON object per line):
   adapters now, so a fresh worker's imports do not count against the first case's timeout;
 * ``{"op": "check", "case": {...}, "backend": spec, "seed": n, "device": d, "tol": [...],
   "tol_file": path|null, "time": bool}`` -> ``{"ok": true, "result": CheckResult JSON}``, or
-  ``{"ok": false, "error": text}`` when the harness itself (inputs, reference) failed.
+  ``{"ok": false, "error": text}`` when the harness itself (inputs, reference) failed;
+* ``{"op": "compile", "case": {...}, "backend": spec, "seed": n, "device": d}`` -> ``{"ok": true,
+  "compiled": bool, "key": repr|null, "inputs_s": s, "compile_s": s, "error": text|null}``: build the case's
+  inputs and call the backend's kernel once, unjudged, so a JIT backend compiles (and, with FA4's disk cache,
+  stores) the kernel of the case's compile key; a refusal or an exception is ``compiled: false`` with the
+  reason in ``error``, never a failed reply (the pair is judged later as usual).
 
 Every reply also carries ``worker_s`` (seconds from reading the request to encoding the reply: the
 worker's own time) and ``idle_s`` (seconds the worker waited for that request after its previous
 reply), so the parent can tell its own overhead from the worker's work; a check's reply adds
-``phases``: ``context_s`` (inputs, reference and baseline; only when the case is new to this worker),
-``check_s`` (:func:`~conformance.verdict.check.check_backend`: the kernel and the comparison) and
-``encode_s`` (the record's JSON form).  Replies come in request
+``phases``: ``context_s`` (inputs, reference and baseline; only when the case is new to this worker) split
+into ``inputs_s``, ``reference_s``, ``baseline_s``; ``check_s``
+(:func:`~conformance.verdict.check.check_backend`) split into ``prepare_s`` (support check, input copies, the
+adapter's ``prepare``), ``compile_s`` (the kernel call when it is the first of its compile key in this process:
+a JIT compile, or a load from FA4's disk cache) or ``kernel_s`` (any other kernel call), ``verdict_s`` (the
+comparison), ``bench_s`` (``--time``); and ``encode_s`` (the record's JSON form).  Replies come in request
 order, so the parent may send the next request before the previous reply arrives (pipelining: the
 worker then never waits for the parent's bookkeeping).
 
@@ -75,6 +83,21 @@ class _Worker:
         self.ctx: Any = None
         self.timers: dict[str, Any] = {}
         self.overrides: dict[str, tuple[Any, ...]] = {}
+        #: (spec, repr of a compile key) whose kernel this process has called: the next call is no compile
+        self.compiled: set[tuple[str, str]] = set()
+
+    def compile_key(self, spec: str, case: Any) -> str | None:
+        """``repr`` of the backend's compile key for ``case``; None when it has none (or computing it fails)."""
+        from attnfast.base import Backend
+
+        backend = self.backend(spec)
+        if type(backend).compile_key is Backend.compile_key:
+            return None
+        try:
+            key = backend.compile_key(case)
+        except Exception:  # noqa: BLE001 - accounting only: the check reports what the backend does
+            return None
+        return None if key is None else repr(key)
 
     def backend(self, spec: str) -> Any:
         if spec not in self.backends:
@@ -133,12 +156,19 @@ class _Worker:
 
     def check(self, req: dict[str, Any]) -> dict[str, Any]:
         from conformance.cases.case import AttentionCase
-        from conformance.verdict.check import check_backend, prepare_context
+        from conformance.verdict.check import check_backend, prepare_context, refusal
 
         phases: dict[str, float] = {}
         device, seed = req.get("device", "cpu"), int(req.get("seed", 0))
         key = json.dumps([req["case"], seed, device], sort_keys=True)
         if key != self.ctx_key:
+            # A backend that refuses the case is answered from the case alone: a case no backend runs never
+            # costs inputs, a reference or a baseline.
+            t0 = time.perf_counter()
+            refused = refusal(AttentionCase.from_json(req["case"]), self.backend(req["backend"]), device, seed)
+            if refused is not None:
+                phases["check_s"] = time.perf_counter() - t0
+                return {"ok": True, "result": refused.to_json(), "phases": phases}
             t0 = time.perf_counter()
             self.ctx, self.ctx_key = None, None  # free the previous case's tensors first
             self.ctx = prepare_context(AttentionCase.from_json(req["case"]), seed=seed, device=device)
@@ -156,13 +186,70 @@ class _Worker:
             case_timer, case = self.timers[device], self.ctx.case
             # make_timer's timer takes (case, fn) for the roofline; check_backend calls timer(fn).
             timer = lambda fn: case_timer(case, fn)
+        if "context_s" in phases:
+            phases.update(self.ctx.phases)
+        spec = req["backend"]
+        ckey = self.compile_key(spec, self.ctx.case)
+        split: dict[str, float] = {}
         t0 = time.perf_counter()
-        result = check_backend(self.ctx, self.backend(req["backend"]), overrides=self.overrides[tol_key], timer=timer)
+        result = check_backend(
+            self.ctx, self.backend(spec), overrides=self.overrides[tol_key], timer=timer, phases=split
+        )
         phases["check_s"] = time.perf_counter() - t0
+        kernel = split.get("kernel_s", 0.0)
+        if ckey is not None and (spec, ckey) not in self.compiled and kernel > 0:
+            self.compiled.add((spec, ckey))
+            phases["compile_s"] = kernel
+        else:
+            phases["kernel_s"] = kernel
+        phases["verdict_s"] = split.get("verdict_s", 0.0)
+        if split.get("bench_s"):
+            phases["bench_s"] = split["bench_s"]
+        phases["prepare_s"] = max(0.0, phases["check_s"] - kernel - phases["verdict_s"] - split.get("bench_s", 0.0))
         t0 = time.perf_counter()
         encoded = result.to_json()
         phases["encode_s"] = time.perf_counter() - t0
         return {"ok": True, "result": encoded, "phases": phases}
+
+    def compile(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Call the backend's kernel once on the case's inputs, unjudged (the ``compile`` op)."""
+        from conformance.cases.case import AttentionCase
+        from conformance.cases.inputs import make_inputs
+        from conformance.verdict.check import composition_of, sync
+
+        spec, device, seed = req["backend"], req.get("device", "cpu"), int(req.get("seed", 0))
+        case = AttentionCase.from_json(req["case"])
+        key = self.compile_key(spec, case)
+        out: dict[str, Any] = {"ok": True, "compiled": False, "key": key, "inputs_s": 0.0, "compile_s": 0.0}
+        self.ctx, self.ctx_key = None, None  # free the last case's tensors: this one's inputs take their place
+        try:
+            backend = self.backend(spec)
+            composition = composition_of(case)
+            support = (
+                backend.supports(case, device) if composition is None else composition.supports(case, backend, device)
+            )
+            if not support:
+                out["error"] = f"unsupported: {support.reason}"
+                return out
+            t0 = time.perf_counter()
+            inputs = make_inputs(case, seed, device)
+            sync(device)
+            t1 = time.perf_counter()
+            fn = (
+                backend.prepare(case, inputs)
+                if composition is None
+                else composition.prepare(case, inputs, backend, device)
+            )
+            fn()
+            sync(device)
+            out["inputs_s"], out["compile_s"] = t1 - t0, time.perf_counter() - t1
+        except Exception as exc:  # noqa: BLE001 - the pair is judged (and fails) in the check phase as usual
+            out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            return out
+        if key is not None:
+            self.compiled.add((spec, key))
+        out["compiled"] = True
+        return out
 
     def load(self, req: dict[str, Any]) -> dict[str, Any]:
         errors: dict[str, str] = {}
@@ -184,6 +271,8 @@ class _Worker:
                 return self.check(req)
             if op == "keys":
                 return self.keys(req)
+            if op == "compile":
+                return self.compile(req)
             return {"ok": False, "error": f"unknown op {op!r}"}
         except Exception as exc:  # noqa: BLE001 - the parent records it; the worker keeps serving
             return {

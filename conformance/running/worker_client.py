@@ -82,6 +82,9 @@ class WorkerClient:
         self.preload: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
         self.starts = 0
+        #: per start: seconds from spawning the process to its ``ready`` line, plus the ``load`` of ``preload``
+        self.start_s: list[float] = []
+        self._spawned = 0.0
         self._replies: queue.Queue[tuple[float, dict[str, Any] | None]] = queue.Queue()
         self._tail: collections.deque[str] = collections.deque(maxlen=200)
         self._err_thread: threading.Thread | None = None
@@ -129,6 +132,7 @@ class WorkerClient:
             env=self._environment(),
         )
         self.starts += 1
+        self._spawned = time.perf_counter()
         self._unready = True
         replies: queue.Queue[tuple[float, dict[str, Any] | None]] = queue.Queue()
         tail: collections.deque[str] = collections.deque(maxlen=200)
@@ -145,13 +149,14 @@ class WorkerClient:
         assert self.proc is not None
         self._unready = False
         try:
-            ready = self._replies.get(timeout=self.startup_timeout)[1]
+            arrived, ready = self._replies.get(timeout=self.startup_timeout)
         except queue.Empty:
-            ready = None
+            arrived, ready = time.perf_counter(), None
         if not ready or ready.get("op") != "ready":
             self.kill()
             raise WorkerStartError(f"worker did not start: {_exit_text(self.proc.returncode)}\n{self.stderr_tail()}")
         self._last_arrival = time.perf_counter()
+        startup = arrived - self._spawned
         if self.preload:
             reply = self.request({"op": "load", "backends": self.preload}, timeout=self.startup_timeout)
             if reply.kind != "ok" or not reply.data.get("ok"):
@@ -159,6 +164,8 @@ class WorkerClient:
                 raise WorkerStartError(
                     f"worker could not load {self.preload}: {reply.reason or reply.data.get('errors')}"
                 )
+            startup += reply.wall_s
+        self.start_s.append(startup)
 
     @staticmethod
     def _read_replies(stream: IO[str], replies: queue.Queue, tail: collections.deque) -> None:

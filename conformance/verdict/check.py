@@ -34,12 +34,24 @@ from conformance.verdict.compare import CHECKS, compare, compare_details
 from conformance.verdict.reference import reference
 from conformance.verdict.tolerance import resolve
 
-__all__ = ["CHECKS", "CaseContext", "check_backend", "compare", "composition_of", "prepare_context", "repro_command"]
+__all__ = [
+    "CHECKS",
+    "CaseContext",
+    "check_backend",
+    "compare",
+    "composition_of",
+    "prepare_context",
+    "refusal",
+    "repro_command",
+    "sync",
+]
 
 
 @dataclass
 class CaseContext:
-    """Everything the backends of one case share.  ``ref_s``: seconds for inputs + reference + baseline.
+    """Everything the backends of one case share.  ``ref_s``: seconds for inputs + reference + baseline;
+    ``phases``: the same split as ``{"inputs_s", "reference_s", "baseline_s"}`` (each ended by a device
+    synchronisation, so GPU work is charged to the phase that queued it).
 
     ``ref_charged`` becomes True once a record has counted ``ref_s`` in its ``harness_s``, so the
     harness time summed over a case's records counts the reference once.
@@ -53,6 +65,7 @@ class CaseContext:
     base: tuple[torch.Tensor, torch.Tensor]
     ref_s: float
     ref_charged: bool = False
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def composition_of(case: AttentionCase) -> Any:
@@ -87,7 +100,8 @@ def composition_of(case: AttentionCase) -> Any:
     return None
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
+    """Wait for the device's queued work (a no-op off CUDA): what a host clock around GPU work needs."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -100,13 +114,17 @@ def prepare_context(case: AttentionCase, seed: int = 0, device: str = "cpu") -> 
     (:func:`composition_of`)."""
     t0 = time.perf_counter()
     inputs = make_inputs(case, seed, device)
+    sync(device)
+    t1 = time.perf_counter()
     composition = composition_of(case)
-    if composition is not None:
-        ref, base = composition.reference(case, inputs), composition.baseline(case, inputs)
-    else:
-        ref, base = reference(case, inputs), baseline(case, inputs)
-    _sync(device)
-    return CaseContext(case, seed, device, inputs, ref, base, time.perf_counter() - t0)
+    ref = composition.reference(case, inputs) if composition is not None else reference(case, inputs)
+    sync(device)
+    t2 = time.perf_counter()
+    base = composition.baseline(case, inputs) if composition is not None else baseline(case, inputs)
+    sync(device)
+    t3 = time.perf_counter()
+    phases = {"inputs_s": t1 - t0, "reference_s": t2 - t1, "baseline_s": t3 - t2}
+    return CaseContext(case, seed, device, inputs, ref, base, t3 - t0, phases=phases)
 
 
 def repro_command(case: AttentionCase, backend_name: str, device: str, seed: int) -> str:
@@ -132,62 +150,113 @@ def _exc_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+def _version(backend: Backend) -> str:
+    try:
+        return backend.version()
+    except Exception as exc:  # a broken version probe must not hide the verdict
+        return f"unknown ({_exc_line(exc)})"
+
+
+def _result(
+    case: AttentionCase,
+    backend: Backend,
+    device: str,
+    seed: int,
+    version: str,
+    status: Status,
+    reason: str,
+    *,
+    elapsed: float,
+    kernel_s: float = 0.0,
+    bench_s: float = 0.0,
+    stats: ErrorStats | None = None,
+    timing: Timing | None = None,
+    extra: dict[str, Any] | None = None,
+) -> CheckResult:
+    return CheckResult(
+        case_id=case.id,
+        backend=backend.name,
+        family=backend.family,
+        status=status,
+        case=case.to_json(),
+        reason=reason,
+        version=version,
+        device=device,
+        seed=seed,
+        stats=stats,
+        timing=timing,
+        repro=repro_command(case, backend.name, device, seed),
+        elapsed_s=elapsed,
+        kernel_s=kernel_s,
+        harness_s=elapsed - kernel_s - bench_s,
+        extra=extra if extra is not None else {},
+    )
+
+
+def _engine_extra(case: AttentionCase, engine: Any) -> dict[str, Any]:
+    return {"engine": {"engine": case.engine, "scenario": case.scenario, "seed": engine.seed}} if case.engine else {}
+
+
+def refusal(case: AttentionCase, backend: Backend, device: str, seed: int = 0) -> CheckResult | None:
+    """The record of ``backend`` on ``case`` when it does not run it: UNSUPPORTED with its declared reason (or
+    ERROR when ``supports`` itself raised); None when it runs the case.  Decided from the case alone, before any
+    tensor exists, so a case no backend runs costs no inputs, reference or baseline (the worker asks this first)."""
+    t_start = time.perf_counter()
+    engine = composition_of(case)
+    try:
+        support = backend.supports(case, device) if engine is None else engine.supports(case, backend, device)
+    except Exception as exc:
+        status, reason = Status.ERROR, f"supports() raised {_exc_line(exc)}"
+    else:
+        if support:
+            return None
+        status, reason = Status.UNSUPPORTED, support.reason or "refused without a reason"
+    return _result(
+        case, backend, device, seed, _version(backend), status, reason,
+        elapsed=time.perf_counter() - t_start, extra=_engine_extra(case, engine),
+    )
+
+
 def check_backend(
     ctx: CaseContext,
     backend: Backend,
     *,
     overrides: Sequence[Mapping[str, Any]] = (),
     timer: Callable[[Callable[[], KernelOutput]], Timing] | None = None,
+    phases: dict[str, float] | None = None,
 ) -> CheckResult:
     """Judge ``backend`` on the context's case: UNSUPPORTED, ERROR, FAIL or PASS (with timing if ``timer``).
 
     ``kernel_s`` is the one verified kernel call (first-call compilation included); ``harness_s`` is
     everything else (support check, preparation, comparison, and the context's ``ref_s`` the first
-    time the context is used); benchmarking time goes to ``extra["bench_s"]``.
+    time a backend that runs the case uses the context); benchmarking time goes to ``extra["bench_s"]``.
+    ``phases``, when given, receives this call's split (seconds): ``kernel_s``, ``verdict_s`` (the comparison) and
+    ``bench_s`` (the timer); the rest of the call is the support check, the input copies and the adapter's
+    ``prepare``.  The record is the same with or without it.
     """
+    refused = refusal(ctx.case, backend, ctx.device, ctx.seed)
+    if refused is not None:
+        return refused
     t_start = time.perf_counter()
     case = ctx.case
     ref_share = 0.0 if ctx.ref_charged else ctx.ref_s
     ctx.ref_charged = True
-    clock = {"kernel": 0.0, "bench": 0.0}
-    extra: dict[str, Any] = {}
-    try:
-        version = backend.version()
-    except Exception as exc:  # a broken version probe must not hide the verdict
-        version = f"unknown ({_exc_line(exc)})"
+    clock = {"kernel": 0.0, "bench": 0.0, "verdict": 0.0}
+    engine = composition_of(case)
+    extra: dict[str, Any] = _engine_extra(case, engine)
+    version = _version(backend)
 
     def finish(
         status: Status, reason: str, stats: ErrorStats | None = None, timing: Timing | None = None
     ) -> CheckResult:
-        elapsed = time.perf_counter() - t_start + ref_share
-        return CheckResult(
-            case_id=case.id,
-            backend=backend.name,
-            family=backend.family,
-            status=status,
-            case=case.to_json(),
-            reason=reason,
-            version=version,
-            device=ctx.device,
-            seed=ctx.seed,
-            stats=stats,
-            timing=timing,
-            repro=repro_command(case, backend.name, ctx.device, ctx.seed),
-            elapsed_s=elapsed,
-            kernel_s=clock["kernel"],
-            harness_s=elapsed - clock["kernel"] - clock["bench"],
-            extra=extra,
+        if phases is not None:
+            phases.update({f"{k}_s": v for k, v in clock.items()})
+        return _result(
+            case, backend, ctx.device, ctx.seed, version, status, reason,
+            elapsed=time.perf_counter() - t_start + ref_share, kernel_s=clock["kernel"], bench_s=clock["bench"],
+            stats=stats, timing=timing, extra=extra,
         )
 
-    engine = composition_of(case)
-    if case.engine:
-        extra["engine"] = {"engine": case.engine, "scenario": case.scenario, "seed": engine.seed}
-    try:
-        support = backend.supports(case, ctx.device) if engine is None else engine.supports(case, backend, ctx.device)
-    except Exception as exc:
-        return finish(Status.ERROR, f"supports() raised {_exc_line(exc)}")
-    if not support:
-        return finish(Status.UNSUPPORTED, support.reason or "refused without a reason")
     tol = resolve(case, backend.name, overrides)
     extra["tolerance"] = tol.fields()
     try:
@@ -195,7 +264,7 @@ def check_backend(
         fn = backend.prepare(case, inputs) if engine is None else engine.prepare(case, inputs, backend, ctx.device)
         t0 = time.perf_counter()
         result = fn()
-        _sync(ctx.device)
+        sync(ctx.device)
         clock["kernel"] = time.perf_counter() - t0
         notes = list(getattr(fn, "notes", None) or ())  # read after the call: an engine lists the calls it made
         if notes:
@@ -208,7 +277,9 @@ def check_backend(
     problem = _shape_problem(ctx, result)
     if problem:
         return finish(Status.FAIL, problem)
+    t0 = time.perf_counter()
     stats, details, base_nonfinite = compare_details(ctx.ref, ctx.base, result, tol)
+    clock["verdict"] = time.perf_counter() - t0
     if base_nonfinite:
         extra["baseline_nonfinite"] = base_nonfinite
     extra.update(getattr(fn, "extra", None) or {})  # a composition's own record fields (graph replays, ...)

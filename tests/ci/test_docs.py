@@ -76,6 +76,15 @@ def test_the_cli_reference_is_generated_from_the_parser(site: Path) -> None:
                 assert option in text, (path, option)
 
 
+def test_the_cli_reference_lists_every_exit_status_once() -> None:
+    from conformance.exits import Exit
+
+    page = _hook().render()
+    for status in Exit:
+        assert page.count(f"| {int(status)} | `{status.name}` |") == 1, status
+    assert "No command writes over a file it did not create" in page
+
+
 def test_a_hand_written_cli_page_is_refused(tmp_path: Path) -> None:
     from mkdocs.exceptions import PluginError
     from mkdocs.structure.files import File, Files

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -648,3 +649,85 @@ MODE_BUGS: dict[type[ExactBackend], str] = {
 }
 ALL_FAKES = ALL_FAKES + tuple(MODE_BUGS)
 __all__ += ["MODE_BUGS"] + [cls.__name__ for cls in MODE_BUGS]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Cost fakes for the runner's compile phase, profile and scheduling (tests/conformance/running): exact results,
+# time spent where a real backend spends it.
+
+#: folder of :class:`JitBackend`'s "disk cache" (one marker file per compiled key) and its log
+JIT_CACHE_ENV = "ATTNCONF_FAKE_JIT_CACHE"
+#: seconds a :class:`JitBackend` compile sleeps (default 0.5); a load from its cache sleeps 0.01
+JIT_COMPILE_ENV = "ATTNCONF_FAKE_JIT_COMPILE_S"
+#: seconds per multiply-add of :class:`SleepBySizeBackend` (``conformance.running.schedule.case_size``)
+SLEEP_RATE_ENV = "ATTNCONF_FAKE_SLEEP_PER_MAC"
+
+
+class JitBackend(ExactBackend):
+    """Exact, but JIT-compiles like FA4: one kernel per compile key (the head dim), compiled on its first call in a
+    process unless the "disk cache" (``$ATTNCONF_FAKE_JIT_CACHE``, one marker file per key) has it, then loaded.
+    A compile sleeps ``$ATTNCONF_FAKE_JIT_COMPILE_S`` (0.5 s), a load 0.01 s; each appends ``compile KEY PID`` or
+    ``load KEY PID`` to ``log`` in that folder.  Head dim 32 fails to compile (raises in the kernel call), head dim
+    48 crashes the process, in the compile phase and in the checks alike."""
+
+    name = "fake-jit"
+    description = "test fake: exact, JIT-compiles one kernel per head dim (sleeps), with a disk cache"
+
+    def __init__(self) -> None:
+        self._loaded: set[int] = set()
+
+    def compile_key(self, case: AttentionCase) -> tuple[str, int]:
+        return ("fake-jit", case.head_dim)
+
+    def _first_call(self, case: AttentionCase) -> None:
+        key = case.head_dim
+        if key in self._loaded:
+            return
+        if key == 32:
+            raise RuntimeError("planted compile failure: head dim 32 does not compile")
+        if key == 48:
+            os.abort()
+        folder = Path(os.environ[JIT_CACHE_ENV])
+        marker = folder / f"kernel-{key}"
+        if marker.exists():
+            time.sleep(0.01)
+            what = "load"
+        else:
+            time.sleep(float(os.environ.get(JIT_COMPILE_ENV, "0.5")))
+            marker.touch()
+            what = "compile"
+        with open(folder / "log", "a", encoding="utf-8") as fh:
+            fh.write(f"{what} {key} {os.getpid()}\n")
+        self._loaded.add(key)
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        run = super().prepare(case, inputs)
+
+        def kernel() -> KernelOutput:
+            self._first_call(case)
+            return run()
+
+        return kernel
+
+
+class SleepBySizeBackend(ExactBackend):
+    """Exact; its kernel call sleeps in proportion to the case's size (``$ATTNCONF_FAKE_SLEEP_PER_MAC`` seconds per
+    multiply-add of :func:`conformance.running.schedule.case_size`): a backend whose large cases take long."""
+
+    name = "fake-sleep-size"
+    description = "test fake: exact, sleeps in proportion to the case's size"
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        from conformance.running.schedule import case_size
+
+        run = super().prepare(case, inputs)
+        seconds = case_size(case) * float(os.environ.get(SLEEP_RATE_ENV, "0"))
+
+        def kernel() -> KernelOutput:
+            time.sleep(seconds)
+            return run()
+
+        return kernel
+
+
+__all__ += ["JIT_CACHE_ENV", "JIT_COMPILE_ENV", "SLEEP_RATE_ENV", "JitBackend", "SleepBySizeBackend"]

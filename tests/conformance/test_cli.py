@@ -136,9 +136,10 @@ def test_run_read_only_out_is_one_line(tmp_path: Path, capsys, monkeypatch) -> N
     if os.geteuid() == 0:  # root may write it anyway: let access() answer as it does for everyone else
         real = os.access
         monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == out else real(p, mode))
-    assert main(["run", "--suite", "smoke", "--backend", "sdpa-cpu", "--out", str(out)]) == 2
+    # an output that cannot be written is exit 3 (conformance.exits.OutputError), not a usage error
+    assert main(["run", "--suite", "smoke", "--backend", "sdpa-cpu", "--out", str(out)]) == 3
     err = capsys.readouterr().err
-    assert f"--out {out}: not writable" in err and "Traceback" not in err and out.read_text() == "precious\n"
+    assert f"--out {out}: is read-only" in err and "Traceback" not in err and out.read_text() == "precious\n"
 
 
 def test_cases_by_feature_and_exclusion(capsys: pytest.CaptureFixture) -> None:

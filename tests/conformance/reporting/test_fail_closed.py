@@ -333,7 +333,9 @@ def test_report_json(old: Path, tmp_path: Path, ledger_dir: Path, capsys) -> Non
     data = json.loads(summary.read_text())
     assert data["exit_status"] == 0 and data["results"] == 6 and data["cases"] == 3 and data["skipped_lines"] == 1
     skipped = [{"line": 8, "reason": "not JSON (the last line, cut short)"}]
-    assert data["files"] == [{"path": str(path), "headers": 1, "results": 6, "skipped_lines": skipped}]
+    assert data["files"] == [
+        {"path": str(path), "headers": 1, "results": 6, "skipped_lines": skipped, "duplicates_dropped": 0, "schema": 1}
+    ]
     assert data["backends"]["other-x"]["counts"]["fail"] == 1 and data["backends"]["kern-x"]["problems"] == 1
     assert data["ledger"]["unexpected"] == 1 and data["ledger"]["known"] == 1
     (unexpected,) = data["unexpected"]

@@ -28,12 +28,14 @@ from conformance.cases.case import AttentionCase
 from conformance.cli import main
 from conformance.records import Status, read_records
 from conformance.running.pool import (
+    FA4_CACHE_DIR_ENV,
     FA4_CACHE_ENV,
     FAKE_GPUS_ENV,
     Placement,
     PlacementError,
     WorkFeed,
     default_jobs,
+    fa4_cache_dir,
     parse_gpus,
     parse_jobs,
     plan_workers,
@@ -138,9 +140,11 @@ def test_workers_go_round_robin_over_the_listed_gpus() -> None:
         "MKL_NUM_THREADS": "2",
         "TORCHINDUCTOR_COMPILE_THREADS": "2",
         FA4_CACHE_ENV: "1",  # FA4's persistent kernel cache, shared by the workers
+        FA4_CACHE_DIR_ENV: fa4_cache_dir(),  # in one directory for all of them: FA4's default, as the parent sees it
     }
     assert "OMP_NUM_THREADS" not in plan[4].env({"OMP_NUM_THREADS": "5"})  # the caller's own setting wins
     assert FA4_CACHE_ENV not in plan[4].env({FA4_CACHE_ENV: "0"})
+    assert FA4_CACHE_DIR_ENV not in plan[4].env({FA4_CACHE_DIR_ENV: "/cache"})
     picked = plan_workers("cuda", 4, (1, 3), gpus_given=True, cpus=12, discover=four, environ={})
     assert [p.gpu for p in picked] == ["1", "3", "1", "3"]
     # indices count the visible GPUs, as cuda:N does: with CUDA_VISIBLE_DEVICES=4,6, --gpus 1 is GPU 6

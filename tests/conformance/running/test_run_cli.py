@@ -24,7 +24,7 @@ from conformance.reporting.ledger import load_ledger
 from conformance.running import runner
 from conformance.running.outcome import RunSummary
 from conformance.running.outfile import backup_path, check_resume, move_aside
-from conformance.running.usage import UsageError
+from conformance.exits import UsageError
 
 FAKES = "tests.conformance.fakes"
 SMOKE = get_suite("smoke")
@@ -103,6 +103,16 @@ def test_backups_over_three_runs_are_numbered_and_never_overwritten(tmp_path: Pa
     assert [(tmp_path / f"res.{n}.jsonl").read_text() for n in range(1, 4)] == ["run 1\n", "run 2\n", "run 3\n"]
     (tmp_path / "res.1.jsonl").unlink()  # a gap is never refilled: the highest number stays the newest
     assert backup_path(out) == tmp_path / "res.4.jsonl"
+
+
+def test_a_gzipped_results_file_keeps_its_double_suffix_in_one_backup_scheme(tmp_path: Path) -> None:
+    import conformance.outputs
+
+    assert move_aside is conformance.outputs.move_aside and backup_path is conformance.outputs.backup_path
+    out = tmp_path / "r.jsonl.gz"
+    out.write_bytes(b"gzipped sweep")
+    assert move_aside(out) == tmp_path / "r.1.jsonl.gz" and (tmp_path / "r.1.jsonl.gz").read_bytes() == b"gzipped sweep"
+    assert backup_path(out) == tmp_path / "r.2.jsonl.gz"
 
 
 def test_the_sweep_lists_unexpected_problems_and_counts_known_ones(sweep: dict) -> None:

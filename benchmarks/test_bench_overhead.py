@@ -1,0 +1,140 @@
+"""What the harness costs per check beyond the kernel, piece by piece, on CPU (guards issue 30's overheads).
+
+Each benchmark times one piece of the per-record path of ``attnconf run`` on a tiny case, with a backend whose
+kernel returns a precomputed output (so nothing here is kernel time):
+
+* ``worker_check``: the worker's ``check`` op for a case whose context it already holds (the second backend of
+  a case): support check, input copies, prepare, the no-op kernel, the comparison, the record's encoding, and
+  the phase accounting (:class:`conformance.running.worker._Worker`);
+* ``record_encode``: a record's JSON line (``CheckResult.to_json`` + ``json.dumps``), as the worker and the
+  parent's writer each do once per record;
+* ``parent_record``: the parent's work for one reply: the record from the reply, its timings
+  (:class:`conformance.running.profile.RunClock`), the line written and handed to the OS (the writer fsyncs at
+  most twice a second) and the summary's bookkeeping;
+* ``round_trip``: one ``check`` request through a real worker process, pipelined two deep as the pool does;
+  ``extra_info`` holds the median IPC (round trip minus the worker's own time).
+
+Run with ``nox -s bench -- -k overhead`` or ``python -m pytest benchmarks/test_bench_overhead.py
+--benchmark-enable``; without ``--benchmark-enable`` each runs once (a smoke test).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from attnfast.base import KernelOutput
+from conformance.cases.case import AttentionCase
+from conformance.records import CheckResult
+from conformance.running.outcome import RunSummary
+from conformance.running.pairs import RunConfig, _account, _record, _Writer
+from conformance.running.profile import RunClock
+from conformance.running.worker import Reply, WorkerClient, _Worker
+from tests.conformance.fakes import ExactBackend
+
+CASE = AttentionCase(requests=((4, 8),), num_heads=2, num_kv_heads=1, head_dim=16, dtype="fp16")
+SPEC = "benchmarks.test_bench_overhead:PrecomputedBackend"
+
+
+class PrecomputedBackend(ExactBackend):
+    """Exact, with the kernel's output computed once per case: its kernel call only returns it."""
+
+    name: ClassVar[str] = "bench-precomputed"
+    _outputs: ClassVar[dict[str, KernelOutput]] = {}
+
+    def prepare(self, case, inputs):
+        if case.id not in self._outputs:
+            self._outputs[case.id] = super().prepare(case, inputs)()
+        out = self._outputs[case.id]
+
+        def kernel() -> KernelOutput:
+            return out
+
+        return kernel
+
+
+def _request(**extra: Any) -> dict[str, Any]:
+    return {"op": "check", "case": CASE.to_json(), "backend": SPEC, "seed": 0, "device": "cpu", "tol": [],
+            "tol_file": None, "time": False, **extra}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def worker() -> _Worker:
+    w = _Worker()
+    w.check(_request())  # the context, the backend's import and the first-call warm-ups
+    return w
+
+
+@pytest.fixture(scope="module")
+def reply(worker: _Worker) -> dict[str, Any]:
+    data = worker.check(_request())
+    return {**data, "worker_s": 1e-3, "idle_s": 1e-5}
+
+
+def test_bench_worker_check(benchmark, worker: _Worker) -> None:
+    data = benchmark(worker.check, _request())
+    phases = data["phases"]
+    assert "context_s" not in phases and {"prepare_s", "kernel_s", "verdict_s", "encode_s"} <= set(phases)
+    benchmark.extra_info.update({k: round(v * 1e3, 4) for k, v in phases.items()})
+
+
+def test_bench_record_encode(benchmark, reply: dict[str, Any]) -> None:
+    record = CheckResult.from_json(reply["result"])
+    line = benchmark(lambda: json.dumps(record.to_json(), sort_keys=True, allow_nan=True))
+    benchmark.extra_info["bytes"] = len(line)
+
+
+def test_bench_parent_record(benchmark, reply: dict[str, Any], tmp_path: Path) -> None:
+    config = RunConfig(backends=(SPEC,), device="cpu")
+    info = {"name": "bench-precomputed", "family": "fake", "version": "n/a"}
+    summary = RunSummary(out=tmp_path / "r.jsonl")
+    clock = RunClock(time.perf_counter())
+    fh = open(tmp_path / "r.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed below
+    writer = _Writer(fh)
+    answer = Reply("ok", data=reply, wall_s=1.2e-3)
+
+    def parent() -> None:
+        t0 = time.perf_counter()
+        record = _record(answer, CASE, SPEC, info, config)
+        extra = {**record.extra, "worker": 0}
+        clock.judged(extra, answer, time.perf_counter() - t0)
+        clock.written(extra)
+        writer.write(record)
+        _account(summary, record, answer)
+        writer.sync()
+
+    try:
+        benchmark(parent)
+    finally:
+        fh.close()
+    assert summary.written >= 1
+
+
+def test_bench_round_trip(benchmark) -> None:
+    client = WorkerClient()
+    try:
+        client.preload = [SPEC]
+        client.request(_request(), timeout=120)  # start-up, imports, the context
+
+        def pipelined(n: int = 20) -> list[Reply]:
+            replies = []
+            client.submit(_request())
+            for i in range(n):
+                if i + 1 < n:
+                    client.submit(_request())
+                replies.append(client.collect(60))
+            return replies
+
+        replies = benchmark.pedantic(pipelined, rounds=3, iterations=1)
+    finally:
+        client.close()
+    assert all(r.kind == "ok" and r.data["ok"] for r in replies)
+    ipc = statistics.median(r.wall_s - r.data["worker_s"] for r in replies)
+    worker = statistics.median(r.data["worker_s"] for r in replies)
+    benchmark.extra_info.update(ipc_ms=round(ipc * 1e3, 3), worker_ms=round(worker * 1e3, 3))
+    print(f"\nround trip: worker {worker * 1e3:.2f} ms, ipc {ipc * 1e3:.2f} ms per record (medians)")
