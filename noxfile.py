@@ -117,7 +117,9 @@ def shard(session: nox.Session) -> None:
     """One shard of a sweep: ``nox -s shard -- I/N --suite default --backend fa2 --device cuda [run options]``.
 
     Other options go to ``attnconf run``.  Writes ``shards/shard-I-of-N.jsonl`` (or ``--out``).  Failures
-    found by the run do not fail the session (``merge`` reports them, ``gate`` decides); usage errors do.
+    found by the run (exit 1) do not fail the session (``merge`` reports them, ``gate`` decides), nor does a
+    backend that judged no case of this shard (exit 4: a shard may hold none of the cases a backend supports;
+    ``merge`` fails when the whole sweep judged nothing of it); usage errors do.
     """
     _install(session)
     args, run_args = _parse(session, shard_parser())
@@ -126,7 +128,8 @@ def shard(session: nox.Session) -> None:
     except ValueError:
         session.error(f"nox -s shard: the first argument must be I/N, got {args.shard!r}")
     out = args.out or os.path.join("shards", f"shard-{i}-of-{n}.jsonl")
-    _attnconf(session, "run", "--shard", f"{i}/{n}", "--out", out, "--no-progress", *run_args, success_codes=[0, 1])
+    run = ["run", "--shard", f"{i}/{n}", "--out", out, "--no-progress", *run_args]
+    _attnconf(session, *run, success_codes=[0, 1, 4])
 
 
 def merge_parser() -> argparse.ArgumentParser:
@@ -136,6 +139,11 @@ def merge_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", default="report", help="report directory (default report/)")
     p.add_argument("--summary", help="also write the merge summary (Markdown) here")
     p.add_argument("--allow-incomplete", action="store_true", help="do not fail on missing shards or pairs")
+    p.add_argument(
+        "--allow-unjudged",
+        action="store_true",
+        help="do not fail when a backend judged no case in any shard (attnconf merge exits 4 then)",
+    )
     return p
 
 
@@ -144,7 +152,8 @@ def merge(session: nox.Session) -> None:
     """Shards -> report + one results file: ``nox -s merge -- SHARD... [--out merged.jsonl] [--report DIR]``.
 
     The report is written first (it shows every shard's runner, even when the merge then fails); the merge
-    fails the session when shards or (case, backend) pairs are missing, or when the files disagree.
+    fails the session when shards or (case, backend) pairs are missing, when the files disagree, or when a backend
+    judged no case in any shard (exit 4: every pair unsupported, e.g. the kernel not installed on the runners).
     """
     _install(session, "report")
     args, unknown = _parse(session, merge_parser())
@@ -154,6 +163,7 @@ def merge(session: nox.Session) -> None:
     extra = (["--summary", args.summary] if args.summary else []) + (
         ["--allow-incomplete"] if args.allow_incomplete else []
     )
+    extra += ["--allow-unjudged"] if args.allow_unjudged else []
     _attnconf(session, "merge", *args.shards, "--out", args.out, *extra)
 
 
@@ -172,8 +182,10 @@ def gate_parser() -> argparse.ArgumentParser:
 @nox.session
 def gate(session: nox.Session) -> None:
     """``nox -s gate -- BASELINE NEW [NEW...] [compare options, e.g. --out gate.md]``: fails on a regression,
-    and on every refusal of ``attnconf compare`` (exit 2: a file unreadable, empty or with skipped lines, another
-    suite or tolerance, the new run lacking (case, family) pairs of the baseline).
+    on every refusal of ``attnconf compare`` (exit 2: a file unreadable, empty or with skipped lines, another
+    suite or tolerance, the new run lacking (case, family) pairs of the baseline), and when a backend family
+    judged nothing (exit 4: every pair compared unsupported on one side or both, e.g. the new run on a runner
+    without the kernel); ``attnconf compare`` succeeds only with exit 0.
 
     Several NEW files are merged first (``attnconf merge``: a missing shard or pair fails the gate too).  The
     gate compares the backend families the new run was asked for (``compare --only-new-families``; the

@@ -15,9 +15,12 @@ code  name              meaning
                         inputs, a results file another run holds
 3     ``OUTPUT``        an output could not be written (:class:`OutputError`): a read-only directory, a full
                         disk, an I/O error; whatever the path held before is left as it was
-4     ``NO_EVIDENCE``   nothing was judged where a verdict was asked for: a selected backend ran no case of
-                        the selection (every pair unsupported, or the backend is not installed), or every
-                        pair a comparison holds is unsupported on one side; a gate never passes on that
+4     ``NO_EVIDENCE``   nothing was judged where a verdict was asked for (``run``, ``compare``, ``merge``,
+                        ``fuzz``; ``--allow-unjudged`` accepts it, 1 takes precedence): a selected backend
+                        judged no case of the selection or of any shard (every pair unsupported, or the
+                        backend is not installed or runs on another device), a backend judged no drawn case
+                        of a campaign, or a backend family judged no compared pair in both files; a gate
+                        never passes on that
 5     ``INTERNAL``      the harness itself is broken on this machine (a worker cannot start, an adapter
                         cannot be imported)
 130   ``INTERRUPTED``   Ctrl-C (SIGINT), at any moment; what was written is kept, and a run says how to resume

@@ -20,9 +20,10 @@ import dataclasses
 import enum
 import gzip
 import json
+import math
 import zlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ __all__ = [
     "is_gzip",
     "MAX_LINE",
     "SCHEMA",
+    "NONFINITE_PASS",
+    "judged_results",
 ]
 
 SCHEMA = 1
@@ -100,6 +103,40 @@ class ErrorStats:
     lse_allowed: float | None = None
     failed_checks: tuple[str, ...] = ()
 
+    def nonfinite_fields(self) -> tuple[str, ...]:
+        """The kernel's error statistics that are not finite numbers, as ``name=value`` (empty when all are).
+
+        Checked: ``max_abs``, ``max_rel``, ``mean_abs``, ``error_ratio``, ``lse_max_abs`` (when the kernel
+        returned an LSE) must be finite numbers; ``cosine`` must not be +-inf (NaN is the verdict's value for
+        an all-zero reference, where no direction exists: :func:`conformance.verdict.compare.cosine_similarity`);
+        ``nonfinite`` (NaN/inf outputs where the reference is finite) must be 0.  The verdict never passes a
+        kernel with any of these (:func:`conformance.verdict.check.check_backend`)."""
+        bad = []
+        for name in _ERROR_STATS:
+            value = getattr(self, name)
+            if name == "lse_max_abs" and value is None:
+                continue
+            if not _finite(value) and not (name == "cosine" and _real(value) and math.isnan(value)):
+                bad.append(f"{name}={value}")
+        if self.nonfinite != 0:
+            bad.append(f"nonfinite={self.nonfinite}")
+        return tuple(bad)
+
+
+#: The fields :meth:`ErrorStats.nonfinite_fields` checks, in that order.
+_ERROR_STATS = ("max_abs", "max_rel", "mean_abs", "error_ratio", "cosine", "lse_max_abs")
+
+#: What a reader says of a `pass` record whose statistics are not finite (:attr:`CheckResult.effective_status`).
+NONFINITE_PASS = "pass record with non-finite statistics: treated as fail"
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    return _real(value) and math.isfinite(value)
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -150,6 +187,27 @@ class CheckResult:
     harness_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def effective_status(self) -> Status:
+        """The status every reader counts: :attr:`status`, except that a record marked ``pass`` whose error
+        statistics are not finite (:meth:`ErrorStats.nonfinite_fields`; written by an older or buggy version, or
+        edited by hand) is a ``fail``: NaN where the reference is finite never passes."""
+        if self.status is Status.PASS and self.stats is not None and self.stats.nonfinite_fields():
+            return Status.FAIL
+        return self.status
+
+    def judged(self) -> "CheckResult":
+        """This record as readers count it: itself, or (when :attr:`effective_status` differs from
+        :attr:`status`) a ``fail`` copy whose reason says why (:data:`NONFINITE_PASS`, with the fields) and whose
+        ``extra["recorded_status"]`` keeps the status the file holds."""
+        status = self.effective_status
+        if status is self.status:
+            return self
+        assert self.stats is not None
+        reason = f"{NONFINITE_PASS} ({', '.join(self.stats.nonfinite_fields())})"
+        extra = {**self.extra, "recorded_status": self.status.value}
+        return dataclasses.replace(self, status=status, reason=reason, extra=extra)
+
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["status"] = self.status.value
@@ -163,6 +221,14 @@ class CheckResult:
         kwargs["stats"] = _from_dict(ErrorStats, kwargs.get("stats"))
         kwargs["timing"] = _from_dict(Timing, kwargs.get("timing"))
         return cls(**kwargs)
+
+
+def judged_results(results: Iterable[CheckResult]) -> tuple[list[CheckResult], int]:
+    """(every record as readers count it, :meth:`CheckResult.judged`; how many of them are ``pass`` records with
+    non-finite statistics, now ``fail``).  Every reader that counts statuses reads records through this."""
+    recorded = list(results)
+    out = [r.judged() for r in recorded]
+    return out, sum(a is not b for a, b in zip(out, recorded))
 
 
 @dataclass(frozen=True)

@@ -7,23 +7,26 @@ broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
 
 * ``run``: sweep cases x backends into a JSONL file (:mod:`conformance.running.runner`); 0 when every
   problem (fail/error/crash/timeout) of the selected (case, backend) pairs is a known failure of the ledger,
-  1 when some problem is unexpected (with ``--strict``: any problem, or an unexpected pass), 130 when
-  interrupted (Ctrl-C; the records are kept, the message says how to resume).  It ends by listing the
-  unexpected problems (status, backend, case id, one-line reason, repro) and the known ones per ledger entry;
-  ``--json PATH`` writes the same as JSON.
+  1 when some problem is unexpected (with ``--strict``: any problem, or an unexpected pass), 4 when a selected
+  backend judged no case (every pair unsupported; ``--allow-unjudged`` accepts it), 130 when interrupted
+  (Ctrl-C; the records are kept, the message says how to resume).  It ends by listing the unexpected problems
+  (status, backend, case id, one-line reason, repro), the known ones per ledger entry and each backend that
+  judged nothing; ``--json PATH`` writes the same as JSON.
 * ``warmup``: ``run --compile-only``: compile the JIT kernels of a selection into their disk cache, no results
   file (:mod:`conformance.running.compile_phase`); 0, 130 when interrupted.
 * ``--version``: the package version; 0.
 * ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`); 0,
   2 when a file is missing or unreadable or the files hold no result (skipped lines are counted on stderr).
-* ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed, 2
+* ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed, 4
+  when a backend family judged nothing in both files (``--allow-unjudged``), 2
   when the files may not be compared (:mod:`conformance.reporting.compare_inputs`: unreadable, empty, skipped
   lines, other suite or tolerance, NEW lacking pairs of OLD), one line naming the file and the reason.
 * ``merge``: the shard files of one sweep into one results file (:mod:`conformance.reporting.shards`); 1 when
-  shards or (case, backend) pairs are missing (the file is written all the same), 2 when the files do not
-  belong to one sweep or disagree.
+  shards or (case, backend) pairs are missing (the file is written all the same), 4 when a backend judged no
+  case in any shard, 2 when the files do not belong to one sweep or disagree.
 * ``backends``: capability matrix of the installed backends; 0.
-* ``fuzz``: random cases, failures shrunk and grouped (:mod:`conformance.fuzz`); 1 when any case failed.
+* ``fuzz``: random cases, failures shrunk and grouped (:mod:`conformance.fuzz`); 1 when any case failed, 4 when
+  a backend judged no drawn case (``--allow-unjudged``).
 * ``cases``: the cases of a suite, selected as ``run`` selects them (``--case``, ``--feature``, ``--exclude``,
   ``--exclude-feature``: :mod:`conformance.running.selection`); 0.
 
@@ -47,6 +50,15 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def _get_values(self, action, arg_strings):
+        # `--timeout=--`: argparse before Python 3.12 strips the '--' and hands the option an empty list, past its
+        # type check (a traceback later); the value is the text '--', checked by the option's type as any other.
+        if action.nargs is None and arg_strings == ["--"]:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
 
 
 def _version() -> str:

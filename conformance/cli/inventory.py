@@ -12,6 +12,15 @@ from collections import Counter
 __all__ = ["add_backends_parser", "add_cases_parser", "backends", "cases"]
 
 
+def _strength(text: str) -> int:
+    """``--strength``: an integer from 1 to the number of kernel axes (:data:`conformance.cases.space.KERNEL_AXES`:
+    a t-tuple needs t distinct axes)."""
+    from conformance.cases.space import KERNEL_AXES
+    from conformance.running.usage import bounded_int
+
+    return bounded_int(1, len(KERNEL_AXES))(text)
+
+
 def add_backends_parser(sub) -> None:
     """The ``backends`` subparser."""
     b = sub.add_parser("backends", help="capability matrix of the installed backends")
@@ -40,7 +49,10 @@ def add_cases_parser(sub) -> None:
         "3-wise over the kernel axes, 3-wise over all axes",
     )
     cs.add_argument(
-        "--strength", type=int, metavar="T", help="with --coverage: T-wise over all axes and over the kernel axes"
+        "--strength",
+        type=_strength,
+        metavar="T",
+        help="with --coverage: T-wise over all axes and over the kernel axes, 1 <= T <= the number of kernel axes",
     )
     cs.add_argument("--uncovered", action="store_true", help="with --coverage: also list every missing tuple")
     cs.add_argument(

@@ -8,7 +8,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from conformance.running.usage import finite_float
+
 __all__ = ["add_parsers", "compare", "merge", "report"]
+
+#: ``--ratio-threshold``: a growth factor >= 1 (1: any growth above the floor counts; below 1 a ratio that
+#: shrank would count as a regression); ``--ratio-floor``: >= 0; ``--perf-threshold``: a fraction >= 0.
+_ratio_threshold = finite_float(1)
+_non_negative = finite_float(0)
 
 #: Output kinds (:mod:`conformance.outputs`) of the files these commands write besides the report itself
 #: (:mod:`conformance.reporting.report`) and the merged results file (never replaced: no kind).
@@ -16,16 +23,13 @@ REPORT_JSON, COMPARE_MD, COMPARE_JSON, MERGE_MD = "report-summary", "compare-md"
 
 
 def _margin(text: str) -> float | None:
-    """``--perf-threshold``: ``auto`` (None: derived from the measured spread) or a fraction >= 0."""
-    if text == "auto":
+    """``--perf-threshold``: ``auto`` (None: derived from the measured spread) or a finite fraction >= 0."""
+    if text.strip() == "auto":
         return None
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be auto or a number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+        return _non_negative(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"must be auto or {str(exc).removeprefix('must be ')}") from None
 
 
 def add_parsers(sub) -> None:
@@ -67,16 +71,20 @@ def add_parsers(sub) -> None:
 
     c = sub.add_parser(
         "compare",
-        help="diff two results files; exit 1 when anything regressed",
+        help="diff two results files; exit 1 when anything regressed, 4 when a family judged nothing",
         description="Exit status: 0 no regression; 1 regressed (a new failure, an error-ratio, gradient or "
-        "performance regression, gradient numbers one run lacks, a lost capability); 2 refused, with one line "
+        "performance regression, a NaN error ratio where the old one is a number, gradient numbers one run "
+        "lacks, a lost capability); 4 nothing judged: a backend family none of whose compared pairs was judged "
+        "in both files (every pair unsupported on one side or both, e.g. the new run on a machine without the "
+        "kernel; unless --allow-unjudged; 1 takes precedence); 2 refused, with one line "
         "naming the file and the reason: a file "
         "missing, unreadable, empty, without header or results, or with lines that are not records (unless "
         "--allow-skipped), or recording a (case, backend) pair twice (unless --drop-duplicates); runs of "
         "different suites or tolerances; NEW lacking (case, family) pairs of OLD (unless --allow-subset); nothing "
-        "in common; an output path that is an input, a directory, a device or a FIFO; 3 when --out or --json "
-        "cannot be written (never 1). A file written by a newer attnconf is compared as far as this version reads "
-        "it, and said so on stderr. Different backend versions, devices or machines are what compare is for.",
+        "in common; a rule number out of range; an output path that is an input, a directory, a device or a FIFO; "
+        "3 when --out or --json cannot be written (never 1 or 4). A file written by a newer attnconf is compared "
+        "as far as this version reads it, and said so on stderr. Different backend versions, devices or machines "
+        "are what compare is for. A record marked pass whose statistics are NaN or inf counts as a fail.",
     )
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
@@ -117,33 +125,45 @@ def add_parsers(sub) -> None:
         "families are counted as outside the comparison; NEW must still hold every OLD pair of its families",
     )
     c.add_argument(
-        "--ratio-threshold", type=float, default=2.0, help="error-ratio growth factor that counts (default 2)"
+        "--allow-unjudged",
+        action="store_true",
+        help="exit 0, not 4, when a backend family judged nothing in both files (the summary still names it): "
+        "for a selection that legitimately holds no case a backend supports",
+    )
+    c.add_argument(
+        "--ratio-threshold",
+        type=_ratio_threshold,
+        default=2.0,
+        help="error-ratio growth factor that counts, a finite number >= 1 (1: any growth above the floor; default 2)",
     )
     c.add_argument(
         "--ratio-floor",
-        type=float,
+        type=_non_negative,
         default=0.5,
-        help="new error ratios at or below this never count (default 0.5)",
+        help="new error ratios at or below this never count, a finite number >= 0 (default 0.5)",
     )
     c.add_argument(
         "--perf-threshold",
         default=None,
         type=_margin,
         metavar="auto|FRACTION",
-        help="margin over the old p80 a new p20 must exceed, e.g. 0.1; auto = the median p20-p80 spread",
+        help="margin over the old p80 a new p20 must exceed, a finite fraction >= 0, e.g. 0.1; auto = the median "
+        "p20-p80 spread",
     )
 
     m = sub.add_parser(
         "merge",
         help="merge the shard files of one sweep into one results file",
-        description="Exit status: 0 when every shard and every selected (case, backend) pair is there; 1 when "
-        "some are missing (the merged file is written all the same and its header lists them); 2 when the files "
-        "are not shards of one sweep (suite, commit, backends, options, shard count), hold one shard twice, "
-        "give one (case, backend) pair two verdicts, record one pair twice in one file (unless --drop-duplicates), "
-        "cannot be read (binary, cut or corrupt gzip data, a line over 64 MiB), hold lines that are not records "
-        "(unless --allow-skipped; a killed runner's cut last line is fine: its pair is missing) or were written by "
-        "a newer attnconf, or when an output path is an input, a directory, a device or a FIFO, or another command "
-        "holds --out; 3 when an output cannot be written.",
+        description="Exit status: 0 when every shard and every selected (case, backend) pair is there and every "
+        "backend judged at least one case; 1 when some are missing (the merged file is written all the same and "
+        "its header lists them); 4 when a backend of the sweep judged no case in any shard (every pair "
+        "unsupported, e.g. its kernel not installed on the runners; unless --allow-unjudged; 1 takes "
+        "precedence); 2 when the files are not shards of one sweep (suite, commit, backends, options, shard "
+        "count), hold one shard twice, give one (case, backend) pair two verdicts, record one pair twice in one "
+        "file (unless --drop-duplicates), cannot be read (binary, cut or corrupt gzip data, a line over 64 MiB), "
+        "hold lines that are not records (unless --allow-skipped; a killed runner's cut last line is fine: its "
+        "pair is missing) or were written by a newer attnconf, or when an output path is an input, a directory, "
+        "a device or a FIFO, or another command holds --out; 3 when an output cannot be written.",
     )
     m.add_argument("shards", nargs="+", type=Path, help="results files of `attnconf run --shard i/n` (or merged ones)")
     m.add_argument(
@@ -160,6 +180,12 @@ def add_parsers(sub) -> None:
         "numbered backup",
     )
     m.add_argument("--allow-incomplete", action="store_true", help="exit 0 even when shards or pairs are missing")
+    m.add_argument(
+        "--allow-unjudged",
+        action="store_true",
+        help="exit 0, not 4, when a backend judged no case in any shard (for a selection that legitimately holds "
+        "no case a backend supports)",
+    )
     m.add_argument(
         "--allow-skipped",
         action="store_true",
@@ -208,6 +234,10 @@ def report(args: argparse.Namespace) -> int:
             print(f"attnconf report: {f.path}: {f.skipped_summary()}; the rest is reported", file=sys.stderr)
         if not f.results:
             print(f"attnconf report: {f.path}: no result records (only a header)", file=sys.stderr)
+    if runs.nonfinite_passes:
+        from conformance.records import NONFINITE_PASS
+
+        print(f"attnconf report: {NONFINITE_PASS}: {runs.nonfinite_passes} record(s)", file=sys.stderr)
     outs, ctx = report_outputs(runs, args.out, args.ledger_dir)
     summary = report_json(runs, ctx, md, html) if args.summary_json else None
     if summary is not None and args.summary_json != "-":
@@ -220,8 +250,9 @@ def report(args: argparse.Namespace) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
-    """``attnconf compare``: 1 when anything regressed, 2 when the files may not be compared (or an output path is
-    refused), 3 when an output cannot be written; the outputs are checked before the files are read."""
+    """``attnconf compare``: 1 when anything regressed, 4 when a family judged nothing (unless
+    ``--allow-unjudged``), 2 when the files may not be compared (or an output path is refused), 3 when an output
+    cannot be written; the outputs are checked before the files are read."""
     from conformance.outputs import Output, check_outputs, with_marker, write_many
     from conformance.reporting.compare import CompareRefused, compare_files, render_markdown
     from conformance.reporting.compare_summary import refusal_json, to_json
@@ -244,6 +275,7 @@ def compare(args: argparse.Namespace) -> int:
             allow_skipped=args.allow_skipped,
             allow_subset=args.allow_subset,
             only_new_families=args.only_new_families,
+            allow_unjudged=args.allow_unjudged,
             drop_duplicates=args.drop_duplicates,
             ratio_threshold=args.ratio_threshold,
             ratio_floor=args.ratio_floor,
@@ -260,13 +292,16 @@ def compare(args: argparse.Namespace) -> int:
     if args.summary_json != "-":
         sys.stdout.write(text)
     write(text, to_json(cmp))
-    return 1 if cmp.regressed else 0
+    for fam, why in cmp.unjudged:
+        accepted = " (accepted with --allow-unjudged)" if cmp.allow_unjudged else ""
+        print(f"attnconf compare: nothing judged: family {fam} {why}{accepted}", file=sys.stderr)
+    return cmp.exit_status
 
 
 def merge(args: argparse.Namespace) -> int:
-    """``attnconf merge``: 1 when shards or pairs are missing, 2 when the files are not one sweep's shards (or an
-    output path is refused), 3 when an output cannot be written.  An existing ``--out`` is a results file, data:
-    it is always kept as a numbered backup, never replaced."""
+    """``attnconf merge``: 1 when shards or pairs are missing, 4 when a backend judged no case in any shard, 2 when
+    the files are not one sweep's shards (or an output path is refused), 3 when an output cannot be written.  An
+    existing ``--out`` is a results file, data: it is always kept as a numbered backup, never replaced."""
     from conformance.lock import hold
     from conformance.outputs import Output, check_outputs, with_marker, write_many
     from conformance.reporting.shards import MergeError, merge_shards, merged_output, render_markdown
@@ -292,4 +327,9 @@ def merge(args: argparse.Namespace) -> int:
     sys.stdout.write(text)
     for line in merged.problems():
         print(f"attnconf merge: {line}", file=sys.stderr)
-    return 0 if merged.complete or args.allow_incomplete else 1
+    accepted = " (accepted: --allow-unjudged)" if args.allow_unjudged else ""
+    for name, why, pairs in merged.unjudged:
+        print(f"attnconf merge: UNJUDGED: {name} judged none of its {pairs} pair(s): {why}{accepted}", file=sys.stderr)
+    if not (merged.complete or args.allow_incomplete):
+        return 1
+    return 4 if merged.unjudged and not args.allow_unjudged else 0

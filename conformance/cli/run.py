@@ -19,13 +19,16 @@ def add_parser(sub) -> None:
         "run",
         help="run a suite against backends, one JSON line per (case, backend)",
         description="Exit status: 0 when every problem (fail, error, crash, timeout) of the selected (case, "
-        "backend) pairs is a known failure of the ledger (--ledger-dir), 1 when some problem is unexpected "
-        "(with --strict: any problem, or a case a ledger entry expects to fail passing), 130 when interrupted "
-        "(Ctrl-C: the records are kept; the message gives the --resume command), 2 on usage errors (an --out or "
-        "--json that is a directory, a device, a FIFO or an input included), 3 when --out or --json cannot be "
-        "written (read-only, disk full; the records before are kept). The run "
-        "ends by listing every unexpected problem (status, backend, case id, reason, repro command) and the "
-        "known ones counted per ledger entry; --json writes the same as JSON.",
+        "backend) pairs is a known failure of the ledger (--ledger-dir) and every selected backend judged at "
+        "least one case; 1 when some problem is unexpected (with --strict: any problem, or a case a ledger entry "
+        "expects to fail passing); 4 when a selected backend judged no case: every one of its pairs unsupported, "
+        "e.g. a backend not installed on this machine (unless --allow-unjudged; 1 takes precedence); 130 when "
+        "interrupted (Ctrl-C: the records are kept; the message gives the --resume command); 2 on usage errors "
+        "(an --out or --json that is a directory, a device, a FIFO or an input included); 3 when --out or --json "
+        "cannot be written (read-only, disk full; the records before are kept). "
+        "The run ends by listing every unexpected problem (status, backend, case id, reason, repro command), the "
+        "known ones counted per ledger entry and each backend that judged nothing, with its refusal reason; "
+        "--json writes the same as JSON. A record marked pass whose statistics are NaN or inf counts as a fail.",
     )
     add_run_arguments(r)
 
@@ -62,6 +65,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         strict=args.strict,
         ledger_dir=args.ledger_dir,
         summary_json=args.summary_json,
+        allow_unjudged=args.allow_unjudged,
         profile=args.profile,
         compile_only=args.compile_only,
         compile_phase=args.compile_phase,
@@ -75,8 +79,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 #: ``run`` options ``warmup`` does not list: about the results file, the verdict or the checks' order
-_NOT_FOR_WARMUP = {"out", "resume", "time", "strict", "ledger_dir", "profile", "compile_only", "compile_phase",
-                   "schedule", "costs"}  # fmt: skip
+_NOT_FOR_WARMUP = {"out", "resume", "time", "strict", "allow_unjudged", "ledger_dir", "profile", "compile_only",
+                   "compile_phase", "schedule", "costs"}  # fmt: skip
 
 
 def add_warmup_parser(sub) -> None:

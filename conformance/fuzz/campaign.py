@@ -35,7 +35,7 @@ from conformance.fuzz.draw import draw
 from conformance.fuzz.group import fuzz_role, group_failures, label, signature
 from conformance.fuzz.persist import Prior, db_key, db_value, open_db, read_prior, with_fuzz, write_header
 from conformance.fuzz.shrink import ShrinkResult, failure_kind, shrink
-from conformance.records import CheckResult, Status, append_record, read_records
+from conformance.records import CheckResult, Status, append_record, judged_results, read_records
 from conformance.running.env import refused_features
 from conformance.exits import OutputError, UsageError
 from conformance.outputs import check_output, move_aside
@@ -60,6 +60,24 @@ def declared_refusal(case: AttentionCase, info: dict[str, str], device: str) -> 
         if name in refused:
             return f"{name}: {refused[name]}"
     return ""
+
+
+#: Consecutive draws that ran no case (rejected by the case model or refused by every backend's declarations)
+#: after which a campaign stops drawing: a backend that may run some case is drawn one within a few hundred
+#: draws (1 in 20 for the narrowest, MLA-only one), so ten thousand in a row means it runs none, and a
+#: ``--budget`` of cases would otherwise never be spent.
+MAX_IDLE_DRAWS = 10_000
+
+
+def _device_refusals(camp: "_Campaign") -> dict[str, str]:
+    """The backends whose declared devices exclude the campaign's device (they can run no case): spec -> why."""
+    device = camp.config.device
+    out = {}
+    for spec in camp.config.backends:
+        devices = [d for d in camp.infos[spec].get("devices", "").split(",") if d]
+        if devices and device.split(":")[0] not in devices:
+            out[spec] = f"runs on {'/'.join(devices)}, not {device}"
+    return out
 
 
 def _jsonable(value: Any) -> Any:
@@ -257,6 +275,13 @@ def _run_fuzz(config: FuzzConfig) -> FuzzSummary:
     s = camp.summary
     try:
         env, camp.infos, _ = _describe(camp.client, camp.rc)
+        s.allow_unjudged = config.allow_unjudged
+        s.backends = {
+            camp.infos[spec]["name"]: (camp.infos[spec].get("unavailable_reason") or "?")
+            if camp.infos[spec].get("available") == "no"
+            else _device_refusals(camp).get(spec, "")
+            for spec in config.backends
+        }
         camp.client.preload = list(config.backends)
         if config.db is not None:
             camp.db = open_db(config.db)
@@ -278,7 +303,7 @@ def _run_fuzz(config: FuzzConfig) -> FuzzSummary:
         s.worker_starts = camp.client.starts
         camp.client.close()
         s.elapsed_s = time.monotonic() - camp.t0
-    _, s.records = read_records(config.out)
+    s.records, s.nonfinite_passes = judged_results(read_records(config.out)[1])
     s.groups = group_failures(r for r in s.records if fuzz_role(r).get("role") in ("minimal", "replay"))
     return s
 
@@ -289,11 +314,17 @@ def _stream_loop(camp: _Campaign, prior: Prior) -> None:
     names = {spec: camp.infos[spec]["name"] for spec in config.backends}
     pending: Counter = Counter()  # rejected / refused draws since the last case that ran
     recorded = prior.cases()
+    if len(_device_refusals(camp)) == len(config.backends):
+        s.stopped = "every backend runs on another device: no draw can run"
+        return
     index = -1
     while True:
         if config.budget.cases is not None and s.cases_run >= config.budget.cases:
             return
         if camp.out_of_time():
+            return
+        if index >= prior.last_index and pending["rejected"] + pending["refused"] >= MAX_IDLE_DRAWS:
+            s.stopped = f"{MAX_IDLE_DRAWS} draws in a row ran no case (rejected or refused by every backend)"
             return
         index += 1
         if index <= prior.last_index:

@@ -1,7 +1,9 @@
 """The ``attnconf fuzz`` subcommand: :func:`add_parser` registers it, :func:`main` runs it.
 
 Exit status: 0 when no drawn or replayed case failed, errored, crashed or timed out; 1 otherwise (the groups
-of failures are printed); 2 on usage errors; 3 when the campaign file cannot be written
+of failures are printed); 4 when a backend judged no drawn case (every draw it got unsupported, or it runs on
+another device; unless ``--allow-unjudged``); 2 on usage errors (every numeric option is range-checked by the parser:
+:mod:`conformance.running.usage`); 3 when the campaign file cannot be written
 (:func:`conformance.fuzz.campaign.check_campaign_paths`).
 """
 
@@ -11,7 +13,28 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["add_parser", "main"]
+from conformance.running.usage import bounded_int, positive_seconds, seed_int
+
+__all__ = ["MAX_HEADS", "MAX_SHRINK_STEPS", "MAX_TOKENS", "add_parser", "main"]
+
+#: ``--max-tokens`` at most 2**17: a draw's work bound is ``max_tokens**2 * 128`` (about 2e12 there: hours of the
+#: fp32 reference on a CPU); at least 64 (:class:`conformance.fuzz.draw.DrawLimits`).
+MAX_TOKENS = 2**17
+#: ``--max-heads`` at most 1024 (the largest models have 128 q heads; a draw enumerates every head pair up to it).
+MAX_HEADS = 1024
+#: ``--max-shrink-steps`` at most a million kernel evaluations per failure.
+MAX_SHRINK_STEPS = 10**6
+
+
+def _budget(text: str):
+    """``--budget``, checked by the parser (:func:`conformance.fuzz.config.parse_budget`)."""
+    from conformance.exits import UsageError
+    from conformance.fuzz.config import parse_budget
+
+    try:
+        return parse_budget(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--budget ")) from None
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -21,8 +44,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="random cases from the whole case space; failures shrunk to minimal cases and grouped",
         description="Draw seeded random cases from the case space, check them against backends (crash-isolated, "
         "same records as `run`), shrink every failure to a minimal case and group failures by the axis values "
-        "their minimal cases share. Exit status: 0 if nothing failed, 1 otherwise, 2 on usage errors (an --out "
-        "that is a directory, a device, a FIFO or the --tol-file included), 3 when --out cannot be written.",
+        "their minimal cases share. Exit status: 0 if nothing failed, 1 otherwise, 4 when a backend judged no drawn "
+        "case (e.g. a backend that runs on another device; unless --allow-unjudged; 1 takes precedence), 2 on "
+        "usage errors (an --out that is a directory, a device, a FIFO or the --tol-file included), 3 when --out "
+        "cannot be written.",
     )
     f.add_argument(
         "--backend",
@@ -33,10 +58,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     f.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when present; default)")
     f.add_argument(
         "--budget",
+        type=_budget,
         default="100",
-        help="a number of cases (200) or this invocation's wall time (90s, 10m, 1h); default 100 cases",
+        help="a number of cases >= 1 (200) or this invocation's wall time > 0 (90s, 10m, 1h); default 100 cases",
     )
-    f.add_argument("--seed", type=int, default=0, help="seed of the case stream (and of the inputs)")
+    f.add_argument(
+        "--seed",
+        type=seed_int,
+        default=0,
+        help="seed of the case stream (and of the inputs), 0 <= SEED < 2**32 as for run (default 0)",
+    )
     f.add_argument(
         "--out",
         type=Path,
@@ -59,24 +90,29 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     f.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=300.0,
-        help="seconds per check before the worker is killed (default 300)",
+        help="seconds per check before the worker is killed: finite, > 0 and at most a week, 604800 (default 300)",
     )
     f.add_argument(
         "--max-shrink-steps",
-        type=int,
+        type=bounded_int(0, MAX_SHRINK_STEPS),
         default=200,
-        help="evaluations spent shrinking one failure, at most (default 200)",
+        help=f"evaluations spent shrinking one failure, at most, 0 to {MAX_SHRINK_STEPS} (default 200)",
     )
     f.add_argument(
         "--max-tokens",
-        type=int,
+        type=bounded_int(64, MAX_TOKENS),
         default=512,
-        help="bound on the summed q and kv lengths of a drawn case (default 512: CPU-affordable); the work "
-        "sum(q*kv)*h*(d+dv) is bounded by max_tokens**2 * 128",
+        help=f"bound on the summed q and kv lengths of a drawn case, 64 to {MAX_TOKENS} (default 512: "
+        "CPU-affordable); the work sum(q*kv)*h*(d+dv) is bounded by max_tokens**2 * 128",
     )
-    f.add_argument("--max-heads", type=int, default=256, help="bound on the q heads of a drawn case (default 256)")
+    f.add_argument(
+        "--max-heads",
+        type=bounded_int(1, MAX_HEADS),
+        default=256,
+        help=f"bound on the q heads of a drawn case, 1 to {MAX_HEADS} (default 256)",
+    )
     f.add_argument(
         "--db",
         type=Path,
@@ -92,12 +128,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     f.add_argument("--tol-file", metavar="TOML", help="tolerance overrides from a TOML file (below --tol)")
     f.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    f.add_argument(
+        "--allow-unjudged",
+        action="store_true",
+        help="exit 0, not 4, when a backend judged no drawn case (the summary still names it)",
+    )
     return f
 
 
 def main(args: argparse.Namespace, argv: list[str]) -> int:
     """Run ``attnconf fuzz``; prints the summary and the failure groups to stderr."""
-    from conformance.fuzz.campaign import FuzzConfig, parse_budget, run_fuzz
+    from conformance.fuzz.campaign import FuzzConfig, run_fuzz
     from conformance.fuzz.draw import DrawLimits
     from conformance.running.runner import UsageError
     from conformance.running.usage import device_and_backends
@@ -110,7 +151,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
     config = FuzzConfig(
         backends=tuple(backends),
         device=device,
-        budget=parse_budget(args.budget),
+        budget=args.budget,  # a Budget: the parser applies _budget to the default "100" too
         seed=args.seed,
         out=args.out,
         resume=args.resume,
@@ -122,6 +163,7 @@ def main(args: argparse.Namespace, argv: list[str]) -> int:
         db=args.db,
         progress=not args.no_progress,
         argv=("attnconf", *argv),
+        allow_unjudged=args.allow_unjudged,
         allow_skipped=args.allow_skipped,
     )
     summary = run_fuzz(config)

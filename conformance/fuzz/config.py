@@ -6,6 +6,7 @@ The campaign itself is :mod:`conformance.fuzz.campaign`.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 
 from conformance.fuzz.draw import DrawLimits
 from conformance.fuzz.group import FuzzGroup, fuzz_role
-from conformance.records import CheckResult, Status
+from conformance.records import NONFINITE_PASS, CheckResult, Status
 from conformance.running.runner import RunConfig, UsageError
 
 __all__ = ["Budget", "FuzzConfig", "FuzzSummary", "parse_budget"]
@@ -43,14 +44,18 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)$")
 
 
 def parse_budget(text: str) -> Budget:
-    """``--budget``: a number of cases (``200``) or a duration (``90s``, ``10m``, ``1.5h``)."""
+    """``--budget``: a number of cases in [1, 10**18) (``200``) or a finite duration > 0 (``90s``, ``10m``,
+    ``1.5h``)."""
     t = text.strip().lower()
-    if t.isdigit() and int(t) > 0:
+    if t.isascii() and t.isdigit() and len(t) <= 18 and int(t) > 0:
         return Budget(cases=int(t))
     m = _DURATION.match(t)
-    if m and float(m.group(1)) > 0:
-        return Budget(seconds=float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)])
-    raise UsageError(f"--budget must be a number of cases (200) or a duration (90s, 10m, 1h), got {text!r}")
+    if m and 0 < (seconds := float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]) < math.inf:
+        return Budget(seconds=seconds)
+    raise UsageError(
+        f"--budget must be a number of cases in [1, 10**18) (200) or a finite duration > 0 (90s, 10m, 1h), "
+        f"got {text[:40]!r}"
+    )
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class FuzzConfig:
     db: Path | None = None
     progress: bool = True
     argv: tuple[str, ...] = ()
+    #: ``--allow-unjudged``: a backend that judged no drawn case does not make the exit status 4
+    allow_unjudged: bool = False
     #: ``--allow-skipped``: ``resume`` keeps lines of the file that are not records instead of refusing it
     allow_skipped: bool = False
 
@@ -118,8 +125,24 @@ class FuzzSummary:
     replays: int = 0
     elapsed_s: float = 0.0
     worker_starts: int = 0
+    #: the file's records, by effective status (:attr:`conformance.records.CheckResult.effective_status`)
     records: list[CheckResult] = field(default_factory=list)
     groups: list[FuzzGroup] = field(default_factory=list)
+    #: records marked ``pass`` whose statistics are not finite, counted as fails
+    nonfinite_passes: int = 0
+    #: the campaign's backends by record name -> why it cannot run here ('' when it may)
+    backends: dict[str, str] = field(default_factory=dict)
+    allow_unjudged: bool = False
+    #: why the campaign stopped drawing before its budget was spent ('' when it did not)
+    stopped: str = ""
+
+    def unjudged(self) -> list[tuple[str, str, int]]:
+        """The campaign's backends that judged no drawn case (:func:`conformance.running.outcome.unjudged_backends`
+        over the original and replayed records)."""
+        from conformance.running.outcome import unjudged_backends
+
+        judged = [r for r in self.records if fuzz_role(r).get("role") in ("original", "replay")]
+        return unjudged_backends(judged, self.backends)
 
     @property
     def problems(self) -> list[CheckResult]:
@@ -128,7 +151,11 @@ class FuzzSummary:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.problems else 0
+        """1 when a drawn or replayed case had a problem; 4 when a backend judged no case (unless
+        ``allow_unjudged``); else 0."""
+        if self.problems:
+            return 1
+        return 4 if self.unjudged() and not self.allow_unjudged else 0
 
     def text(self) -> str:
         counts = Counter(r.status.value for r in self.records if fuzz_role(r).get("role") == "original")
@@ -141,6 +168,13 @@ class FuzzSummary:
             "originals: " + ", ".join(f"{s.value} {counts.get(s.value, 0)}" for s in Status),
             f"shrinks: {self.shrinks} ({self.shrink_evaluations} evaluations); replays from --db: {self.replays}",
         ]
+        if self.nonfinite_passes:
+            lines.append(f"{NONFINITE_PASS}: {self.nonfinite_passes} record(s)")
+        if self.stopped:
+            lines.append(f"stopped drawing before the budget was spent: {self.stopped}")
+        for name, why, pairs in self.unjudged():
+            accepted = " (accepted: --allow-unjudged)" if self.allow_unjudged else ""
+            lines.append(f"UNJUDGED: {name} judged none of its {pairs} drawn case(s): {why}{accepted}")
         if self.refused:
             top = ", ".join(f"{reason} {n}" for reason, n in self.refused.most_common(6))
             lines.append(f"refusals of those draws, by feature (one per backend): {top}")

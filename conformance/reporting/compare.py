@@ -8,7 +8,10 @@ Records are joined by (case id, backend family), so ``fa2`` 2.8.3 in the old fil
 * error-ratio regressions (among pairs that are not new failures): both runs compared outputs
   and the new ratio exceeds
   ``ratio_threshold`` times the old one and ``ratio_floor`` (a ratio doubling from 0.01 to 0.02 is
-  noise; from 0.3 to 0.8 it is a kernel getting close to failing);
+  noise; from 0.3 to 0.8 it is a kernel getting close to failing).  A NaN ratio is no number to compare, so it
+  fails closed: NaN in NEW where OLD is a number is a regression; NaN in OLD where NEW is a number is listed as
+  a ratio fix; NaN in both is a regression unless both records are failures already (then nothing changed);
+* ratio fixes: an error ratio that was NaN in OLD and is a number in NEW;
 * performance regressions beyond measured noise: new p20 > old p80 x (1 + margin).  With the
   default ``margin=None`` ("auto") the margin is the median relative p20-p80 spread of the pairs
   (at least 2 %), so a noisy machine needs a bigger step before anything is flagged;
@@ -18,7 +21,15 @@ Records are joined by (case id, backend family), so ``fa2`` 2.8.3 in the old fil
   error-ratio rule above, and gradient numbers one run has and the other lacks (fail closed).
 
 A comparison *regressed* when there is a new failure, an error-ratio, gradient or performance regression, missing
-gradient numbers, or a lost capability; ``attnconf compare`` then exits 1.
+gradient numbers, or a lost capability; ``attnconf compare`` then exits 1.  It *judged nothing*
+(:attr:`Comparison.unjudged`) for a backend family none of whose compared pairs was judged (not ``unsupported``)
+in both files: every pair unsupported on one side or both, e.g. NEW ran on a machine without the kernel; a gate
+never passes on that, so ``attnconf compare`` exits 4 (``NO_EVIDENCE``) unless ``allow_unjudged``; a regression
+(1) takes precedence.  Pairs judged on both sides while others are unsupported on one side only are capability
+changes (lost: a regression; gained: not).
+
+Records are counted by :attr:`conformance.records.CheckResult.effective_status`: a ``pass`` record whose statistics
+are NaN or inf is a ``fail`` (``nonfinite_passes`` counts them per side, and the summary says so).
 
 :func:`compare_files` first checks that the files may be compared at all
 (:mod:`conformance.reporting.compare_inputs`: readable, one suite, one tolerance, NEW holding every pair of
@@ -28,12 +39,15 @@ by request (``allow_subset``, ``only_new_families``, ``allow_skipped``) is count
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from conformance.backward.diff import GradChange, GradMissing, gradient_diffs
-from conformance.records import CheckResult, Header, Status
+from conformance.exits import Exit
+from conformance.records import NONFINITE_PASS, CheckResult, Header, Status, judged_results
 from conformance.reporting.compare_inputs import CompareRefused, check_inputs
 
 __all__ = ["CompareRefused", "Comparison", "Pair", "compare_files", "compare_results", "render_markdown"]
@@ -94,8 +108,30 @@ class Comparison:
     new_suite: str = ""
     tolerance: str = ""
     notes: list[str] = field(default_factory=list)
+    #: pairs whose error ratio was NaN in OLD and is a number in NEW
+    ratio_fixes: list[Pair] = field(default_factory=list)
+    #: (family, why) of each family none of whose compared pairs was judged in both files
+    unjudged: list[tuple[str, str]] = field(default_factory=list)
+    #: ``--allow-unjudged``: such a family does not make the comparison exit 4 (it is still listed)
+    allow_unjudged: bool = False
+    #: ``pass`` records with non-finite statistics, counted as fails, per side (``old``, ``new``)
+    nonfinite_passes: dict[str, int] = field(default_factory=dict)
     #: what reading the files noted (a newer writer's schema, duplicates dropped), ``PATH: note``
     file_notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """1 regressed; 4 a family judged nothing (unless ``allow_unjudged``); else 0."""
+        if self.regressed:
+            return Exit.PROBLEMS
+        if self.unjudged and not self.allow_unjudged:
+            return Exit.NO_EVIDENCE
+        return Exit.OK
+
+    @property
+    def verdict(self) -> str:
+        """``regressed``, ``nothing judged`` or ``no regression`` (as :attr:`exit_status` decides)."""
+        return {Exit.PROBLEMS: "regressed", Exit.NO_EVIDENCE: "nothing judged"}.get(self.exit_status, "no regression")
 
     @property
     def regressed(self) -> bool:
@@ -123,6 +159,45 @@ def _index(results: list[CheckResult]) -> tuple[dict[Key, CheckResult], int]:
     return out, dup
 
 
+def _nan(x: object) -> bool:
+    """An error ratio that is no number to compare (NaN, or not a number at all in a hand-edited file)."""
+    return not isinstance(x, (int, float)) or isinstance(x, bool) or math.isnan(x)
+
+
+def _unjudged(pairs: list[Pair]) -> list[tuple[str, str]]:
+    """(family, why) of each family none of whose pairs is judged (not unsupported) in both files."""
+    by_family: dict[str, list[Pair]] = {}
+    for p in pairs:
+        by_family.setdefault(p.key[1], []).append(p)
+    out = []
+    for fam, ps in sorted(by_family.items()):
+        if any(p.old.status is not Status.UNSUPPORTED and p.new.status is not Status.UNSUPPORTED for p in ps):
+            continue
+        old_judged = sum(p.old.status is not Status.UNSUPPORTED for p in ps)
+        new_judged = sum(p.new.status is not Status.UNSUPPORTED for p in ps)
+        refused = [p.new.reason if p.new.status is Status.UNSUPPORTED else p.old.reason for p in ps]
+        reason, n = Counter(" ".join((r or "(no reason)").split())[:200] for r in refused).most_common(1)[0]
+        where = (
+            f"judged {old_judged} of its {len(ps)} pairs in OLD and none in NEW"
+            if old_judged
+            else f"judged {new_judged} of its {len(ps)} pairs in NEW and none in OLD"
+            if new_judged
+            else f"every one of its {len(ps)} pairs is unsupported in both files"
+        )
+        out.append((fam, f"{where}; most common refusal: {reason} ({n} of {len(ps)})"))
+    return out
+
+
+def _check_rules(ratio_threshold: float, ratio_floor: float, perf_margin: float | None) -> None:
+    """The rules' numbers (the command line checks them first: :mod:`conformance.running.usage`)."""
+    if not (math.isfinite(ratio_threshold) and ratio_threshold >= 1):
+        raise ValueError(f"ratio_threshold must be a finite number >= 1, got {ratio_threshold}")
+    if not (math.isfinite(ratio_floor) and ratio_floor >= 0):
+        raise ValueError(f"ratio_floor must be a finite number >= 0, got {ratio_floor}")
+    if perf_margin is not None and not (math.isfinite(perf_margin) and perf_margin >= 0):
+        raise ValueError(f"perf_margin must be a finite number >= 0 or None (auto), got {perf_margin}")
+
+
 def _spread(r: CheckResult) -> float:
     t = r.timing
     assert t is not None
@@ -145,10 +220,15 @@ def compare_results(
     ratio_floor: float = 0.5,
     perf_margin: float | None = None,
 ) -> Comparison:
-    """Join by (case id, family) and classify every difference."""
+    """Join by (case id, family) and classify every difference (records counted by their effective status);
+    ``ValueError`` for a rule number out of range (a threshold below 1, a NaN or infinite one, a negative floor)."""
+    _check_rules(ratio_threshold, ratio_floor, perf_margin)
+    old, old_nonfinite = judged_results(old)
+    new, new_nonfinite = judged_results(new)
     old_ix, dup_old = _index(old)
     new_ix, dup_new = _index(new)
     cmp = Comparison(duplicates=dup_old + dup_new, ratio_threshold=ratio_threshold, ratio_floor=ratio_floor)
+    cmp.nonfinite_passes = {"old": old_nonfinite, "new": new_nonfinite}
     shared = {k[1] for k in old_ix} & {k[1] for k in new_ix}
     for ix, mine, other in ((old_ix, "only_old", new_ix), (new_ix, "only_new", old_ix)):
         setattr(cmp, mine, sorted(k for k in set(ix) - set(other) if k[1] in shared))
@@ -177,8 +257,14 @@ def compare_results(
             cmp.capability_gained.append(p)
         if p.old.stats is not None and p.new.stats is not None and not (n.is_problem and not o.is_problem):
             r_old, r_new = p.old.stats.error_ratio, p.new.stats.error_ratio
-            if r_new > ratio_floor and r_new > ratio_threshold * r_old:
+            if _nan(r_new):  # no number to compare: fail closed, unless both were failures already
+                if not _nan(r_old) or not (o.is_problem and n.is_problem):
+                    cmp.ratio_regressions.append(p)
+            elif _nan(r_old):
+                cmp.ratio_fixes.append(p)
+            elif r_new > ratio_floor and r_new > ratio_threshold * r_old:
                 cmp.ratio_regressions.append(p)
+    cmp.unjudged = _unjudged(pairs)
     cmp.grad_regressions, cmp.grad_missing = gradient_diffs(
         ((p.old, p.new) for p in pairs), ratio_threshold=ratio_threshold, ratio_floor=ratio_floor
     )
@@ -208,11 +294,13 @@ def compare_files(
     allow_skipped: bool = False,
     allow_subset: bool = False,
     only_new_families: bool = False,
+    allow_unjudged: bool = False,
     drop_duplicates: bool = False,
     **kwargs: float | None,
 ) -> Comparison:
     """:func:`compare_results` on two results files, with their sources and package versions;
-    :class:`CompareRefused` when they may not be compared (:func:`check_inputs`)."""
+    :class:`CompareRefused` when they may not be compared (:func:`check_inputs`).  ``allow_unjudged``: a family
+    that judged nothing does not make :attr:`Comparison.exit_status` 4."""
     from conformance.reporting.compare_inputs import suite_of, tolerance_of
 
     ins = check_inputs(
@@ -224,6 +312,7 @@ def compare_files(
         drop_duplicates=drop_duplicates,
     )
     cmp = compare_results(ins.old_results, ins.new_results, **kwargs)  # type: ignore[arg-type]
+    cmp.allow_unjudged = allow_unjudged
     cmp.old_source, cmp.new_source = str(old), str(new)
     old_h, new_h = list(ins.old.headers), list(ins.new.headers)
     cmp.old_versions, cmp.new_versions = _versions(old_h, ins.old_results), _versions(new_h, ins.new_results)
@@ -251,12 +340,15 @@ def _cell(text: str, limit: int = 160) -> str:
 
 
 def _ratio(r: CheckResult) -> str:
-    return f"{r.stats.error_ratio:.3g}" if r.stats is not None else "n/a"
+    if r.stats is None:
+        return "n/a"
+    x = r.stats.error_ratio
+    return f"{x:.3g}" if isinstance(x, (int, float)) else repr(x)
 
 
 def render_markdown(cmp: Comparison) -> str:
     """The summary ``attnconf compare`` prints and writes."""
-    verdict = "REGRESSED" if cmp.regressed else "no regression"
+    verdict = {"regressed": "REGRESSED", "nothing judged": "NOTHING JUDGED"}.get(cmp.verdict, cmp.verdict)
     out = [f"# Compare: {cmp.old_source} -> {cmp.new_source}: {verdict}", ""]
     families = sorted(set(cmp.old_versions) | set(cmp.new_versions))
     out += ["| family | old version | new version |", "|---|---|---|"]
@@ -287,6 +379,12 @@ def render_markdown(cmp: Comparison) -> str:
             )
     out.extend(f"{note}." for note in cmp.file_notes)
     out.extend(cmp.notes)
+    for fam, why in cmp.unjudged:
+        accepted = " (accepted with --allow-unjudged)" if cmp.allow_unjudged else ""
+        out.append(f"Nothing judged: family {fam} {why}{accepted}.")
+    for side, n in sorted(cmp.nonfinite_passes.items(), reverse=True):
+        if n:
+            out.append(f"{NONFINITE_PASS}: {n} record(s) of the {side} file.")
     if cmp.compared_errors:
         out.append(
             f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs have the same "
@@ -314,6 +412,7 @@ def render_markdown(cmp: Comparison) -> str:
         ("still failing, status changed", cmp.changed_failures),
         ("performance improvements", cmp.perf_improvements),
         ("capabilities gained", cmp.capability_gained),
+        ("error ratio no longer NaN", cmp.ratio_fixes),
     ]
     out += ["", "| change | count |", "|---|---|"] + [f"| {name} | {len(items)} |" for name, items in counts]
 
@@ -385,6 +484,12 @@ def render_markdown(cmp: Comparison) -> str:
         cmp.capability_gained,
         "| family | case | new |",
         lambda p: f"| {p.key[1]} | {p.key[0]} | {p.new.status.value} |",
+    )
+    section(
+        "Error ratio no longer NaN",
+        cmp.ratio_fixes,
+        "| family | case | old ratio | new ratio | new status |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {_ratio(p.old)} | {_ratio(p.new)} | {p.new.status.value} |",
     )
     section("Only in the old file", cmp.only_old, "| family | case |", lambda k: f"| {k[1]} | {k[0]} |")
     section("Only in the new file", cmp.only_new, "| family | case |", lambda k: f"| {k[1]} | {k[0]} |")

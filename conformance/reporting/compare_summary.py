@@ -1,13 +1,17 @@
 """The machine-readable summary of ``attnconf compare --json`` (:func:`to_json`), and of its refusals.
 
-Keys (schema 1): ``exit_status`` (0 no regression, 1 regressed, 2 refused), ``verdict`` (``no regression``,
-``regressed``, ``refused``), ``refusal`` (``{"file", "reason"}`` or null); for a comparison also ``old`` and
+Keys (schema 1): ``exit_status`` (0 no regression, 1 regressed, 2 refused, 4 nothing judged), ``verdict`` (``no
+regression``, ``regressed``, ``refused``, ``nothing judged``), ``refusal`` (``{"file", "reason"}`` or null); for a
+comparison also ``unjudged`` (one ``{"family", "reason"}`` per backend family none of whose compared pairs was
+judged in both files; ``allow_unjudged`` says whether ``--allow-unjudged`` accepted them), ``nonfinite_passes``
+(``{"old": n, "new": m}``: pass records with NaN/inf statistics, counted as fails), ``old`` and
 ``new`` (path, suite, family versions, skipped lines), ``tolerance``, ``compared`` ((case, family) pairs in
 both), ``not_compared`` (pairs NEW lacks, pairs in one file only, families in one file only, families outside
 ``--only-new-families``), ``counts`` per category, ``regressions`` (new failures, error-ratio, performance,
 capabilities lost: one object per pair with case id, family, statuses, error ratios, reason, repro; gradient
 regressions and missing gradient numbers of backward cases: one object per (pair, gradient)),
-``fixed``, ``changed_failures``, ``perf_improvements``, ``capability_gained``, ``numerics``, ``rules``.
+``fixed``, ``changed_failures``, ``perf_improvements``, ``capability_gained``, ``ratio_fixes`` (error ratios NaN in
+OLD, numbers in NEW), ``numerics``, ``rules``.
 Every list is complete (the Markdown summary caps its tables).
 """
 
@@ -73,12 +77,16 @@ def to_json(cmp: Comparison) -> dict[str, object]:
         "changed_failures": [_pair_json(p) for p in cmp.changed_failures],
         "perf_improvements": [_perf_json(p, x) for p, x in cmp.perf_improvements],
         "capability_gained": [_pair_json(p) for p in cmp.capability_gained],
+        "ratio_fixes": [_pair_json(p) for p in cmp.ratio_fixes],
     }
     return {
         "schema": SCHEMA,
-        "exit_status": 1 if cmp.regressed else 0,
-        "verdict": "regressed" if cmp.regressed else "no regression",
+        "exit_status": cmp.exit_status,
+        "verdict": cmp.verdict,
         "refusal": None,
+        "unjudged": [{"family": fam, "reason": why} for fam, why in cmp.unjudged],
+        "allow_unjudged": cmp.allow_unjudged,
+        "nonfinite_passes": cmp.nonfinite_passes,
         "old": {
             "path": cmp.old_source,
             "suite": cmp.old_suite,
@@ -117,6 +125,7 @@ def to_json(cmp: Comparison) -> dict[str, object]:
         "changed_failures": categories["changed_failures"],
         "perf_improvements": categories["perf_improvements"],
         "capability_gained": categories["capability_gained"],
+        "ratio_fixes": categories["ratio_fixes"],
         "numerics": {"compared": cmp.compared_errors, "identical": cmp.identical_errors},
         "rules": {
             "ratio_threshold": cmp.ratio_threshold,

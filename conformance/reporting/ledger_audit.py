@@ -6,7 +6,9 @@ entry should claim none: its predicate is too wide or the bug is fixed), the pas
 the passes past its version range (fixed).  Per backend: the problems no entry explains, grouped by a short signature
 (status, layout, the modes that select kernel paths, whether some row sees no key, the checks that failed or the
 error's
-first words) so that failures of one cause fall into one group.
+first words) so that failures of one cause fall into one group.  Records are sorted by their effective status
+(:attr:`conformance.records.CheckResult.effective_status`: a ``pass`` whose statistics are NaN or inf is a fail;
+:attr:`Audit.nonfinite_passes` counts them).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.records import CheckResult, ResultsFileError, load_results
+from conformance.records import CheckResult, ResultsFileError, judged_results, load_results
 from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases
 from conformance.reporting.ledger_fields import case_view
 
@@ -133,6 +135,8 @@ class Audit:
     unknown_version: int = 0
     #: lines skipped per file (only with allow_skipped)
     skipped: dict[str, int] = field(default_factory=dict)
+    #: records marked ``pass`` whose statistics are not finite, sorted as fails
+    nonfinite_passes: int = 0
     #: duplicated (case, backend) records dropped per file (only with drop_duplicates)
     dropped_duplicates: dict[str, int] = field(default_factory=dict)
     #: what reading the files noted, ``PATH: note`` (a newer writer's schema, duplicates dropped)
@@ -156,6 +160,7 @@ class Audit:
             "passes_claimed": self.passes_claimed,
             "explained_at_unknown_version": self.unknown_version,
             "skipped_lines": self.skipped,
+            "nonfinite_passes": self.nonfinite_passes,
             "duplicates_dropped": self.dropped_duplicates,
             "notes": self.notes,
             "entries": [e.to_json() for e in self.entries],
@@ -187,7 +192,8 @@ def audit(
             loaded = load_results(path, allow_skipped=allow_skipped, need_header=False, drop_duplicates=drop_duplicates)
         except ResultsFileError as exc:
             raise ValueError(str(exc)) from None
-        results = list(loaded.results)
+        results, nonfinite = judged_results(loaded.results)
+        out.nonfinite_passes += nonfinite
         if loaded.skipped:
             out.skipped[str(path)] = len(loaded.skipped)
         if loaded.dropped_duplicates:

@@ -73,6 +73,10 @@ def _print(result, out) -> None:
         f"{result.explained} explained, {result.unexplained_count} unexplained; "
         f"passes claimed by non-flaky entries: {result.passes_claimed}\n"
     )
+    if result.nonfinite_passes:
+        from conformance.records import NONFINITE_PASS
+
+        w(f"  {NONFINITE_PASS}: {result.nonfinite_passes} record(s)\n")
     for path, n in result.skipped.items():
         w(f"  {path}: {n} lines that are not records skipped (--allow-skipped)\n")
     if result.unknown_version:

@@ -9,9 +9,10 @@ error-ratio histograms, performance.
 
 Several files are merged (shards of one sweep, or runs on several machines); when two records
 share (case id, backend), the one read last wins; within one file a pair recorded twice is refused unless
-``drop_duplicates`` (then the last record of the pair is kept).  Files are read by
-:func:`conformance.records.load_results`: a missing or unreadable file, or one without any record, is a
-:class:`conformance.records.ResultsFileError`;
+``drop_duplicates`` (then the last record of the pair is kept).  Records are counted by their effective status
+(:attr:`conformance.records.CheckResult.effective_status`: a ``pass`` whose statistics are NaN or inf is a fail,
+and the report says how many there were).  Files are read by :func:`conformance.records.load_results`:
+a missing or unreadable file, or one without any record, is a :class:`conformance.records.ResultsFileError`;
 lines that are not records are skipped and kept in :attr:`RunSet.files` (``attnconf report`` counts them on
 stderr and exits 2 when the files hold no result at all).
 """
@@ -38,7 +39,7 @@ from conformance.backward.table import backward_section
 from conformance.reporting.model_table import model_sections
 from conformance.reporting.fuzz_table import fuzz_findings
 from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases, load_ledger
-from conformance.records import CheckResult, Header, ResultsFile, Status, load_results
+from conformance.records import NONFINITE_PASS, CheckResult, Header, ResultsFile, Status, judged_results, load_results
 from conformance.exits import OutputError, UsageError
 from conformance.outputs import Output, check_outputs, marker, same_file, write_many
 from conformance.reporting.plots import PLOT_KIND
@@ -95,6 +96,8 @@ class RunSet:
     results: list[CheckResult] = field(default_factory=list)
     #: each file as read, with the lines it skipped
     files: list[ResultsFile] = field(default_factory=list)
+    #: records marked ``pass`` whose statistics are not finite, in :attr:`results` as fails
+    nonfinite_passes: int = 0
 
 
 def load_runs(paths: Iterable[Path | str], drop_duplicates: bool = False) -> RunSet:
@@ -114,7 +117,7 @@ def load_runs(paths: Iterable[Path | str], drop_duplicates: bool = False) -> Run
         for r in results:
             latest.pop((r.case_id, r.backend), None)  # re-insert so the order follows the last write
             latest[r.case_id, r.backend] = r
-    runs.results = list(latest.values())
+    runs.results, runs.nonfinite_passes = judged_results(latest.values())
     return runs
 
 
@@ -312,6 +315,8 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
         "backends": backends,
         "totals": totals,
         "n_results": len(results),
+        "nonfinite_passes": runs.nonfinite_passes,
+        "nonfinite_pass_text": NONFINITE_PASS,
         "n_cases": len({r.case_id for r in results}),
         "matrix": matrix,
         "unexpected": [_failure(r) for r in verdict.unexpected],

@@ -7,7 +7,8 @@ Keys (schema 1): ``exit_status`` (0; a refused report writes ``{"exit_status": 2
 status, problems), ``ledger`` (counts of known and unexpected failures, unexpected passes, stale entries),
 ``unexpected`` (one object per unexpected failure: backend, case id, status, one-line reason, repro),
 ``known`` (per ledger entry: backend, pattern, reason, how many failures it explains, their case ids),
-``unexpected_passes``, ``stale``, ``out`` (the Markdown and HTML files).
+``unexpected_passes``, ``stale``, ``nonfinite_passes`` (records marked pass whose statistics are NaN or inf,
+counted as fails), ``out`` (the Markdown and HTML files).
 """
 
 from __future__ import annotations
@@ -77,5 +78,6 @@ def report_json(runs: RunSet, ctx: dict[str, Any], md: Path, html: Path) -> dict
             {k: row[k] for k in ("backend", "case_id", "pattern", "reason")} for row in ctx["unexpected_passes"]
         ],
         "stale": [{k: row[k] for k in ("backend", "pattern", "reason")} for row in ctx["stale"]],
+        "nonfinite_passes": runs.nonfinite_passes,
         "out": {"markdown": str(md), "html": str(html)},
     }

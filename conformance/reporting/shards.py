@@ -15,7 +15,11 @@ checks that they belong together before anything is compared with a baseline:
 * what is missing: shards ``i/n`` no file holds, and, per shard, the selected (case, backend) pairs it did
   not record (a runner killed mid-sweep).  The pairs are named when the shard's selection can be rebuilt
   from its header (``argv`` re-parsed, the suite built by this checkout, and the same number of cases as
-  the header recorded); otherwise they are counted from the header's case count.
+  the header recorded); otherwise they are counted from the header's case count;
+* what the whole sweep judged: a backend of the sweep none of whose merged records is judged (every pair
+  ``unsupported``, e.g. its kernel not installed on the runners) is listed (:attr:`MergedRun.unjudged`, as
+  ``attnconf run`` lists it; ``attnconf merge`` exits 4).  One shard judging nothing of a backend is no finding
+  (a shard may hold none of the cases a backend supports), the merged sweep judging nothing is.
 
 A file is read as segments, one per header line (:mod:`conformance.reporting.shard_parts` reads them and checks
 that two headers belong to one sweep; a merged file's header lists the shards it holds, so merged files merge
@@ -36,6 +40,7 @@ from typing import Any, BinaryIO
 from conformance.outputs import Output, write_many
 from conformance.records import CheckResult, Header, ResultsFile, Status
 from conformance.reporting.shard_parts import MergeError, Pair, ShardPart, agree, read_file, read_parts
+from conformance.running.outcome import unjudged_backends
 
 __all__ = [
     "MergeError",
@@ -81,6 +86,16 @@ class MergedRun:
     @property
     def complete(self) -> bool:
         return not self.missing_shards and self.missing_count == 0
+
+    @property
+    def unjudged(self) -> list[tuple[str, str, int]]:
+        """(backend, why, pairs) of each backend of the sweep that judged no case in any shard
+        (:func:`conformance.running.outcome.unjudged_backends`)."""
+        backends = {
+            name: (info.get("unavailable_reason") or "?") if info.get("available") == "no" else ""
+            for name, info in self.header.backends.items()
+        }
+        return unjudged_backends(self.results, backends)
 
     def problems(self) -> list[str]:
         """One line per gap (empty when complete)."""
@@ -273,13 +288,17 @@ def render_markdown(run: MergedRun, out: Path | str | None = None) -> str:
         )
     for i in run.missing_shards:
         lines.append(f"| {i}/{run.shard_count} | **missing** | | 0 | all |")
-    counts = Counter(r.status.value for r in run.results)
+    counts = Counter(r.effective_status.value for r in run.results)
     lines += ["", "| status | records |", "|---|---|"]
     lines += [f"| {s.value} | {counts.get(s.value, 0)} |" for s in Status]
     if run.duplicates:
         lines += ["", f"{run.duplicates} (case, backend) pairs were in two files with the same verdict; kept once."]
     if run.unchecked:
         lines += ["", "Not checked for missing pairs (the header has no case count): " + ", ".join(run.unchecked)]
+    unjudged = run.unjudged
+    if unjudged:
+        lines += ["", "## Nothing judged", ""]
+        lines += [f"- {name} judged none of its {pairs} pair(s): {why}" for name, why, pairs in unjudged]
     if run.notes:
         lines += ["", "Read with notes:", ""] + [f"- {note}" for note in run.notes]
     problems = run.problems()

@@ -1,12 +1,16 @@
 """What a sweep came to: counts and timings (:class:`RunSummary`), the problems sorted against the ledger, the
 end-of-run listing a CI log can act on, the ``--json`` summary, and the exit status.
 
-**Exit status** of ``attnconf run`` (:attr:`RunSummary.exit_code`): 0 when every problem (fail, error, crash,
-timeout) of the selected (case, backend) pairs is explained by a known-failure ledger entry
-(:mod:`conformance.reporting.ledger`); 1 when some problem is unexpected; with ``strict`` (``--strict``) also
-1 on any known problem and on any unexpected pass (a steady ledger entry whose case passed: the bug may be
-fixed); 130 when interrupted (Ctrl-C).  Pairs recorded by an earlier run of a resumed file count too, so the
-status describes the whole sweep.  Without a ledger (``finish`` not called) every problem counts.
+**Exit status** of ``attnconf run`` (:attr:`RunSummary.exit_code`, :class:`conformance.exits.Exit`), the first
+that applies: 130 when interrupted (Ctrl-C); 1 when some problem (fail, error, crash, timeout) is unexpected, i.e.
+no known-failure ledger entry (:mod:`conformance.reporting.ledger`) explains it, and with ``strict``
+(``--strict``) also on any known problem and on any unexpected pass (a steady ledger entry whose case passed: the
+bug may be fixed); 4 (``NO_EVIDENCE``) when a selected backend judged no case (:meth:`RunSummary.unjudged`: every
+pair of it ``unsupported``, e.g. a backend not installed on this machine, or no pair of it recorded), unless
+``allow_unjudged`` (``--allow-unjudged``); else 0.  Pairs recorded by an earlier run of a resumed file count too,
+so the status describes the whole sweep.  Without a ledger (``finish`` not called) every problem counts.  Records
+are counted by :attr:`conformance.records.CheckResult.effective_status` (a ``pass`` with non-finite statistics is
+a fail, and the listing says how many there were).
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ import json
 import shlex
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.records import CheckResult, Status
+from conformance.exits import Exit
+from conformance.records import NONFINITE_PASS, CheckResult, Status, judged_results
 
-__all__ = ["LIST_MAX", "RunSummary", "resume_command", "short_reason"]
+__all__ = ["LIST_MAX", "RunSummary", "resume_command", "short_reason", "unjudged_backends"]
 
 #: Unexpected problems (and unexpected passes) listed at the end of a run; the ``--json`` summary has all.
 LIST_MAX = 50
@@ -60,6 +66,34 @@ def _problem_json(r: CheckResult) -> dict[str, Any]:
     }
 
 
+def unjudged_backends(results: Iterable[CheckResult], backends: dict[str, str]) -> list[tuple[str, str, int]]:
+    """(backend, why, pairs) of every selected backend (``backends``: name -> why it is not available here, ''
+    when it is; empty: the backends of ``results``) that judged no case: each of its pairs is ``unsupported``
+    (why: its unavailability reason when it is not available here, else the most common refusal, with its count),
+    or none of its pairs was recorded; with no backend and no record at all, one ``(none)`` entry.  A backend with
+    a pass, a fail, an error, a crash or a timeout judged something (problems are the ledger's and exit 1's)."""
+    by_backend: dict[str, list[CheckResult]] = {}
+    for r in results:
+        by_backend.setdefault(r.backend, []).append(r)
+    names = list(backends) or list(by_backend)
+    if not names:
+        return [("(none)", "no (case, backend) pair was recorded", 0)]
+    out = []
+    for name in names:
+        records = by_backend.get(name, [])
+        if any(r.status is not Status.UNSUPPORTED for r in records):
+            continue
+        if backends.get(name):
+            why = f"not available here: {short_reason(backends[name], 200)}"
+        elif records:
+            reason, n = Counter(short_reason(r.reason, 200) or "(no reason)" for r in records).most_common(1)[0]
+            why = f"unsupported: {reason}" + (f" ({n} of {len(records)} pairs)" if n < len(records) else "")
+        else:
+            why = "no pair of it was recorded"
+        out.append((name, why, len(records)))
+    return out
+
+
 @dataclass
 class RunSummary:
     """Counts of one sweep; ``exit_code`` is the run command's exit status."""
@@ -96,12 +130,39 @@ class RunSummary:
     #: passes of a case an entry matches at a version past the entry's range (the defect is fixed there)
     fixed: list[tuple[CheckResult, Any]] = field(default_factory=list)
     strict: bool = False
+    #: the selected backends, by the name their records carry -> why the backend is not available here ('' when
+    #: it is); empty: the backends of :attr:`results`
+    backends: dict[str, str] = field(default_factory=dict)
+    #: ``--allow-unjudged``: a backend that judged no case does not fail the run (it is still listed)
+    allow_unjudged: bool = False
+    #: records marked ``pass`` whose statistics are not finite, counted as fails
+    #: (:attr:`conformance.records.CheckResult.effective_status`)
+    nonfinite_passes: int = 0
     #: the compile phase's :class:`~conformance.running.compile_phase.CompileStats`, when it ran
     compile: Any = None
     #: ``--compile-only`` (``attnconf warmup``): no checks ran and no results file was written
     compile_only: bool = False
     #: where the time went (:class:`conformance.running.profile.Profile`; this run's records)
     profile: Any = None
+
+    def keep_recorded(self, records: Iterable[CheckResult]) -> None:
+        """Start from the records a resumed file already holds (counted by their effective status)."""
+        self.results, self.nonfinite_passes = judged_results(records)
+        self.problems = sum(r.status.is_problem for r in self.results)
+
+    def add(self, record: CheckResult) -> CheckResult:
+        """Count a record this run wrote, by its effective status; returns it as counted."""
+        counted = record.judged()
+        self.nonfinite_passes += counted is not record
+        self.written += 1
+        self.results.append(counted)
+        self.counts[counted.status.value] += 1
+        self.problems += counted.status.is_problem
+        return counted
+
+    def unjudged(self) -> list[tuple[str, str, int]]:
+        """The selected backends that judged no case (:func:`unjudged_backends`)."""
+        return unjudged_backends(self.results, self.backends)
 
     def finish(self, ledger: Any, strict: bool = False) -> None:
         """Sort the problems against ``ledger`` (a :class:`conformance.reporting.ledger.Ledger`)."""
@@ -115,14 +176,17 @@ class RunSummary:
     @property
     def exit_code(self) -> int:
         if self.interrupted:
-            return 130
+            return Exit.INTERRUPTED
         if self.compile_only:
-            return 0  # a failed compile is the checks' to judge: the warmup did what it could
+            return Exit.OK  # a failed compile is the checks' to judge: the warmup did what it could
         if self.unexpected is None:
-            return 1 if self.problems else 0
-        if self.unexpected or (self.strict and (self.known or self.unexpected_passes)):
-            return 1
-        return 0
+            if self.problems:
+                return Exit.PROBLEMS
+        elif self.unexpected or (self.strict and (self.known or self.unexpected_passes)):
+            return Exit.PROBLEMS
+        if not self.allow_unjudged and self.unjudged():
+            return Exit.NO_EVIDENCE
+        return Exit.OK
 
     def unexpected_problems(self) -> list[CheckResult]:
         """The problems no ledger entry explains (every problem before :meth:`finish`)."""
@@ -197,6 +261,12 @@ class RunSummary:
             lines.append(
                 f"fixed: {len(self.fixed)} pass(es) of cases a ledger entry describes, at versions past its range"
             )
+        if self.nonfinite_passes:
+            lines.append(f"{NONFINITE_PASS}: {self.nonfinite_passes} record(s), listed with the problems")
+        if not self.interrupted:
+            for name, why, pairs in self.unjudged():
+                accepted = " (accepted: --allow-unjudged)" if self.allow_unjudged else ""
+                lines.append(f"UNJUDGED: {name} judged none of its {pairs} pair(s): {why}{accepted}")
         lines.append(self.verdict_line())
         return "\n".join(lines)
 
@@ -204,6 +274,18 @@ class RunSummary:
         code = self.exit_code
         if self.interrupted:
             return f"exit {code}: interrupted"
+        unjudged = [name for name, _, _ in self.unjudged()]
+        if code == Exit.NO_EVIDENCE:
+            return (
+                f"exit {code}: no evidence: {len(unjudged)} selected backend(s) judged no case ({', '.join(unjudged)})"
+                "; --allow-unjudged accepts a selection that holds no case a backend supports"
+            )
+        if not unjudged:
+            return self._problems_line(code)
+        accepted = " (accepted with --allow-unjudged)" if self.allow_unjudged else ""
+        return f"{self._problems_line(code)}; {len(unjudged)} backend(s) judged no case{accepted}"
+
+    def _problems_line(self, code: int) -> str:
         if self.unexpected is None:
             return f"exit {code}: {self.problems} problem(s)" if self.problems else f"exit {code}: no problem"
         n_unexp = len(self.unexpected)
@@ -242,6 +324,12 @@ class RunSummary:
             "unexpected_passes": [
                 {"case_id": r.case_id, "backend": r.backend, "entry": _entry_json(e)} for r, e in self.unexpected_passes
             ],
+            "unjudged": [
+                {"backend": name, "reason": why, "pairs": pairs}
+                for name, why, pairs in ([] if self.interrupted or self.compile_only else self.unjudged())
+            ],
+            "allow_unjudged": self.allow_unjudged,
+            "nonfinite_passes": self.nonfinite_passes,
             "compile_only": self.compile_only,
             "compile": self.compile.to_json() if self.compile is not None else None,
             "profile": self.profile.to_json() if self.profile is not None else None,

@@ -61,6 +61,8 @@ class RunConfig:
     ledger_dir: Path | None = None
     #: ``--json``: the machine-readable summary goes here
     summary_json: Path | None = None
+    #: ``--allow-unjudged``: a backend that judged no case (every pair unsupported) does not fail the run
+    allow_unjudged: bool = False
     #: ``--profile``: print where the time went at the end (:mod:`conformance.running.profile`)
     profile: bool = False
     #: ``--compile-only`` (``attnconf warmup``): the compile phase alone, no results file
@@ -326,10 +328,7 @@ class _Writer:
 
 
 def _account(summary: RunSummary, record: CheckResult, reply: Reply) -> None:
-    summary.written += 1
-    summary.results.append(record)
-    summary.counts[record.status.value] += 1
-    summary.problems += record.status.is_problem
+    record = summary.add(record)
     if reply.kind != "ok":
         return
     if "worker_s" in reply.data:

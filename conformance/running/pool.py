@@ -99,16 +99,21 @@ class PlacementError(ValueError):
     """A ``--jobs``/``--gpus`` combination that cannot be placed (the runner reports it as a usage error)."""
 
 
+#: The most workers ``--jobs`` starts: each is a process holding torch (hundreds of MB), and ``auto`` never exceeds
+#: 12 per GPU or 16 on a CPU, so more is a typo (``--jobs 10**12`` spent minutes allocating before a MemoryError).
+MAX_JOBS = 1024
+
+
 def parse_jobs(text: str) -> int | None:
-    """``--jobs``: ``auto`` (None: :func:`default_jobs`) or an integer >= 1."""
+    """``--jobs``: ``auto`` (None: :func:`default_jobs`) or an integer in [1, :data:`MAX_JOBS`]."""
     if text == "auto":
         return None
     try:
         jobs = int(text)
     except ValueError:
-        raise PlacementError(f"--jobs must be auto or a whole number >= 1, got {text!r}") from None
-    if jobs < 1:
-        raise PlacementError(f"--jobs must be >= 1, got {jobs}")
+        raise PlacementError(f"--jobs must be auto or a whole number in [1, {MAX_JOBS}], got {text[:40]!r}") from None
+    if not 1 <= jobs <= MAX_JOBS:
+        raise PlacementError(f"--jobs must be auto or a whole number in [1, {MAX_JOBS}], got {jobs}")
     return jobs
 
 
@@ -117,8 +122,10 @@ def parse_gpus(text: str) -> tuple[int, ...] | None:
     if text.strip() == "all":
         return None
     parts = [p.strip() for p in text.split(",")]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise PlacementError(f"--gpus must be all or comma-separated GPU indices such as 0,1, got {text!r}")
+    if not parts or not all(p.isascii() and p.isdigit() and len(p) <= 4 and int(p) < MAX_JOBS for p in parts):
+        raise PlacementError(
+            f"--gpus must be all or comma-separated GPU indices below {MAX_JOBS} such as 0,1, got {text[:40]!r}"
+        )
     gpus = tuple(int(p) for p in parts)
     if len(set(gpus)) != len(gpus):
         raise PlacementError(f"--gpus names a GPU twice: {text!r} (use --jobs for several workers per GPU)")

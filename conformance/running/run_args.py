@@ -40,6 +40,18 @@ def _gpus(text: str) -> str:
     return text
 
 
+def _shard(text: str) -> str:
+    """``--shard``: checked here (``I/N``, 0 <= I < N), parsed again by the command
+    (:func:`conformance.running.selection.parse_shard`)."""
+    from conformance.running.selection import parse_shard
+
+    try:
+        parse_shard(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--shard ")) from None
+    return text
+
+
 def add_run_arguments(r: argparse.ArgumentParser) -> None:
     """Every option of ``attnconf run``, in the order ``--help`` lists them."""
     r.add_argument("--suite", help="suite name (see `attnconf cases`); optional with --case-json")
@@ -74,12 +86,13 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         help="with --resume: keep lines of the file that are not records (a garbled line; the refusal names "
         "them) instead of refusing the file, and run the pairs it lacks; readers then need --allow-skipped too",
     )
-    r.add_argument("--shard", metavar="I/N", help="run every N-th case starting at the I-th (0 <= I < N)")
+    r.add_argument("--shard", type=_shard, metavar="I/N", help="run every N-th case starting at the I-th (0 <= I < N)")
     r.add_argument(
         "--timeout",
         type=positive_seconds,
         default=300.0,
-        help="seconds (> 0) per (case, backend) before the worker is killed (default 300)",
+        help="seconds per (case, backend) before the worker is killed: finite, > 0 and at most a week, 604800 "
+        "(default 300)",
     )
     r.add_argument("--seed", type=seed_int, default=0, help="input seed, 0 <= SEED < 2**32 (default 0)")
     add_selection_args(r)
@@ -100,8 +113,9 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         type=_jobs,
         default=None,
         metavar="N|auto",
-        help="crash-isolated workers at once, in total (default auto: on cpu one per core, at most 16; on cuda "
-        "one per core but one, at most 12 per GPU, at least one per GPU; with --time one per GPU, or 1 on cpu)",
+        help="crash-isolated workers at once, in total, 1 to 1024 (each is a process holding torch; default auto: "
+        "on cpu one per core, at most 16; on cuda one per core but one, at most 12 per GPU, at least one per GPU; "
+        "with --time one per GPU, or 1 on cpu)",
     )
     r.add_argument(
         "--gpus",
@@ -115,6 +129,13 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         "--strict",
         action="store_true",
         help="exit 1 on known failures (ledger) and unexpected passes too, not only on unexpected problems",
+    )
+    r.add_argument(
+        "--allow-unjudged",
+        action="store_true",
+        help="exit 0, not 4, when a selected backend judged no case (every one of its pairs unsupported, e.g. a "
+        "backend not installed here): for a selection that legitimately holds no case a backend supports; the "
+        "listing and --json still name it",
     )
     r.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
     r.add_argument(

@@ -30,7 +30,8 @@ workers, and ``--compile-only`` (``attnconf warmup``) stops there, writing no re
 its time split (``extra["t"]``, :mod:`conformance.running.profile`); the summary holds the run's profile.
 
 Exit status of a run: :attr:`conformance.running.outcome.RunSummary.exit_code` (unexpected problems, by the
-known-failure ledger; ``--strict``; 130 when interrupted).
+known-failure ledger; ``--strict``; 4 when a selected backend judged no case, unless ``--allow-unjudged``; 130
+when interrupted).
 """
 
 from __future__ import annotations
@@ -236,8 +237,11 @@ def _run(config: RunConfig) -> RunSummary:
         except OSError as exc:
             raise OutputError(f"--out {config.out}: cannot write: {exc.strerror or exc}") from None
         summary.skipped = len(pairs) - len(todo)
-        summary.results = [done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done]
-        summary.problems = sum(r.status.is_problem for r in summary.results)
+        summary.keep_recorded(done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done)
+        summary.backends = {
+            infos[s]["name"]: infos[s].get("unavailable_reason", "?") if infos[s].get("available") == "no" else ""
+            for s in config.backends
+        }
         summary.workers = workers
         n_before = len(summary.results)
 
@@ -389,6 +393,7 @@ def main_run(config: RunConfig) -> int:
     if ledger is not None:
         summary.finish(ledger, config.strict)
     summary.strict = config.strict
+    summary.allow_unjudged = config.allow_unjudged
     print(summary.text(), file=sys.stderr)
     if config.profile and summary.profile is not None:
         print(summary.profile.text(), file=sys.stderr)

@@ -1,8 +1,11 @@
-"""Usage errors and the checked numeric option types of ``attnconf run`` (and ``cases``).
+"""Usage errors and the checked numeric option types of every ``attnconf`` subcommand.
 
 A usage error is the user's to fix (a bad flag value, an unknown suite or backend, an empty selection, an
 ``--out`` that cannot be written): the command prints it as one line and exits 2, before any result is
-touched.  The ``argparse`` types here name the constraint (``must be > 0, got 0``); argparse prefixes the flag.
+touched.  The ``argparse`` types here name the constraint (``must be a finite number > 0, got '0'``); argparse
+prefixes the flag (``attnconf run: argument --timeout: ...``).  Every numeric option of every subcommand is one
+of them, made by :func:`finite_float` or :func:`bounded_int`: a number is finite (``nan``, ``inf``, ``1e309``
+are refused) and inside its range, or the command line is refused.
 """
 
 from __future__ import annotations
@@ -10,49 +13,102 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable
 
 from conformance.exits import UsageError
 
-__all__ = ["SEED_LIMIT", "UsageError", "device_and_backends", "positive_int", "positive_seconds", "seed_int"]
+__all__ = [
+    "MAX_SECONDS",
+    "SEED_LIMIT",
+    "UsageError",
+    "bounded_int",
+    "device_and_backends",
+    "finite_float",
+    "positive_int",
+    "positive_seconds",
+    "seed_int",
+]
 
 
-def positive_seconds(text: str) -> float:
-    """A finite number of seconds > 0 (``--timeout``: 0 would time out every record)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
-    return value
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
-def _int(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer {what}, got {text!r}") from None
+def _range(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    """``in [0, 1)``, ``> 0``, ``<= 5``: the constraint as the error message says it."""
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{_num(low)}, {_num(high)}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {_num(low)}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {_num(high)}"
+    return ""
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1 (``--limit``: 0 selects nothing)."""
-    value = _int(text, ">= 1")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+def finite_float(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    unit: str = "",
+) -> Callable[[str], float]:
+    """An ``argparse`` type: a finite number (``float`` syntax) in the range ``low``..``high`` (``low_open`` /
+    ``high_open``: the bound itself excluded); the error names the constraint, e.g. ``must be a finite number of
+    seconds > 0, got 'nan'``."""
+    what = " ".join(
+        x for x in ("a finite number", f"of {unit}" if unit else "", _range(low, high, low_open, high_open)) if x
+    )
 
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text[:40]!r}") from None
+        if (
+            not math.isfinite(value)
+            or (low is not None and (value <= low if low_open else value < low))
+            or (high is not None and (value >= high if high_open else value > high))
+        ):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text[:40]!r}")
+        return value
+
+    return parse
+
+
+def bounded_int(low: int | None = None, high: int | None = None, *, high_open: bool = False) -> Callable[[str], int]:
+    """An ``argparse`` type: a whole number (``int`` syntax) in ``low``..``high`` (``high_open``: ``high``
+    excluded); the error names the constraint, e.g. ``must be an integer in [0, 4294967296), got '-1'``."""
+    what = " ".join(x for x in ("an integer", _range(low, high, False, high_open)) if x)
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:  # also a string of more than 4300 digits (sys.get_int_max_str_digits)
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text[:40]!r}") from None
+        if (low is not None and value < low) or (high is not None and (value >= high if high_open else value > high)):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text[:40]!r}")
+        return value
+
+    return parse
+
+
+#: The longest ``--timeout`` (one week): longer is a hang, and a wait past ``threading.TIMEOUT_MAX`` (about 292
+#: years) raises ``OverflowError`` in the middle of a run.
+MAX_SECONDS = 7 * 24 * 3600.0
+
+#: ``--timeout``: seconds per (case, backend), finite, > 0 (0 would time out every record), at most a week.
+positive_seconds = finite_float(0, MAX_SECONDS, low_open=True, unit="seconds")
+
+#: ``--limit``: an integer >= 1 (0 selects nothing).
+positive_int = bounded_int(1)
 
 #: Seeds are below 2**32: ``make_inputs`` seeds a ``torch.Generator`` with ``seed * 1_000_003 + digest``,
 #: which must fit its 64 bits.
 SEED_LIMIT = 2**32
 
-
-def seed_int(text: str) -> int:
-    """An integer in [0, 2**32) (``--seed``)."""
-    value = _int(text, f"in [0, {SEED_LIMIT})")
-    if not 0 <= value < SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_LIMIT}), got {text!r}")
-    return value
+#: ``--seed``: an integer in [0, 2**32).
+seed_int = bounded_int(0, SEED_LIMIT, high_open=True)
 
 
 def device_and_backends(command: str, device: str, backends: list[str] | None) -> tuple[str, list[str]]:

@@ -285,6 +285,9 @@ def check_backend(
     extra.update(getattr(fn, "extra", None) or {})  # a composition's own record fields (graph replays, ...)
     if stats.failed_checks:
         return finish(Status.FAIL, " | ".join(details), stats)
+    nonfinite = stats.nonfinite_fields()
+    if nonfinite:  # no pass carries a NaN/inf statistic, whatever a sub-check missed (records.ErrorStats)
+        return finish(Status.FAIL, f"nonfinite statistics: {', '.join(nonfinite)}", stats)
     problems = list(getattr(fn, "problems", None) or ())  # what a composition found beyond the numbers
     if problems:
         return finish(Status.FAIL, " | ".join(problems), stats)

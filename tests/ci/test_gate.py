@@ -44,3 +44,23 @@ def test_gate_scopes_to_the_new_runs_families_and_fails_on_a_refusal(tmp_path: P
     output = res.stdout + res.stderr  # nox passes the command's output on
     assert res.returncode != 0 and "refused: " in output and "lacks 3 of the 6" in output
     assert "REFUSED" in (tmp_path / "gate.md").read_text()
+
+
+def test_gate_fails_when_the_new_run_judged_nothing(tmp_path: Path) -> None:
+    """A new run on a runner without the kernel: every pair unsupported in NEW, and in the baseline too (the
+    baseline was made there as well) -> attnconf compare exits 4 and the session fails; --allow-unjudged
+    accepts it."""
+    pytest.importorskip("nox", reason="nox is in the test extra")
+    import dataclasses
+
+    from conformance.records import Status
+
+    refused = [dataclasses.replace(r, status=Status.UNSUPPORTED, stats=None, reason="not installed") for r in full()]
+    baseline = write(tmp_path / "baseline.jsonl", header(), *refused)
+    new = write(tmp_path / "new.jsonl", header(), *refused)
+    res = gate(tmp_path, str(baseline), str(new), "--out", str(tmp_path / "gate.md"))
+    output = res.stdout + res.stderr
+    assert res.returncode != 0 and "nothing judged: family kern" in output and "exit code 4" in output, output
+    assert "NOTHING JUDGED" in (tmp_path / "gate.md").read_text()
+    res = gate(tmp_path, str(baseline), str(new), "--allow-unjudged")
+    assert res.returncode == 0, res.stdout + res.stderr

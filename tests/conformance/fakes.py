@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from attnfast.base import Backend, KernelOutput
+from attnfast.base import Backend, KernelOutput, Support
 from attnref import AttnOptions, Numerics, Window, attention_paged, attention_varlen, write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
@@ -42,6 +42,9 @@ __all__ = [
     "LseSignBackend",
     "NoisyBackend",
     "RaisingBackend",
+    "DeclaresNothingBackend",
+    "NotInstalledBackend",
+    "RefusesEverythingBackend",
     "RefusesSinksBackend",
     "SinksIgnoredBackend",
     "SoftcapMissingBackend",
@@ -234,6 +237,41 @@ class RefusesSinksBackend(ExactBackend):
     name = "fake-refuses-sinks"
     description = "test fake: refuses sinks"
     refused: ClassVar[dict[str, str]] = {"sinks": "planted refusal: this fake has no sink support"}
+
+
+class RefusesEverythingBackend(ExactBackend):
+    """Exact, but declares no case supported: a run of it judges nothing (exit 4 unless --allow-unjudged)."""
+
+    name = "fake-refuses-everything"
+    description = "test fake: supports no case"
+
+    def supports(self, case: AttentionCase, device: str) -> Support:
+        return Support(False, "planted refusal: this fake supports no case")
+
+
+class NotInstalledBackend(ExactBackend):
+    """A CUDA-only backend whose package is not installed here (as fa2 on a runner without flash-attn)."""
+
+    name = "fake-not-installed"
+    description = "test fake: not available"
+    devices: ClassVar[tuple[str, ...]] = ("cuda",)
+
+    def is_available(self) -> Support:
+        return Support(False, "planted: fake_kernel_pkg is not importable")
+
+
+class DeclaresNothingBackend(ExactBackend):
+    """Declares every feature refused: every case is refused by its declarations alone (a fuzz campaign's draws
+    are all skipped without running)."""
+
+    name = "fake-declares-nothing"
+    description = "test fake: refuses every feature"
+
+    @property
+    def refused(self) -> dict[str, str]:  # type: ignore[override]
+        from conformance.cases.case import FEATURES
+
+        return {f: "planted: declares nothing" for f in FEATURES}
 
 
 class StoredExactBackend(ExactBackend):

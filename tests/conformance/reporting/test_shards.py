@@ -268,3 +268,34 @@ def test_merged_header_keeps_the_sweep_identity_less_the_shard(tmp_path: Path) -
     assert h.sweep["suite"] == "smoke" and h.sweep["tol"] == tol and h.sweep["seed"] == 0
     assert h.sweep["selection"]["shard"] is None and h.sweep["cases"] == N * LIMIT
     assert h.sweep["case_ids_sha256"] is None  # one shard's ids are not the sweep's
+
+
+def test_a_backend_unsupported_in_every_shard_exits_4_one_unsupported_in_one_shard_does_not(
+    tmp_path: Path, capsys
+) -> None:
+    """A shard may hold none of the cases a backend supports; the merged sweep judging nothing of it is a finding."""
+
+    def refuse(records: list[CheckResult], backend: str) -> list[CheckResult]:
+        return [
+            dataclasses.replace(r, status=Status.UNSUPPORTED, stats=None, reason="runs on cuda, not cpu")
+            if r.backend == backend
+            else r
+            for r in records
+        ]
+
+    out = tmp_path / "merged.jsonl"
+    one = [
+        write(tmp_path / f"a{i}.jsonl", header(i), *(refuse(results(i), "kern-b") if i else results(i)))
+        for i in range(N)
+    ]
+    assert main(["merge", *map(str, one), "--out", str(tmp_path / "one.jsonl")]) == 0
+    capsys.readouterr()
+    every = [write(tmp_path / f"b{i}.jsonl", header(i), *refuse(results(i), "kern-b")) for i in range(N)]
+    assert main(["merge", *map(str, every), "--out", str(out), "--summary", str(tmp_path / "m.md")]) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"attnconf merge: UNJUDGED: kern-b judged none of its {N * LIMIT} pair(s): unsupported: runs on cuda, not cpu"
+    ]
+    assert "## Nothing judged" in (tmp_path / "m.md").read_text() and len(read_records(out)[1]) == N * LIMIT * 2
+    assert main(["merge", *map(str, every), "--out", str(out), "--allow-unjudged"]) == 0
+    assert main(["merge", *map(str, every[:2]), "--out", str(out)]) == 1  # missing shard: 1 before 4

@@ -393,7 +393,8 @@ def test_kill_a_pool_mid_sweep_then_resume(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--jobs", "0"], "argument --jobs: must be >= 1"),
+        (["--jobs", "0"], "argument --jobs: must be auto or a whole number in [1, 1024], got 0"),
+        (["--jobs", str(10**12)], "argument --jobs: must be auto or a whole number in [1, 1024]"),
         (["--jobs", "many"], "argument --jobs: must be auto or a whole number"),
         (["--gpus", "0,x"], "argument --gpus: must be all or comma-separated"),
         (["--gpus", "all"], "--gpus places workers on CUDA devices, but --device is cpu"),

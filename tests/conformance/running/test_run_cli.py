@@ -8,6 +8,7 @@ or two cases; refusals happen before any worker starts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -257,3 +258,91 @@ def test_ctrl_c_keeps_the_records_and_says_how_to_resume(tmp_path: Path, monkeyp
     assert main([*args, "--resume"]) == 0
     _, results = read_records(out)
     assert sorted(r.case_id for r in results) == sorted(c.id for c in SMOKE[:3])
+
+
+# ---------------------------------------------------------------- a backend that judged no case: exit 4 (issue 29)
+def test_a_backend_that_judges_no_case_fails_the_run_with_4_and_allow_unjudged_accepts_it(
+    tmp_path: Path, ledger: Path, capsys
+) -> None:
+    out = tmp_path / "r.jsonl"
+    args = ["run", "--suite", "smoke", *[a for i in IDS for a in ("--case", i)], "--jobs", "1", "--no-progress"]
+    args += ["--ledger-dir", str(ledger), "--out", str(out), "--backend", f"{FAKES}:ExactBackend"]
+    args += ["--backend", f"{FAKES}:RefusesEverythingBackend", "--backend", f"{FAKES}:NotInstalledBackend"]
+    assert main([*args, "--json", str(tmp_path / "s.json")]) == 4
+    err = capsys.readouterr().err
+    unjudged = [ln for ln in err.splitlines() if ln.startswith("UNJUDGED: ")]
+    assert unjudged == [
+        "UNJUDGED: fake-refuses-everything judged none of its 2 pair(s): unsupported: planted refusal: this fake "
+        "supports no case",
+        "UNJUDGED: fake-not-installed judged none of its 2 pair(s): not available here: planted: fake_kernel_pkg is "
+        "not importable",
+    ]
+    assert (
+        err.rstrip()
+        .splitlines()[-1]
+        .startswith(
+            "exit 4: no evidence: 2 selected backend(s) judged no case (fake-refuses-everything, fake-not-installed)"
+        )
+    )
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["exit_status"] == 4 and [(u["backend"], u["pairs"]) for u in summary["unjudged"]] == [
+        ("fake-refuses-everything", 2),
+        ("fake-not-installed", 2),
+    ]
+    assert all(u["reason"] for u in summary["unjudged"]) and not summary["allow_unjudged"]
+    # the resumed sweep (nothing left to run) is judged as a whole; with --strict fake-exact's unexpected pass
+    # (the test ledger claims its bf16 case fails) is 1, which takes precedence over 4
+    assert main([*args, "--resume"]) == 4
+    assert main([*args, "--resume", "--strict"]) == 1
+    assert main([*args, "--resume", "--allow-unjudged", "--json", str(tmp_path / "s.json")]) == 0
+    err = capsys.readouterr().err
+    assert "(accepted: --allow-unjudged)" in err and "2 backend(s) judged no case (accepted" in err
+    assert json.loads((tmp_path / "s.json").read_text())["allow_unjudged"] is True
+
+
+def test_a_resumed_sweep_whose_every_pair_is_unsupported_judged_nothing(tmp_path: Path, ledger: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    args = ["run", "--suite", "smoke", "--case", IDS[0], "--backend", f"{FAKES}:RefusesEverythingBackend"]
+    args += ["--jobs", "1", "--no-progress", "--ledger-dir", str(ledger), "--out", str(out)]
+    assert main(args) == 4
+    assert main([*args, "--resume"]) == 4  # nothing run this time: the file's records still judge nothing
+    assert main([*args, "--resume", "--allow-unjudged"]) == 0
+
+
+def _unsupported(backend: str) -> CheckResult:
+    return dataclasses.replace(_result(backend, Status.UNSUPPORTED), reason="planted refusal")
+
+
+@pytest.mark.parametrize(
+    ("results", "strict", "allow", "code"),
+    [
+        ([_unsupported("fake-exact")], False, False, 4),
+        ([_unsupported("fake-exact")], True, False, 4),
+        ([_unsupported("fake-exact")], False, True, 0),
+        ([_unsupported("fake-exact"), _result("fake-lse-sign", Status.FAIL)], False, False, 1),  # 1 before 4
+        ([_unsupported("fake-exact"), _result("fake-raising", Status.ERROR)], True, False, 1),  # --strict: 1
+        ([_unsupported("fake-exact"), _result("fake-raising", Status.ERROR)], False, False, 4),  # known, 1 unjudged
+        ([_unsupported("fake-exact"), _result("fake-exact", Status.PASS, "c_fp16_x-000000")], False, False, 0),
+        ([], False, False, 4),  # nothing recorded at all
+    ],
+)
+def test_exit_status_of_unjudged_backends(ledger: Path, results: list, strict: bool, allow: bool, code: int) -> None:
+    summary = RunSummary(out=Path("r.jsonl"), results=list(results), allow_unjudged=allow)
+    summary.finish(load_ledger(ledger), strict=strict)
+    assert summary.exit_code == code
+    assert summary.listing().splitlines()[-1].startswith(f"exit {code}: ")
+    summary.interrupted = True
+    assert summary.exit_code == 130 and "UNJUDGED" not in summary.listing()
+
+
+def test_a_selected_backend_without_a_record_and_one_not_available_are_named_with_why() -> None:
+    summary = RunSummary(out=Path("r.jsonl"), results=[_unsupported("fa2")])
+    summary.backends = {"fa2": "flash-attn 2.x is not importable", "fake-exact": ""}
+    assert summary.unjudged() == [
+        ("fa2", "not available here: flash-attn 2.x is not importable", 1),
+        ("fake-exact", "no pair of it was recorded", 0),
+    ]
+    mixed = [_unsupported("b"), dataclasses.replace(_unsupported("b"), reason="other"), _unsupported("b")]
+    assert RunSummary(out=Path("r.jsonl"), results=mixed).unjudged() == [
+        ("b", "unsupported: planted refusal (2 of 3 pairs)", 3)
+    ]

@@ -287,3 +287,49 @@ def test_masked_row_output_is_judged_against_atol_alone():
         stats = compare(ref, base, exact(ref, out=out), TOL)
         assert ("masked_rows" in stats.failed_checks) is fails
         assert "max_error" not in stats.failed_checks  # under 2 x baseline + atol
+
+
+# ---------------------------------------------------------------- no pass carries a NaN/inf statistic (issue 29)
+def test_check_backend_fails_one_nan_output_and_one_nan_lse_and_the_record_says_so():
+    class NanBoth(fakes.ExactBackend):
+        name = "fake-nan-both"
+
+        def finish(self, case, out, lse):
+            out, lse = out.clone(), lse.clone()
+            out[2, 1, 3] = math.nan
+            lse[0, 4] = math.nan  # token 4 of a causal (5, 9) request sees 9 keys: live
+            return KernelOutput(out.to(case.torch_dtype), lse.float())
+
+    case = AttentionCase(requests=((5, 9),), num_heads=2, num_kv_heads=1, head_dim=16, causal=True)
+    result = check_backend(prepare_context(case), NanBoth())
+    assert result.status is Status.FAIL is result.effective_status
+    assert {"nonfinite", "max_error", "lse"} <= set(result.stats.failed_checks)
+    assert result.stats.nonfinite == 1 and math.isinf(result.stats.max_abs) and math.isinf(result.stats.lse_max_abs)
+    assert "max_abs=inf" in result.stats.nonfinite_fields() and "nonfinite=1" in result.stats.nonfinite_fields()
+
+
+def test_check_backend_never_passes_nonfinite_statistics_a_sub_check_missed(monkeypatch):
+    """Defence in depth: were a sub-check of compare() to miss a NaN statistic, check_backend still fails it."""
+    from conformance.verdict import check as check_module
+
+    real = check_module.compare_details
+    for field in ("max_abs", "mean_abs", "error_ratio", "max_rel", "lse_max_abs"):
+        for bad in (math.nan, math.inf):
+
+            def missed(*args, field=field, bad=bad):
+                stats, _, base = real(*args)
+                return dataclasses.replace(stats, failed_checks=(), **{field: bad}), [], base
+
+            monkeypatch.setattr(check_module, "compare_details", missed)
+            case = AttentionCase(requests=((3, 3),), num_heads=1, num_kv_heads=1, head_dim=8)
+            result = check_backend(prepare_context(case), fakes.ExactBackend())
+            assert result.status is Status.FAIL, (field, bad)
+            assert result.reason == f"nonfinite statistics: {field}={bad}"
+
+
+def test_a_nan_cosine_of_an_all_zero_reference_is_not_a_nonfinite_statistic():
+    ref, base = hand_built()
+    zero = AttnResult(torch.zeros_like(ref.out), ref.lse)
+    stats = compare(zero, (torch.zeros_like(ref.out), base[1]), exact(zero), TOL)
+    assert math.isnan(stats.cosine) and stats.nonfinite_fields() == ()
+    assert dataclasses.replace(stats, cosine=math.inf).nonfinite_fields() == ("cosine=inf",)
