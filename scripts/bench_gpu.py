@@ -58,8 +58,18 @@ def main() -> int:
     if args.cache_dir:
         Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
         env["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] = args.cache_dir
-    cmd = [*shlex.split(args.attnconf), "run", "--device", "cuda", "--out", str(out), "--json", str(summary),
-           "--no-progress", *extra]
+    cmd = [
+        *shlex.split(args.attnconf),
+        "run",
+        "--device",
+        "cuda",
+        "--out",
+        str(out),
+        "--json",
+        str(summary),
+        "--no-progress",
+        *extra,
+    ]
     t0 = time.perf_counter()
     with open(args.out_dir / f"{args.label}.log", "w", encoding="utf-8") as log:
         log.write("+ " + shlex.join(cmd) + "\n")
@@ -80,8 +90,10 @@ def main() -> int:
     }
     with open(args.out_dir / "bench.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
-    print(f"{args.label}: {wall:.1f} s, {line['records']} records, {judged} judged, "
-          f"{line['judged_per_s']} judged/s, exit {rc}")
+    print(
+        f"{args.label}: {wall:.1f} s, {line['records']} records, {judged} judged, "
+        f"{line['judged_per_s']} judged/s, exit {rc}"
+    )
     return 0
 
 

@@ -58,8 +58,14 @@ def main() -> None:
             _, t_ref = _t(lambda: reference(case, inputs))
             _, t_base = _t(lambda: baseline(case, inputs))
             ctx, t_ctx = _t(lambda: prepare_context(case, 0, "cuda"))
-            row = {"case": case.id, "kind": "single", "inputs_s": t_in, "reference_s": t_ref, "baseline_s": t_base,
-                   "context_s": t_ctx}
+            row = {
+                "case": case.id,
+                "kind": "single",
+                "inputs_s": t_in,
+                "reference_s": t_ref,
+                "baseline_s": t_base,
+                "context_s": t_ctx,
+            }
         for k, v in row.items():
             if k.endswith("_s"):
                 totals["context"][k] += v * args.every

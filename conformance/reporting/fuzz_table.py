@@ -46,7 +46,7 @@ def fuzz_findings(sources: Iterable[str | Path]) -> dict[str, Any] | None:
     for src in sources:
         path = Path(src)
         if path.is_file():
-            records.extend(r for r in read_records(path)[1] if fuzz_role(r))
+            records.extend(r.judged() for r in read_records(path)[1] if fuzz_role(r))
     if not records:
         return None
     originals = [r for r in records if fuzz_role(r).get("role") == "original"]

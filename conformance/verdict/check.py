@@ -212,8 +212,15 @@ def refusal(case: AttentionCase, backend: Backend, device: str, seed: int = 0) -
             return None
         status, reason = Status.UNSUPPORTED, support.reason or "refused without a reason"
     return _result(
-        case, backend, device, seed, _version(backend), status, reason,
-        elapsed=time.perf_counter() - t_start, extra=_engine_extra(case, engine),
+        case,
+        backend,
+        device,
+        seed,
+        _version(backend),
+        status,
+        reason,
+        elapsed=time.perf_counter() - t_start,
+        extra=_engine_extra(case, engine),
     )
 
 
@@ -252,9 +259,19 @@ def check_backend(
         if phases is not None:
             phases.update({f"{k}_s": v for k, v in clock.items()})
         return _result(
-            case, backend, ctx.device, ctx.seed, version, status, reason,
-            elapsed=time.perf_counter() - t_start + ref_share, kernel_s=clock["kernel"], bench_s=clock["bench"],
-            stats=stats, timing=timing, extra=extra,
+            case,
+            backend,
+            ctx.device,
+            ctx.seed,
+            version,
+            status,
+            reason,
+            elapsed=time.perf_counter() - t_start + ref_share,
+            kernel_s=clock["kernel"],
+            bench_s=clock["bench"],
+            stats=stats,
+            timing=timing,
+            extra=extra,
         )
 
     tol = resolve(case, backend.name, overrides)
