@@ -42,7 +42,10 @@ derives from its fields (sizes, features, the id) is :mod:`conformance.cases.cas
 
 JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from their defaults, so
 adding a field with a default keeps every existing id, hash and record valid; :meth:`from_json`
-ignores keys it does not know (records written by a newer version stay readable).
+ignores keys it does not know (records written by a newer version stay readable) unless ``strict``
+(``--case-json``), and checks each field's JSON type.  Every case, however built, keeps its integers
+within 64 bits, its floats finite and its text printable (:mod:`conformance.cases.case_json`); a refused
+case raises :class:`CaseError` (a ``ValueError``) with one line per problem, naming the field.
 """
 
 from __future__ import annotations
@@ -52,11 +55,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.cases.case_derived import CaseDerived
+from conformance.cases.case_json import CaseError, finite_problem, json_problems, show, value_problems
 from conformance.cases.case_tables import DESCALES, DTYPES, FEATURES, LAYOUTS, OPT_IN_FEATURES, QUANTS
 from conformance.cases.backward_fields import backward_problems
 from conformance.cases.graph_fields import graph_problems
 
-__all__ = ["AttentionCase", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
+__all__ = ["AttentionCase", "CaseError", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
 
 
 @dataclass(frozen=True)
@@ -99,18 +103,25 @@ class AttentionCase(CaseDerived):
     batch_name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        reqs = tuple((int(a), int(b)) for a, b in self.requests)
+        try:
+            reqs = tuple((int(a), int(b)) for a, b in self.requests)
+        except (TypeError, ValueError, OverflowError):
+            raise CaseError([f"requests must be (q_len, kv_len) integer pairs, got {show(self.requests)}"]) from None
         object.__setattr__(self, "requests", reqs)
-        object.__setattr__(self, "window", tuple(self.window))
-        object.__setattr__(self, "graph", tuple(int(n) for n in self.graph))
-        for name in ("softcap", "scale"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, float(getattr(self, name)))
+        try:
+            object.__setattr__(self, "window", tuple(self.window))
+            object.__setattr__(self, "graph", tuple(int(n) for n in self.graph))
+            for name in ("softcap", "scale"):
+                if getattr(self, name) is not None:
+                    object.__setattr__(self, name, float(getattr(self, name)))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise CaseError([f"window, graph, softcap or scale has the wrong type: {exc}"]) from None
         errors = list(self._problems())
         if errors:
-            raise ValueError("invalid AttentionCase: " + "; ".join(errors))
+            raise CaseError(errors)
 
     def _problems(self):
+        yield from value_problems(self)
         if not self.requests:
             yield "requests must hold at least one (q_len, kv_len) pair"
         for i, (ql, kl) in enumerate(self.requests):
@@ -132,8 +143,9 @@ class AttentionCase(CaseDerived):
             yield f"window must be (left, right) with None or ints >= 0, got {self.window!r}"
         elif self.causal and self.window[1] not in (None, 0):
             yield f"window right must be None or 0 with causal, got {self.window[1]}"
-        if self.softcap is not None and self.softcap <= 0:
-            yield f"softcap must be positive or None, got {self.softcap}"
+        for problem in (finite_problem("softcap", self.softcap, True), finite_problem("scale", self.scale, False)):
+            if problem:
+                yield problem
         if self.chunk is not None and self.chunk <= 0:
             yield f"chunk must be positive or None, got {self.chunk}"
         if self.append and any(ql > kl for ql, kl in self.requests):
@@ -202,8 +214,15 @@ class AttentionCase(CaseDerived):
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "AttentionCase":
-        known = {f.name for f in dataclasses.fields(cls)}
+    def from_json(cls, data: Any, *, strict: bool = False) -> "AttentionCase":
+        """The case ``data`` (parsed JSON) describes; :class:`CaseError` (a ``ValueError``) naming each field at
+        fault and its constraint otherwise (:mod:`conformance.cases.case_json`: JSON types, then the case's own
+        checks).  ``strict`` (input a user typed) refuses unknown fields too; without it they are ignored."""
+        fields = dataclasses.fields(cls)
+        problems = json_problems(data, fields, strict)
+        if problems:
+            raise CaseError(problems)
+        known = {f.name for f in fields}
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["requests"] = tuple(tuple(r) for r in kwargs["requests"])
         for name in ("window", "graph"):

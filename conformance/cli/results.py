@@ -115,18 +115,23 @@ def add_parsers(sub) -> None:
 def report(args: argparse.Namespace) -> int:
     """``attnconf report``: Markdown + HTML (+ ``--json``) of the results files; 2 when there is nothing to report."""
     from conformance.records import ResultsFileError
+    from conformance.reporting.ledger import LedgerDirError, load_ledger_dir
     from conformance.reporting.report import load_runs, write_report
     from conformance.reporting.report_summary import report_json
     from conformance.reporting.summary_json import write_summary
 
-    def refuse(path: str, reason: str) -> int:
-        print(f"attnconf report: {path}: {reason}", file=sys.stderr)
+    def refuse(path: str, reason: str, flag: str = "") -> int:
+        print(f"attnconf report: {flag}{path}: {reason}", file=sys.stderr)
         if args.summary_json:
             write_summary(
                 {"schema": 1, "exit_status": 2, "refusal": {"file": path, "reason": reason}}, args.summary_json
             )
         return 2
 
+    try:
+        load_ledger_dir(args.ledger_dir)  # refused before any file is read or written
+    except LedgerDirError as exc:
+        return refuse(exc.path, exc.reason, "--ledger-dir ")
     try:
         runs = load_runs(args.results)
     except ResultsFileError as exc:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -95,25 +94,15 @@ def _print(result, out) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``attnconf ledger ...``; returns the exit status.  A reader that stops early (``| head``) is not an
-    error: the rest of the output is dropped (the way the Python docs advise for SIGPIPE)."""
-    try:
-        return _main(args)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-
-
-def _main(args: argparse.Namespace) -> int:
+    """Run ``attnconf ledger ...``; returns the exit status (a reader that stops early, ``| head``, is
+    :func:`conformance.cli.main`'s: 141, quietly)."""
     if args.ledger_command == "fields":
         return _fields()
-    from conformance.reporting.ledger import load_ledger
+    from conformance.reporting.ledger import load_ledger_dir
     from conformance.reporting.ledger_audit import audit
 
     try:
-        ledger = load_ledger(args.ledger_dir)
-        if args.ledger_dir is not None and not Path(args.ledger_dir).is_dir():
-            raise ValueError(f"--ledger-dir {args.ledger_dir}: no such directory")
+        ledger = load_ledger_dir(args.ledger_dir)
         result = audit(ledger, list(args.results), suites=not args.no_suites, allow_skipped=args.allow_skipped)
     except ValueError as exc:
         print(f"attnconf ledger audit: {exc}", file=sys.stderr)
