@@ -35,7 +35,12 @@ def add_parsers(sub) -> None:
     )
     rep.add_argument("results", nargs="+", type=Path)
     rep.add_argument("--out", type=Path, default=Path("report"), help="output directory (default report/)")
-    rep.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
+    rep.add_argument(
+        "--ledger-dir",
+        type=Path,
+        help="known-failure ledgers (default conformance/ledgers); refused (exit 2) when missing, not a directory "
+        "or holding a malformed ledger",
+    )
     rep.add_argument(
         "--json",
         metavar="PATH",

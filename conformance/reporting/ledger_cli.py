@@ -30,7 +30,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="ledger_command", required=True)
     a = sub.add_parser("audit", help="per entry: problems explained, passes claimed; per backend: what is unexplained")
     a.add_argument("results", nargs="+", type=Path, help="results files (.jsonl or .jsonl.gz; fuzz campaigns too)")
-    a.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
+    a.add_argument(
+        "--ledger-dir",
+        type=Path,
+        help="known-failure ledgers (default conformance/ledgers); refused (exit 2) when missing or not a directory",
+    )
     a.add_argument("--json", action="store_true", help="print the audit as one JSON object")
     a.add_argument("--strict", action="store_true", help="exit 1 when any problem is unexplained too")
     a.add_argument(

@@ -119,7 +119,12 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         action="store_true",
         help="exit 1 on known failures (ledger) and unexpected passes too, not only on unexpected problems",
     )
-    r.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
+    r.add_argument(
+        "--ledger-dir",
+        type=Path,
+        help="known-failure ledgers (default conformance/ledgers); refused (exit 2) when missing, not a directory "
+        "or holding a malformed ledger",
+    )
     r.add_argument(
         "--json",
         type=Path,
