@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _interrupted(command: str, argv: list[str]) -> int:
-    """Say that Ctrl-C stopped ``command`` (with the resume command for ``run``); a second Ctrl-C meanwhile is
-    ignored, so the line is whole."""
+    """Say that Ctrl-C stopped ``command`` (with the resume command for ``run`` and ``fuzz``); a second Ctrl-C
+    meanwhile is ignored, so the line is whole."""
     import signal
     import threading
 
@@ -105,7 +105,7 @@ def _interrupted(command: str, argv: list[str]) -> int:
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
     try:
         hint = ""
-        if command == "run":
+        if command in ("run", "fuzz"):  # both continue a results file with --resume
             from conformance.running.outcome import resume_command
 
             hint = f"; records already written are kept: resume with: {resume_command(('attnconf', *argv))}"

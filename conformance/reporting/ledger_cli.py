@@ -33,7 +33,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     a.add_argument(
         "--ledger-dir",
         type=Path,
-        help="known-failure ledgers (default conformance/ledgers); refused (exit 2) when missing or not a directory",
+        help="known-failure ledgers (default conformance/ledgers); refused (exit 2) when missing, not a directory "
+        "or holding a malformed ledger",
     )
     a.add_argument("--json", action="store_true", help="print the audit as one JSON object")
     a.add_argument("--strict", action="store_true", help="exit 1 when any problem is unexplained too")

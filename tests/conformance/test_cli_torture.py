@@ -160,6 +160,24 @@ def test_ctrl_c_at_any_moment_of_a_run_exits_130_and_resumes_exactly(moment, bas
     assert pairs(out) == baseline[1]  # every pair once, with the verdict of an uninterrupted run
 
 
+def test_ctrl_c_while_python_m_conformance_imports_the_cli_exits_130(tmp_path: Path) -> None:
+    """The one import ``main`` cannot guard, ``python -m conformance``'s own ``from conformance.cli import main``:
+    a KeyboardInterrupt raised inside it (planted by an import hook) ends in one line, exit 130."""
+    bomb = (
+        "import runpy, sys\n"
+        "class Bomb:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'conformance.cli':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Bomb())\n"
+        "sys.argv = ['attnconf', 'cases', '--suite', 'smoke']\n"
+        "runpy.run_module('conformance', run_name='__main__', alter_sys=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", bomb], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 130 and done.stderr == "attnconf: interrupted (Ctrl-C)\n", done.stderr
+
+
 def _printing_commands(results: Path) -> dict[str, tuple[list[str], str]]:
     """Each subcommand that prints a lot to stdout, and the one line it may print to stderr besides."""
     return {

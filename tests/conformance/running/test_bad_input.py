@@ -128,6 +128,7 @@ def test_any_json_text_selects_cases_or_is_refused_in_one_line(value) -> None:
         assert "\n" not in str(exc) and str(exc).startswith(("--case-json", "no case selected")), str(exc)
         return
     assert cases and all(isinstance(c, AttentionCase) for c in cases)
+    json.dumps([c.to_json() for c in cases], allow_nan=False)  # each can be recorded: no NaN, no Infinity
 
 
 @settings(max_examples=150, deadline=None)
@@ -297,32 +298,35 @@ def test_a_malformed_ledger_dir_exits_2_in_one_line(command: str, bad: str, tmp_
         assert refusal["file"] == str(ledger) and says in refusal["reason"]
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.dictionaries(
-        st.sampled_from(
-            ["reason", "when", "pattern", "glob_reason", "evidence", "statuses", "versions", "flaky", "partial"]
-        ),
-        st.recursive(
-            st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-            max_leaves=6,
-        ),
-        max_size=5,
-    )
+ANY = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
 )
-def test_any_ledger_entry_loads_or_is_refused_with_a_value_error(entry) -> None:
-    """Whatever a ``[[failure]]`` table holds, :func:`load_ledger` loads it or raises ``ValueError`` (which the
-    commands turn into one line, exit 2): never another exception."""
+KEYS = ["reason", "when", "pattern", "glob_reason", "evidence", "statuses", "versions", "flaky", "partial", "x"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from(KEYS), ANY | st.sampled_from([">=1.0", "fail", ["fail"], "*d80*"]), max_size=4),
+    st.dictionaries(st.sampled_from(["head_dim", "features", "no_features", "paged", "dtype", "nope"]), ANY),
+)
+def test_any_ledger_entry_loads_or_is_refused_with_a_value_error(tmp_path_factory, changes, when) -> None:
+    """Whatever a ``[[failure]]`` table holds (a valid entry with any keys set to any TOML-like value),
+    :func:`load_ledger` loads it or raises one ``ValueError`` line, which the commands print with exit 2: never
+    another exception."""
     from conformance.reporting import ledger as ledger_mod
 
+    entry = {"reason": "r", "when": when or {"head_dim": 16}, **changes}
+    directory = tmp_path_factory.mktemp("ledger")
+    (directory / "kern.toml").write_text("")
     real = ledger_mod.load_toml_file
     try:
         ledger_mod.load_toml_file = lambda path: {"failure": [entry]}
         try:
-            ledger_mod.load_ledger(Path(__file__).resolve().parents[3] / "conformance" / "ledgers")
+            ledger_mod.load_ledger(directory)
         except ValueError as exc:
-            assert "\n" not in str(exc).strip() or "TOML" in str(exc)
+            assert "\n" not in str(exc) and "kern.toml" in str(exc), str(exc)
     finally:
         ledger_mod.load_toml_file = real
 
@@ -353,6 +357,20 @@ def test_ctrl_c_at_any_moment_of_run_exits_130_with_the_resume_command(
     err = capsys.readouterr().err
     assert "Traceback" not in err and "interrupted (Ctrl-C)" in err
     assert f"resume with: {shlex.join(['attnconf', *args, '--resume'])}" in err
+
+
+def test_ctrl_c_during_a_fuzz_campaign_exits_130_with_the_resume_command(tmp_path, capsys, monkeypatch) -> None:
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("conformance.fuzz.campaign._stream_loop", interrupted)
+    args = ["fuzz", "--backend", "sdpa-cpu", "--device", "cpu", "--budget", "3", "--no-progress"]
+    args += ["--out", str(tmp_path / "f.jsonl")]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1
+    resume = shlex.join(["attnconf", *args, "--resume"])
+    assert f"attnconf fuzz: interrupted (Ctrl-C); records already written are kept: resume with: {resume}" in err
 
 
 @pytest.mark.parametrize(
