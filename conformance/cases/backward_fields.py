@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from conformance.cases.case_json import show
+
 from conformance.cases.case_tables import DATA
 
 __all__ = ["backward_problems"]
@@ -50,7 +52,7 @@ _DEFAULTS: dict[str, Any] = {
 def backward_problems(case: Any) -> Iterator[str]:
     """One message per violated constraint of the backward and data fields (naming the field)."""
     if case.data not in DATA:
-        yield f"data must be one of {sorted(DATA)}, got {case.data!r}"
+        yield f"data must be one of {sorted(DATA)}, got {show(case.data)}"
     if case.deterministic and not case.backward:
         yield "deterministic applies only to a backward case (backward=True): it is the backward kernel's option"
     if not case.backward:

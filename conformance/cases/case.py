@@ -42,7 +42,10 @@ derives from its fields (sizes, features, the id) is :mod:`conformance.cases.cas
 
 JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from their defaults, so
 adding a field with a default keeps every existing id, hash and record valid; :meth:`from_json`
-ignores keys it does not know (records written by a newer version stay readable).
+ignores keys it does not know (records written by a newer version stay readable) unless ``strict``
+(``--case-json``), and checks each field's JSON type.  Every case, however built, keeps its integers
+within 64 bits, its floats finite and its text printable (:mod:`conformance.cases.case_json`); a refused
+case raises :class:`CaseError` (a ``ValueError``) with one line per problem, naming the field.
 """
 
 from __future__ import annotations
@@ -52,11 +55,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.cases.case_derived import CaseDerived
+from conformance.cases.case_json import CaseError, finite_problem, json_problems, show, value_problems
 from conformance.cases.case_tables import DESCALES, DTYPES, FEATURES, LAYOUTS, OPT_IN_FEATURES, QUANTS
 from conformance.cases.backward_fields import backward_problems
 from conformance.cases.graph_fields import graph_problems
 
-__all__ = ["AttentionCase", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
+__all__ = ["AttentionCase", "CaseError", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
+
+
+#: How ``__post_init__`` normalises the fields that take several spellings (a list for a tuple, an int for a
+#: float), and what a field must be when its value cannot be converted.
+_CONVERSIONS: dict[str, tuple[Any, str]] = {
+    "requests": (lambda v: tuple((int(a), int(b)) for a, b in v), "(q_len, kv_len) integer pairs"),
+    "window": (tuple, "(left, right) with None or ints >= 0"),
+    "graph": (lambda v: tuple(int(n) for n in v), "a sequence of integers"),
+    "softcap": (lambda v: None if v is None else float(v), "a finite number > 0 (or unset)"),
+    "scale": (lambda v: None if v is None else float(v), "a finite number (or unset)"),
+}
 
 
 @dataclass(frozen=True)
@@ -99,18 +114,22 @@ class AttentionCase(CaseDerived):
     batch_name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        reqs = tuple((int(a), int(b)) for a, b in self.requests)
-        object.__setattr__(self, "requests", reqs)
-        object.__setattr__(self, "window", tuple(self.window))
-        object.__setattr__(self, "graph", tuple(int(n) for n in self.graph))
-        for name in ("softcap", "scale"):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, float(getattr(self, name)))
-        errors = list(self._problems())
+        wrong = []
+        for name, (convert, what) in _CONVERSIONS.items():
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, convert(value))
+            except (TypeError, ValueError, OverflowError):
+                wrong.append(f"{name} must be {what}, got {show(value)}")
+        errors = wrong or list(self._problems())
         if errors:
-            raise ValueError("invalid AttentionCase: " + "; ".join(errors))
+            raise CaseError(errors)
 
     def _problems(self):
+        limits = list(value_problems(self))
+        if limits:  # the checks below would quote and combine values beyond the limits
+            yield from limits
+            return
         if not self.requests:
             yield "requests must hold at least one (q_len, kv_len) pair"
         for i, (ql, kl) in enumerate(self.requests):
@@ -121,19 +140,20 @@ class AttentionCase(CaseDerived):
         if self.head_dim <= 0 or (self.head_dim_v is not None and self.head_dim_v <= 0):
             yield f"head dims must be positive, got {self.head_dim}, {self.head_dim_v}"
         if self.dtype not in DTYPES:
-            yield f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}"
+            yield f"dtype must be one of {sorted(DTYPES)}, got {show(self.dtype)}"
         if self.kv_layout not in LAYOUTS:
-            yield f"kv_layout must be one of {LAYOUTS}, got {self.kv_layout!r}"
+            yield f"kv_layout must be one of {LAYOUTS}, got {show(self.kv_layout)}"
         if (self.kv_layout != "contiguous") != (self.block_size is not None):
             yield "block_size must be set exactly when kv_layout is paged (NHD/HND)"
         if self.block_size is not None and self.block_size <= 0:
             yield f"block_size must be positive, got {self.block_size}"
         if len(self.window) != 2 or any(w is not None and (not isinstance(w, int) or w < 0) for w in self.window):
-            yield f"window must be (left, right) with None or ints >= 0, got {self.window!r}"
+            yield f"window must be (left, right) with None or ints >= 0, got {show(self.window)}"
         elif self.causal and self.window[1] not in (None, 0):
             yield f"window right must be None or 0 with causal, got {self.window[1]}"
-        if self.softcap is not None and self.softcap <= 0:
-            yield f"softcap must be positive or None, got {self.softcap}"
+        for problem in (finite_problem("softcap", self.softcap, True), finite_problem("scale", self.scale, False)):
+            if problem:
+                yield problem
         if self.chunk is not None and self.chunk <= 0:
             yield f"chunk must be positive or None, got {self.chunk}"
         if self.append and any(ql > kl for ql, kl in self.requests):
@@ -142,7 +162,10 @@ class AttentionCase(CaseDerived):
             yield f"num_splits must be >= 1 or None, got {self.num_splits}"
         yield from self._quant_problems()
         if bool(self.engine) != bool(self.scenario):
-            yield f"engine and scenario must be set together, got engine={self.engine!r}, scenario={self.scenario!r}"
+            yield (
+                f"engine and scenario must be set together, got engine={show(self.engine)}, "
+                f"scenario={show(self.scenario)}"
+            )
         if self.qv and self.head_dim_v is None:
             yield "qv needs head_dim_v (the width of qv and V, e.g. 512 for MLA's latent)"
         yield from self._cp_problems()
@@ -167,7 +190,7 @@ class AttentionCase(CaseDerived):
 
     def _quant_problems(self):
         if self.quant not in QUANTS:
-            yield f"quant must be one of {list(QUANTS)}, got {self.quant!r}"
+            yield f"quant must be one of {list(QUANTS)}, got {show(self.quant)}"
             return
         family = self.quant_family
         if family is None:
@@ -175,10 +198,10 @@ class AttentionCase(CaseDerived):
                 yield "descale and quant_q apply only to a quantized case (quant != 'none')"
             return
         if self.dtype not in ("bf16", "fp16"):
-            yield f"a quantized case needs a bf16 or fp16 activation dtype, got {self.dtype!r}"
+            yield f"a quantized case needs a bf16 or fp16 activation dtype, got {show(self.dtype)}"
         if self.descale is not None and self.descale not in DESCALES[family]:
             allowed = list(DESCALES[family])
-            yield f"descale must be one of {allowed} (or None) for quant {self.quant!r}, got {self.descale!r}"
+            yield f"descale must be one of {allowed} (or None) for quant {show(self.quant)}, got {show(self.descale)}"
         if family == "int8" and not self.quant_q:
             yield "quant_q must be True for the int8 types (they quantize q by definition)"
         if family == "int8" and self.qv:
@@ -202,8 +225,15 @@ class AttentionCase(CaseDerived):
         return out
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "AttentionCase":
-        known = {f.name for f in dataclasses.fields(cls)}
+    def from_json(cls, data: Any, *, strict: bool = False) -> "AttentionCase":
+        """The case ``data`` (parsed JSON) describes; :class:`CaseError` (a ``ValueError``) naming each field at
+        fault and its constraint otherwise (:mod:`conformance.cases.case_json`: JSON types, then the case's own
+        checks).  ``strict`` (input a user typed) refuses unknown fields too; without it they are ignored."""
+        fields = dataclasses.fields(cls)
+        problems = json_problems(data, fields, strict)
+        if problems:
+            raise CaseError(problems)
+        known = {f.name for f in fields}
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["requests"] = tuple(tuple(r) for r in kwargs["requests"])
         for name in ("window", "graph"):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from conformance.cases.case_json import show
+
 __all__ = ["INVARIANCES", "graph_problems"]
 
 #: The invariance kinds a case can ask for (``AttentionCase.invariance``), what each compares bitwise.
@@ -27,7 +29,7 @@ def graph_problems(case: Any) -> Iterator[str]:
         yield f"graph_fill applies only to a graph case (graph set), got graph_fill={case.graph_fill}"
     if case.invariance:
         if case.invariance not in INVARIANCES:
-            yield f"invariance must be one of {sorted(INVARIANCES)}, got {case.invariance!r}"
+            yield f"invariance must be one of {sorted(INVARIANCES)}, got {show(case.invariance)}"
         if case.graph:
             yield "invariance cannot be combined with graph (each is a composition of its own)"
         if case.engine and case.invariance == "splits":
@@ -40,18 +42,18 @@ def graph_problems(case: Any) -> Iterator[str]:
 
 def _graph_problems(case: Any) -> Iterator[str]:
     if any(n < 1 for n in case.graph):
-        yield f"graph must list replay batch sizes >= 1 (capture batch first), got {list(case.graph)}"
+        yield f"graph must list replay batch sizes >= 1 (capture batch first), got {show(case.graph)}"
         return
     if sum(case.graph) != case.batch:
         yield (
-            f"graph sizes {list(case.graph)} must add up to the number of requests ({case.batch}): the requests are "
+            f"graph sizes {show(case.graph)} must add up to the number of requests ({case.batch}): the requests are "
             "the replay batches one after the other"
         )
     if not case.paged:
         yield "graph needs a paged case (kv_layout NHD or HND): engines capture decode over their paged cache"
     q_lens = set(case.q_lens)
     if len(q_lens) != 1 or min(q_lens) < 1:
-        yield f"graph needs one q_len >= 1 for every request (decode or verify buckets), got {sorted(q_lens)}"
+        yield f"graph needs one q_len >= 1 for every request (decode or verify buckets), got {show(sorted(q_lens))}"
     if any(kl < 1 for kl in case.kv_lens):
         yield "graph needs kv_len >= 1 for every request"
     if case.graph_fill not in (0, 1):

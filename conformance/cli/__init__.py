@@ -95,34 +95,56 @@ def main(argv: list[str] | None = None) -> int:
     reference).  Routine events end in one line on stderr, never a traceback: a refused command line or input
     (:class:`~conformance.exits.UsageError`, 2), an output that cannot be written
     (:class:`~conformance.exits.OutputError`, 3), Ctrl-C at any moment (130, with the resume command for ``run``),
-    a closed standard output (``| head``: 141, silently)."""
+    a closed standard output or error (``| head``: 141, silently; stdout is flushed here, so a reader that left
+    before the last buffered lines is caught too, not by the interpreter's final flush)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "")
     try:
-        return _dispatch(argv)
+        code = _dispatch(argv)
+        sys.stdout.flush()
+        return code
     except KeyboardInterrupt:  # a run's sweep handles its own (records kept, resume command); this is the rest
-        hint = ""
-        if command == "run":
-            from conformance.running.outcome import resume_command
-
-            hint = f"; records already written are kept: resume with: {resume_command(('attnconf', *argv))}"
-        print(f"attnconf{' ' + command if command else ''}: interrupted (Ctrl-C){hint}", file=sys.stderr)
-        return Exit.INTERRUPTED
+        return _interrupted(command, argv)
     except BrokenPipeError:
         _quiet_stdout()
         return Exit.PIPE_CLOSED
 
 
+def _interrupted(command: str, argv: list[str]) -> int:
+    """Say that Ctrl-C stopped ``command`` (with the resume command for ``run`` and ``fuzz``); a second Ctrl-C
+    meanwhile is ignored, so the line is whole."""
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        hint = ""
+        if command in ("run", "fuzz"):  # both continue a results file with --resume
+            from conformance.running.outcome import resume_command
+
+            hint = f"; records already written are kept: resume with: {resume_command(('attnconf', *argv))}"
+        print(f"attnconf{' ' + command if command else ''}: interrupted (Ctrl-C){hint}", file=sys.stderr)
+    except BrokenPipeError:
+        _quiet_stdout()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return Exit.INTERRUPTED
+
+
 def _quiet_stdout() -> None:
-    """After the reader of stdout went away: point stdout at /dev/null so the interpreter's final flush does not
-    raise a second BrokenPipeError (the recipe of Python's signal documentation)."""
+    """After the reader of stdout (or stderr) went away: point both at /dev/null, so the interpreter's final
+    flush does not raise a second BrokenPipeError (the recipe of Python's signal documentation)."""
     import os
 
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 def _dispatch(argv: list[str]) -> int:

@@ -30,7 +30,8 @@ def add_backends_parser(sub) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="only these (registry name or module:Class)",
+        help="only these (registry name or module:Class; an unknown registry name is refused, exit 2; a "
+        "module:Class that cannot be loaded is shown as not available)",
     )
 
 
@@ -64,12 +65,15 @@ def add_cases_parser(sub) -> None:
 
 
 def backends(args: argparse.Namespace) -> int:
-    """``attnconf backends``: the capability matrix (a rich table, or ``--json``)."""
+    """``attnconf backends``: the capability matrix (a rich table, or ``--json``); a :class:`UsageError` for an
+    unknown registry name."""
     from attnfast.registry import available_names
 
     from conformance.cases.case import FEATURES
     from conformance.running.env import backend_info, refused_features, resolve_backend
+    from conformance.running.pairs import _check_names
 
+    _check_names(tuple(args.backend))  # an unknown registry name is a typo: exit 2, listing the names
     infos: dict[str, dict[str, str]] = {}
     for spec in args.backend or available_names():
         try:
@@ -90,8 +94,9 @@ def backends(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=2, sort_keys=True))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from conformance.console import PipeConsole
 
     table = Table(title="attnconf backends: declared capabilities (--json gives every refusal's reason)")
     table.add_column("feature", no_wrap=True)
@@ -108,7 +113,7 @@ def backends(args: argparse.Namespace) -> int:
     for feature in FEATURES:
         table.add_row(feature, *["[red]no" if feature in r else "[green]yes" for r in refused])
     # Piped output has no terminal width; the matrix is wider than rich's 80-column default.
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = PipeConsole(width=None if sys.stdout.isatty() else 200)
     console.print(table)
     for spec, info in infos.items():
         if info.get("available") != "yes":

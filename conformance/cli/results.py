@@ -59,7 +59,12 @@ def add_parsers(sub) -> None:
         help="output directory (default report/): report.md, report.html and the PNGs; an earlier report there "
         "is replaced, any other file of those names kept as a numbered backup (report.1.md, ...)",
     )
-    rep.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
+    rep.add_argument(
+        "--ledger-dir",
+        type=Path,
+        help="known-failure ledgers (default conformance/ledgers); refused (exit 2) when missing, not a directory "
+        "or holding a malformed ledger",
+    )
     rep.add_argument(
         "--json",
         metavar="PATH",
@@ -205,14 +210,15 @@ def report(args: argparse.Namespace) -> int:
     the files are written all or nothing (:func:`conformance.outputs.write_many`)."""
     from conformance.outputs import write_many
     from conformance.records import ResultsFileError
+    from conformance.reporting.ledger import LedgerDirError, load_ledger_dir
     from conformance.reporting.report import check_report_dir, load_runs, report_outputs
     from conformance.reporting.report_summary import report_json
     from conformance.reporting.summary_json import summary_output, write_summary
 
     md, html = check_report_dir(args.out, args.results, others=[(args.summary_json, "--json")])[:2]
 
-    def refuse(path: str, reason: str) -> int:
-        print(f"attnconf report: {path}: {reason}", file=sys.stderr)
+    def refuse(path: str, reason: str, flag: str = "") -> int:
+        print(f"attnconf report: {flag}{path}: {reason}", file=sys.stderr)
         if args.summary_json:
             write_summary(
                 {"schema": 1, "exit_status": 2, "refusal": {"file": path, "reason": reason}},
@@ -221,6 +227,10 @@ def report(args: argparse.Namespace) -> int:
             )
         return 2
 
+    try:
+        load_ledger_dir(args.ledger_dir)  # refused before any file is read or written
+    except LedgerDirError as exc:
+        return refuse(exc.path, exc.reason, "--ledger-dir ")
     try:
         runs = load_runs(args.results, drop_duplicates=args.drop_duplicates)
     except ResultsFileError as exc:

@@ -213,8 +213,9 @@ class _Campaign:
 
 
 def _progress_bar(config: FuzzConfig):
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from conformance.console import PipeConsole
 
     unit = "cases" if config.budget.cases is not None else "s"
     return Progress(
@@ -223,7 +224,7 @@ def _progress_bar(config: FuzzConfig):
         TextColumn("{task.completed:.0f}/{task.total:.0f} " + unit),
         TimeElapsedColumn(),
         TextColumn("{task.fields[cases]}"),
-        console=Console(stderr=True),
+        console=PipeConsole(stderr=True),
         disable=not config.progress,
     )
 

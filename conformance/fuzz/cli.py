@@ -39,6 +39,8 @@ def _budget(text: str):
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``fuzz`` to ``attnconf``'s subparsers."""
+    from conformance.running.usage import device_spec
+
     f = subparsers.add_parser(
         "fuzz",
         help="random cases from the whole case space; failures shrunk to minimal cases and grouped",
@@ -55,7 +57,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="NAME",
         help="registry name or module:Class; repeat for several; default: every installed backend on the device",
     )
-    f.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when present; default)")
+    f.add_argument(
+        "--device",
+        type=device_spec,
+        default="auto",
+        help="cpu, cuda, cuda:N or auto (cuda when present; default); refused (exit 2) when this machine has no "
+        "such device, or when a --backend does not run on it",
+    )
     f.add_argument(
         "--budget",
         type=_budget,

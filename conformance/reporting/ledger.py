@@ -45,12 +45,22 @@ from packaging.specifiers import SpecifierSet
 
 from conformance._toml import TOMLDecodeError, load_toml_file
 from conformance.cases.case import AttentionCase
+from conformance.exits import UsageError
 from conformance.records import CheckResult, Status
 from conformance.reporting.ledger_fields import CaseView, case_view
 from conformance.reporting.ledger_predicate import Predicate, parse_predicate, parse_version, parse_versions
 from conformance.reporting.ledger_predicate import version_side as _version_side
 
-__all__ = ["DEFAULT_DIR", "Ledger", "LedgerEntry", "LedgerVerdict", "builtin_suite_cases", "load_ledger"]
+__all__ = [
+    "DEFAULT_DIR",
+    "Ledger",
+    "LedgerDirError",
+    "LedgerEntry",
+    "LedgerVerdict",
+    "builtin_suite_cases",
+    "load_ledger",
+    "load_ledger_dir",
+]
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "ledgers"
 _KEYS = {"pattern", "glob_reason", "when", "versions", "reason", "evidence", "statuses", "flaky", "partial"}
@@ -286,14 +296,48 @@ def load_ledger(directory: Path | str | None = None) -> Ledger:
             data = load_toml_file(path)
         except TOMLDecodeError as exc:
             raise ValueError(f"{path}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text (byte offset {exc.start})") from None
+        except OSError as exc:  # a directory named *.toml, a file it may not read
+            raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
         unknown = set(data) - {"failure"}
         if unknown:
             raise ValueError(f"{path}: top-level keys must be [[failure]] entries, got {sorted(unknown)}")
         failures = data.get("failure", [])
-        if not isinstance(failures, list):
+        if not isinstance(failures, list) or not all(isinstance(raw, dict) for raw in failures):
             raise ValueError(f"{path}: 'failure' must be an array of tables ([[failure]])")
-        ledger.entries.extend(
-            _entry(path.stem, raw, f"{path.parent.name}/{path.name}[{i}]", f"{path} failure[{i}]")
-            for i, raw in enumerate(failures)
-        )
+        for i, raw in enumerate(failures):
+            try:
+                ledger.entries.append(
+                    _entry(path.stem, raw, f"{path.parent.name}/{path.name}[{i}]", f"{path} failure[{i}]")
+                )
+            except (TypeError, AttributeError) as exc:  # a value of a type no check above expected
+                raise ValueError(f"{path} failure[{i}]: malformed entry: {exc}") from None
     return ledger
+
+
+class LedgerDirError(UsageError):
+    """A ledger directory a user named that cannot be used; ``str()`` is one line, ``--ledger-dir DIR: reason``."""
+
+    def __init__(self, directory: Path | str, reason: str, flag: str = "--ledger-dir") -> None:
+        super().__init__(f"{flag} {directory}: {reason}")
+        self.path = str(directory)
+        self.reason = reason
+
+
+def load_ledger_dir(directory: Path | str | None, flag: str = "--ledger-dir") -> Ledger:
+    """The ledgers of a directory a user named with ``flag`` (None: the packaged ones, :func:`load_ledger`).
+
+    :class:`LedgerDirError` (a :class:`~conformance.exits.UsageError`, exit 2) when it does not exist, is not a
+    directory, or holds a ledger :func:`load_ledger` refuses (the reason names the file, the entry and the key)."""
+    if directory is None:
+        return load_ledger()
+    path = Path(directory)
+    if not path.exists():
+        raise LedgerDirError(directory, "no such directory", flag)
+    if not path.is_dir():
+        raise LedgerDirError(directory, "not a directory", flag)
+    try:
+        return load_ledger(path)
+    except ValueError as exc:
+        raise LedgerDirError(directory, str(exc), flag) from None

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -33,7 +32,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="ledger_command", required=True)
     a = sub.add_parser("audit", help="per entry: problems explained, passes claimed; per backend: what is unexplained")
     a.add_argument("results", nargs="+", type=Path, help="results files (.jsonl or .jsonl.gz; fuzz campaigns too)")
-    a.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
+    a.add_argument(
+        "--ledger-dir",
+        type=Path,
+        help="known-failure ledgers (default conformance/ledgers); refused (exit 2) when missing, not a directory "
+        "or holding a malformed ledger",
+    )
     a.add_argument("--json", action="store_true", help="print the audit as one JSON object")
     a.add_argument("--strict", action="store_true", help="exit 1 when any problem is unexplained too")
     a.add_argument(
@@ -107,25 +111,15 @@ def _print(result, out) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``attnconf ledger ...``; returns the exit status.  A reader that stops early (``| head``) is not an
-    error: the rest of the output is dropped (the way the Python docs advise for SIGPIPE)."""
-    try:
-        return _main(args)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-
-
-def _main(args: argparse.Namespace) -> int:
+    """Run ``attnconf ledger ...``; returns the exit status (a reader that stops early, ``| head``, is
+    :func:`conformance.cli.main`'s: 141, quietly)."""
     if args.ledger_command == "fields":
         return _fields()
-    from conformance.reporting.ledger import load_ledger
+    from conformance.reporting.ledger import load_ledger_dir
     from conformance.reporting.ledger_audit import audit
 
     try:
-        ledger = load_ledger(args.ledger_dir)
-        if args.ledger_dir is not None and not Path(args.ledger_dir).is_dir():
-            raise ValueError(f"--ledger-dir {args.ledger_dir}: no such directory")
+        ledger = load_ledger_dir(args.ledger_dir)
         result = audit(
             ledger,
             list(args.results),

@@ -99,6 +99,14 @@ def _describe(client: WorkerClient, config: RunConfig) -> tuple[dict[str, Any], 
     if errors:
         raise UsageError("; ".join(f"{spec}: {msg}" for spec, msg in errors.items()))
     infos = reply.data["backends"]
+    kind = config.device.split(":")[0]
+    elsewhere = {s: infos[s].get("devices", "") for s in config.backends}
+    elsewhere = {s: d for s, d in elsewhere.items() if kind not in d.split(",")}
+    if elsewhere:  # its every pair would be "unsupported": a command line to fix, not a finding
+        raise UsageError(
+            "; ".join(f"--backend {s} runs on {d.replace(',', '/') or 'no device'} only" for s, d in elsewhere.items())
+            + f", not on --device {config.device}"
+        )
     names = [infos[s]["name"] for s in config.backends]
     if len(set(names)) != len(names):
         raise UsageError(f"two --backend values name the same backend: {names}")
@@ -165,10 +173,11 @@ def _record(reply: Reply, case: AttentionCase, spec: str, info: dict[str, str], 
 
 
 def _progress(config: RunConfig, total: int):
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
+    from conformance.console import PipeConsole
+
+    console = PipeConsole(stderr=True)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

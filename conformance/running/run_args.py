@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conformance.running.selection import add_selection_args
 from conformance.exits import UsageError
-from conformance.running.usage import positive_int, positive_seconds, seed_int
+from conformance.running.usage import device_spec, positive_int, positive_seconds, seed_int
 
 __all__ = ["add_run_arguments", "parse_run_argv"]
 
@@ -62,7 +62,13 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         help="registry name or module:Class; repeat for several (cases outer, backends inner); "
         "default: every installed backend available on the device",
     )
-    r.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when present; default)")
+    r.add_argument(
+        "--device",
+        type=device_spec,
+        default="auto",
+        help="cpu, cuda, cuda:N or auto (cuda when present; default); refused (exit 2) before anything runs when "
+        "this machine has no such device, or when a --backend does not run on it",
+    )
     r.add_argument(
         "--out",
         type=Path,
@@ -96,7 +102,14 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
     )
     r.add_argument("--seed", type=seed_int, default=0, help="input seed, 0 <= SEED < 2**32 (default 0)")
     add_selection_args(r)
-    r.add_argument("--case-json", metavar="JSON", help="a case (or list) as AttentionCase JSON, or @file")
+    r.add_argument(
+        "--case-json",
+        metavar="JSON",
+        help="a case (a JSON object of AttentionCase fields) or a list of them, inline or @FILE (UTF-8); refused "
+        "(exit 2, one line naming the case, numbered from 0, the field and the constraint) on an unknown or "
+        "missing field, a wrong JSON type, a non-finite number, an integer beyond 64 bits or a value the case "
+        "model refuses",
+    )
     r.add_argument("--time", action="store_true", help="time each kernel (conformance.perf.timing)")
     r.add_argument(
         "--tol",
@@ -137,7 +150,12 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         "backend not installed here): for a selection that legitimately holds no case a backend supports; the "
         "listing and --json still name it",
     )
-    r.add_argument("--ledger-dir", type=Path, help="known-failure ledgers (default conformance/ledgers)")
+    r.add_argument(
+        "--ledger-dir",
+        type=Path,
+        help="known-failure ledgers (default conformance/ledgers); refused (exit 2) when missing, not a directory "
+        "or holding a malformed ledger",
+    )
     r.add_argument(
         "--json",
         type=Path,

@@ -373,15 +373,13 @@ def main_run(config: RunConfig) -> int:
     """Run, print the summary and the listing of problems (unexpected ones, known ones per ledger entry) to
     stderr, write the ``--json`` summary; the exit status of ``attnconf run``
     (:attr:`conformance.running.outcome.RunSummary.exit_code`)."""
-    from conformance.reporting.ledger import load_ledger
+    from conformance.reporting.ledger import load_ledger_dir
 
-    if config.ledger_dir is not None and not config.ledger_dir.is_dir():
-        raise UsageError(f"--ledger-dir {config.ledger_dir}: no such directory")
     try:
-        ledger = load_ledger(config.ledger_dir)
+        ledger = load_ledger_dir(config.ledger_dir)  # --ledger-dir missing, not a directory, malformed: exit 2
+    except UsageError:
+        raise
     except ValueError as exc:
-        if config.ledger_dir is not None:
-            raise UsageError(f"--ledger-dir: {exc}") from None
         # The packaged ledgers are broken (a bug of this checkout): run anyway, every problem unexpected.
         print(f"attnconf run: the known-failure ledger cannot be read, so every problem counts: {exc}", file=sys.stderr)
         ledger = None

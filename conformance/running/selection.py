@@ -19,17 +19,17 @@ paged`` selects paged cases.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import fnmatch
 import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from conformance.cases.case import FEATURES, AttentionCase
+from conformance.cases.case import FEATURES, AttentionCase, CaseError
 from conformance.exits import UsageError
 
 __all__ = [
+    "CASE_JSON_MAX_BYTES",
     "ID_HELP",
     "add_selection_args",
     "case_from_json",
@@ -75,70 +75,56 @@ def parse_features(texts: Iterable[str], flag: str = "--feature") -> tuple[tuple
     return tuple(groups)
 
 
-#: Fields an ``AttentionCase`` cannot do without, and the Python types of each field (annotations are strings).
-_REQUIRED = [f.name for f in dataclasses.fields(AttentionCase) if f.default is dataclasses.MISSING]
-_TYPES = {
-    "int": (int,),
-    "int | None": (int, type(None)),
-    "float | None": (int, float, type(None)),
-    "bool": (bool,),
-    "str": (str,),
-    "str | None": (str, type(None)),
-}
+#: ``--case-json @FILE`` reads at most this many bytes (a few hundred thousand cases): a FIFO or a device such
+#: as /dev/zero is refused, not read forever.
+CASE_JSON_MAX_BYTES = 64 << 20
 
 
 def case_from_json(data: Any, where: str = "--case-json") -> AttentionCase:
-    """One case from user JSON, strictly: an unknown, missing or mistyped field is named in the ``ValueError``.
-
-    (Records are read leniently by :meth:`AttentionCase.from_json`; input typed by a user is not.)
-    """
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: a case must be a JSON object, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(AttentionCase)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"{where}: unknown field {', '.join(map(repr, unknown))} (fields: {', '.join(fields)})")
-    missing = [n for n in _REQUIRED if n not in data]
-    if missing:
-        raise ValueError(f"{where}: missing field {', '.join(map(repr, missing))}")
-    for name, value in data.items():
-        allowed = _TYPES.get(str(fields[name].type))
-        bad_bool = isinstance(value, bool) and bool not in (allowed or ())
-        if allowed is not None and (not isinstance(value, allowed) or bad_bool):
-            raise ValueError(f"{where}: field {name!r} must be {fields[name].type}, got {value!r}")
-    requests = data["requests"]
-    if not isinstance(requests, list) or not all(
-        isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
-        for r in requests
-    ):
-        raise ValueError(f"{where}: field 'requests' must be a list of [q_len, kv_len] integer pairs, got {requests!r}")
+    """One case from user JSON, strictly (:meth:`AttentionCase.from_json` with ``strict``: an unknown field is
+    refused too); the :class:`UsageError` is one line, ``WHERE: PROBLEM; PROBLEM``."""
     try:
-        return AttentionCase.from_json(data)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: {exc}") from None
+        return AttentionCase.from_json(data, strict=True)
+    except CaseError as exc:
+        raise UsageError(f"{where}: {exc.line}") from None
+
+
+def _read_case_file(text: str) -> str:
+    """The text of ``--case-json @FILE``: UTF-8, at most :data:`CASE_JSON_MAX_BYTES`."""
+    path = Path(text[1:])
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(CASE_JSON_MAX_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"--case-json {text}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > CASE_JSON_MAX_BYTES:
+        raise UsageError(f"--case-json {text}: larger than {CASE_JSON_MAX_BYTES >> 20} MiB; not a case file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"--case-json {text}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
+        ) from None
 
 
 def _json_cases(text: str) -> list[AttentionCase]:
-    """``--case-json``: a case or a list of them, inline or ``@file``."""
-    if text.startswith("@"):
-        try:
-            raw = Path(text[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"--case-json {text}: cannot read: {exc.strerror or exc}") from None
-    else:
-        raw = text
+    """``--case-json``: a case (a JSON object) or a list of them, inline or ``@file``; every refusal is one
+    :class:`UsageError` line naming the case (``case N``, from 0, in a list), the field and the constraint."""
+    raw = _read_case_file(text) if text.startswith("@") else text
+    where = "--case-json" + (f" {text}" if text.startswith("@") else "")
     try:
         data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"--case-json is not JSON: {exc}") from None
-    items = data if isinstance(data, list) else [data]
-    try:
-        return [
-            case_from_json(d, "--case-json" + (f" item {i}" if isinstance(data, list) else ""))
-            for i, d in enumerate(items)
-        ]
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    except RecursionError:
+        raise UsageError(
+            f"{where}: nested too deeply to be a case (JSON arrays or objects inside each other)"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
+        raise UsageError(f"{where} is not JSON: {exc}") from None
+    if not isinstance(data, list):
+        return [case_from_json(data, where)]
+    if not data:
+        raise UsageError(f"{where}: an empty list holds no case")
+    return [case_from_json(d, f"{where}: case {i}") for i, d in enumerate(data)]
 
 
 def parse_models(texts: Iterable[str]) -> tuple[str, ...]:

@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable
 
 from conformance.exits import UsageError
 
 __all__ = [
+    "DEVICE_SPELLINGS",
     "MAX_SECONDS",
     "SEED_LIMIT",
     "UsageError",
     "bounded_int",
+    "check_device",
     "device_and_backends",
+    "device_spec",
     "finite_float",
     "positive_int",
     "positive_seconds",
@@ -111,14 +115,51 @@ SEED_LIMIT = 2**32
 seed_int = bounded_int(0, SEED_LIMIT, high_open=True)
 
 
-def device_and_backends(command: str, device: str, backends: list[str] | None) -> tuple[str, list[str]]:
-    """``--device`` with ``auto`` resolved (CUDA when present, else the CPU) and ``--backend`` defaulting to every
-    installed backend that runs there, said on stderr (``attnconf COMMAND: device D, backends ...``); a
-    :class:`UsageError` when none does."""
-    if device == "auto":
-        import torch
+#: ``--device``: what a device may be spelled as (``cuda:N``: a non-negative index).
+DEVICE_SPELLINGS = "auto, cpu, cuda or cuda:N (N >= 0)"
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+
+def device_spec(text: str) -> str:
+    """``--device``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (checked against this machine by
+    :func:`check_device`, after parsing: a recorded command line is re-read on other machines)."""
+    if not _DEVICE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"must be {DEVICE_SPELLINGS}, got {text!r}")
+    return text
+
+
+def _cuda_devices() -> int:
+    """CUDA devices visible to this process, 0 without a usable CUDA runtime.  ``torch.cuda.is_available()`` and
+    ``device_count()`` create no CUDA context, so the workers the run starts later are unaffected."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """A :class:`UsageError` when ``device`` (spelled as :func:`device_spec` allows) is not on this machine:
+    ``cuda`` without a visible CUDA device, ``cuda:N`` with N at or past the number visible."""
+    if not device.startswith("cuda"):
+        return
+    count = _cuda_devices()
+    if count == 0:
+        raise UsageError(f"{flag} {device}: no CUDA device is visible here (torch.cuda.is_available() is False)")
+    index = int(device.partition(":")[2] or 0)
+    if index >= count:
+        raise UsageError(f"{flag} {device}: {count} CUDA device(s) visible here, cuda:0 to cuda:{count - 1}")
+
+
+def device_and_backends(command: str, device: str, backends: list[str] | None) -> tuple[str, list[str]]:
+    """``--device`` checked against this machine (:func:`check_device`) with ``auto`` resolved (CUDA when present,
+    else the CPU), and ``--backend`` defaulting to every installed backend that runs there, said on stderr
+    (``attnconf COMMAND: device D, backends ...``); a :class:`UsageError` when none does.  A named backend that
+    does not run on the device is refused once a worker has described it
+    (:func:`conformance.running.pairs._describe`)."""
+    if not _DEVICE.fullmatch(device):
+        raise UsageError(f"--device must be {DEVICE_SPELLINGS}, got {device!r}")
+    if device == "auto":
+        device = "cuda" if _cuda_devices() else "cpu"
+    check_device(device)
     if backends:
         return device, list(backends)
     from attnfast.registry import runnable_names

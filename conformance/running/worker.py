@@ -8,7 +8,9 @@ that stdout is duplicated to a private file descriptor and fd 1 is pointed at st
 Why a separate process: a kernel bug can kill the process (segfault, ``abort``, CUDA illegal
 memory access) or hang it; the parent survives, records ``crash`` or ``timeout`` and starts a
 fresh worker.  The worker persists across cases and keeps the last case's context (inputs,
-reference, baseline) so several backends of one case share one reference computation.
+reference, baseline) so several backends of one case share one reference computation.  It runs in a
+session of its own and ignores SIGINT: Ctrl-C is the parent's to handle (:mod:`conformance.running.runner`),
+which stops its workers itself.
 
 Requests and replies (one JSON object per line):
 
@@ -338,7 +340,10 @@ def _watch_parent(period_s: float = 1.0) -> None:
 
 
 def main() -> int:
-    """Serve requests until stdin closes (the parent exited or is done)."""
+    """Serve requests until stdin closes (the parent exited or is done).  SIGINT is ignored: the parent alone
+    decides when a worker stops (it closes stdin or kills it), so a Ctrl-C, which reaches the parent, never turns
+    the pair in flight into a ``crash`` record nor prints a worker's traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel = _claim_stdout()
     import faulthandler
 

@@ -52,7 +52,7 @@ def test_distinct_cases_have_distinct_ids() -> None:
         (dict(causal=True, window=(4, 4)), "window right must be None or 0"),
         (dict(requests=()), "at least one"),
         (dict(requests=((3, 2),), append=True), "append needs q_len <= kv_len"),
-        (dict(softcap=-1.0), "softcap must be positive"),
+        (dict(softcap=-1.0), "softcap must be a finite number > 0"),
         (dict(quant="fp9"), "quant must be one of"),
         (dict(quant="fp8_e4m3", descale="token"), "descale must be one of"),
         (dict(quant="int8_t1", descale="head"), "descale must be one of"),

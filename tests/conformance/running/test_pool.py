@@ -403,6 +403,8 @@ def test_kill_a_pool_mid_sweep_then_resume(tmp_path: Path) -> None:
 )
 def test_bad_jobs_and_gpus_exit_2(tmp_path: Path, capsys, monkeypatch, extra: list[str], message: str) -> None:
     monkeypatch.delenv(FAKE_GPUS_ENV, raising=False)
+    # --device cuda:1 is checked against the machine before placement: pretend two GPUs are visible
+    monkeypatch.setattr("conformance.running.usage._cuda_devices", lambda: 2)
     out = tmp_path / "keep.jsonl"
     argv = ["run", "--suite", "smoke", "--backend", "sdpa-cpu", "--device", "cpu", "--out", str(out), *extra]
     assert main(argv) == 2
