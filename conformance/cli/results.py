@@ -215,7 +215,6 @@ def report(args: argparse.Namespace) -> int:
     from conformance.reporting.report_summary import report_json
     from conformance.reporting.summary_json import summary_output, write_summary
 
-    md, html = check_report_dir(args.out, args.results, others=[(args.summary_json, "--json")])[:2]
 
     def refuse(path: str, reason: str, flag: str = "") -> int:
         print(f"attnconf report: {flag}{path}: {reason}", file=sys.stderr)
@@ -231,6 +230,7 @@ def report(args: argparse.Namespace) -> int:
         load_ledger_dir(args.ledger_dir)  # refused before any file is read or written
     except LedgerDirError as exc:
         return refuse(exc.path, exc.reason, "--ledger-dir ")
+    md, html = check_report_dir(args.out, args.results, others=[(args.summary_json, "--json")])[:2]
     try:
         runs = load_runs(args.results, drop_duplicates=args.drop_duplicates)
     except ResultsFileError as exc:
