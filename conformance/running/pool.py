@@ -14,7 +14,7 @@ cores, unless the caller's environment already sets them.
 Default ``--jobs`` (:func:`default_jobs`): on ``cpu``, one worker per core (at most 16), each with one
 thread: the harness's tensors are small, and one process per core beats threads within one (smoke's
 first 24 cases on ``sdpa-cpu``, 2 busy cores: 23 ms per record with one thread, 156 ms with two); on
-``cuda``, one worker per core but one (the parent's), at most 12 per GPU, at least one per GPU; with
+``cuda``, one worker per core but one (the parent's), at most 16 per GPU, at least one per GPU; with
 ``--time``, one per GPU (or one on ``cpu``) so timed kernels do not share a device.
 
 GPU discovery (:func:`visible_gpus`) is injectable: ``$ATTNCONF_FAKE_GPUS=N`` pretends N GPUs are
@@ -67,8 +67,10 @@ FAKE_GPUS_ENV = "ATTNCONF_FAKE_GPUS"
 #: Requests sent to one worker ahead of its replies: one running, one queued, so the worker never
 #: waits while the parent writes the previous record.
 PIPELINE_DEPTH = 2
-#: At most this many workers share one GPU by default (each holds a CUDA context and its case's tensors).
-MAX_JOBS_PER_GPU = 12
+#: At most this many workers share one GPU by default (each holds a CUDA context and its case's tensors): ``default``
+#: on five kernels on an H100 with 16 cores took 120 s with 15 workers and 173 s with 12 (same machine, one call;
+#: reports/h100-2026-11-26-speed), the GPU's memory shared through :data:`GPU_SHARING_ENV`.
+MAX_JOBS_PER_GPU = 16
 #: At most this many workers by default on ``cpu`` (each is a Python process with torch loaded: ~0.4 GB).
 MAX_CPU_JOBS = 16
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
@@ -100,7 +102,7 @@ class PlacementError(ValueError):
 
 
 #: The most workers ``--jobs`` starts: each is a process holding torch (hundreds of MB), and ``auto`` never exceeds
-#: 12 per GPU or 16 on a CPU, so more is a typo (``--jobs 10**12`` spent minutes allocating before a MemoryError).
+#: 16 per GPU or 16 on a CPU, so more is a typo (``--jobs 10**12`` spent minutes allocating before a MemoryError).
 MAX_JOBS = 1024
 
 

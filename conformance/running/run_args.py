@@ -127,7 +127,7 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N|auto",
         help="crash-isolated workers at once, in total, 1 to 1024 (each is a process holding torch; default auto: "
-        "on cpu one per core, at most 16; on cuda one per core but one, at most 12 per GPU, at least one per GPU; "
+        "on cpu one per core, at most 16; on cuda one per core but one, at most 16 per GPU, at least one per GPU; "
         "with --time one per GPU, or 1 on cpu)",
     )
     r.add_argument(
