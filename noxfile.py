@@ -63,9 +63,9 @@ def _parse(session: nox.Session, parser: argparse.ArgumentParser) -> tuple[argpa
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU unit tests (GPU tests skip with a reason)."""
+    """CPU unit tests (GPU tests skip with a reason), on every core as the README runs them (pytest-xdist)."""
     _install(session, "test")
-    _python(session, "-m", "pytest", "-q", *(session.posargs or ["tests"]))
+    _python(session, "-m", "pytest", "-q", *(session.posargs or ["-n", "auto", "--dist", "loadgroup", "tests"]))
 
 
 @nox.session

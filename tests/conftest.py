@@ -6,6 +6,8 @@
 ``--backend`` takes a registry name or ``module:Class`` and repeats; the default is ``sdpa-cpu`` on
 the ``smoke`` suite on ``cpu``, which is what the plain CI run (``python -m pytest -q tests``)
 executes: about 100 small cases, 10-20 s on 2 cores.
+
+Every test runs torch on one intra-op thread (:func:`_one_torch_thread`), as ``attnconf run``'s CPU workers do.
 """
 
 from __future__ import annotations
@@ -20,6 +22,25 @@ import pytest
 _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """One intra-op torch thread for the whole run (in each pytest-xdist worker too), then the setting restored.
+
+    The tests' tensors are tiny: thread wake-ups dominate.  Measured on the 2-core machine at load 6
+    (2026-11-26): 30 tests of tests/conformance/engines/test_vllm_diff.py took 13.8 s of CPU and 30 s of wall
+    time with one thread, 32 s of CPU and 87 s with two.  One thread is also what ``attnconf run`` gives each of
+    its CPU workers (conformance/running/pool.py).  Subprocesses the tests start are not affected.
+    """
+    torch = sys.modules.get("torch")  # imported by collection when any collected test uses it
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

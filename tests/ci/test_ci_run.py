@@ -38,7 +38,7 @@ def test_readme_lines_install_the_pinned_torch_then_the_test_extra_and_run_the_t
     line1, line2 = readme_lines((REPO / "README.md").read_text())
     torch_pin = re.search(r'"ATTNCONF_TORCH", "(torch==[^"]+)"', (REPO / "noxfile.py").read_text()).group(1)
     assert line1.startswith(f"pip install {torch_pin} && pip install -e '.[test]' && attnconf run "), line1
-    assert line2 == "python -m pytest -q tests"
+    assert line2 == "python -m pytest -q -n auto --dist loadgroup tests"
 
 
 def test_ci_runs_the_readme_lines_and_the_example_backend() -> None:
