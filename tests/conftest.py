@@ -4,14 +4,15 @@
     python -m pytest tests/conformance/test_conformance.py --backend fa2 --device cuda --suite default
 
 ``--backend`` takes a registry name or ``module:Class`` and repeats; the default is ``sdpa-cpu`` on
-the ``smoke`` suite on ``cpu``, which is what the plain CI run (``python -m pytest -q tests``)
+the ``smoke`` suite on ``cpu``, which is what the README's test command (``python -m pytest -q -n auto ... tests``)
 executes: about 100 small cases, 10-20 s on 2 cores.
 
-Every test runs torch on one intra-op thread (:func:`_one_torch_thread`), as ``attnconf run``'s CPU workers do.
+Every test runs torch on one intra-op thread (:func:`_one_thread`), as ``attnconf run``'s CPU workers do.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -25,22 +26,28 @@ if _ROOT not in sys.path:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _one_torch_thread():
-    """One intra-op torch thread for the whole run (in each pytest-xdist worker too), then the setting restored.
+def _one_thread():
+    """One intra-op thread for torch in the test processes (each pytest-xdist worker too) and, through
+    ``OMP_NUM_THREADS=1`` unless the caller set it, in the processes the tests start; both restored at the end.
 
-    The tests' tensors are tiny: thread wake-ups dominate.  Measured on the 2-core machine at load 6
-    (2026-11-26): 30 tests of tests/conformance/engines/test_vllm_diff.py took 13.8 s of CPU and 30 s of wall
-    time with one thread, 32 s of CPU and 87 s with two.  One thread is also what ``attnconf run`` gives each of
-    its CPU workers (conformance/running/pool.py).  Subprocesses the tests start are not affected.
+    The tests' tensors are tiny: thread wake-ups dominate, and under ``-n auto`` every core already runs a test
+    process.  Measured on the 2-core machine (2026-11-26): 30 tests of tests/conformance/engines/test_vllm_diff.py
+    took 13.8 s of CPU (30 s of wall time) with one thread and 32 s (87 s) with two, at load 6; the runner, OOM,
+    fuzz-campaign and graphs-CLI test files, which start ``attnconf`` processes, 137 s of CPU with
+    ``OMP_NUM_THREADS=1`` and 152 s without, at load 4.  One thread per worker is also what ``attnconf run``
+    gives its CPU workers (conformance/running/pool.py); tests of that rule unset the variable themselves.
     """
+    env = pytest.MonkeyPatch()
+    if "OMP_NUM_THREADS" not in os.environ:
+        env.setenv("OMP_NUM_THREADS", "1")
     torch = sys.modules.get("torch")  # imported by collection when any collected test uses it
-    if torch is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    before = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
+    if torch is not None:
+        torch.set_num_threads(before)
+    env.undo()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

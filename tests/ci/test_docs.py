@@ -21,8 +21,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-# pytest-xdist (`-n auto --dist loadgroup`, README): the tests of the built site share one worker, which builds it once
-pytestmark = pytest.mark.xdist_group("docs-site")
 
 
 def _hook():

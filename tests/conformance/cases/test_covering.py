@@ -15,10 +15,6 @@ from conformance.graphs.suite import small_cases
 from conformance.cases.suites import DEFAULT, backward_cases, covering_cases, get_suite
 from conformance.cli import main
 
-# pytest-xdist (`-n auto --dist loadgroup`, README): the tests that build the default and full suites (21 s and
-# 18 s of CPU per process, 2026-11-26) share one worker, so each suite is built once per run
-pytestmark = pytest.mark.xdist_group("suites")
-
 # ------------------------------------------------------------------ a small space, checked by brute force
 LEVELS = {"a": (0, 1, 2, 3), "b": ("x", "y", "z"), "c": (False, True), "d": (0, 1, 2, 3, 4), "e": ("p", "q")}
 

@@ -13,10 +13,6 @@ from conformance.cases.suites import get_suite
 from conformance.verdict.baseline import baseline
 from conformance.verdict.reference import reference
 
-# pytest-xdist (`-n auto --dist loadgroup`, README): the tests that build the default and full suites (21 s and
-# 18 s of CPU per process, 2026-11-26) share one worker, so each suite is built once per run
-pytestmark = pytest.mark.xdist_group("suites")
-
 
 def C(requests, **kw) -> AttentionCase:
     base = dict(num_heads=4, num_kv_heads=2, head_dim=16, causal=True)

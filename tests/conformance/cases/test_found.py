@@ -3,16 +3,10 @@ declared supported by the backends it was found on where the kernel (not the ada
 
 from __future__ import annotations
 
-import pytest
-
 from attnfast.registry import get_backend
 from conformance.cases import space
 from conformance.cases.found import FOUND, found_cases
 from conformance.cases.suites import get_suite
-
-# pytest-xdist (`-n auto --dist loadgroup`, README): the tests that build the default and full suites (21 s and
-# 18 s of CPU per process, 2026-11-26) share one worker, so each suite is built once per run
-pytestmark = pytest.mark.xdist_group("suites")
 
 
 def test_found_cases_are_valid_named_and_in_the_gpu_suites() -> None:

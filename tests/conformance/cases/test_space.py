@@ -12,10 +12,6 @@ from conformance.cases import space
 from conformance.cases.case import AttentionCase
 from conformance.cases.suites import get_suite
 
-# pytest-xdist (`-n auto --dist loadgroup`, README): the tests that build the default and full suites (21 s and
-# 18 s of CPU per process, 2026-11-26) share one worker, so each suite is built once per run
-pytestmark = pytest.mark.xdist_group("suites")
-
 # one violating and one satisfying point per constraint
 CONSTRAINT_EXAMPLES = {
     "block_size_iff_paged": (

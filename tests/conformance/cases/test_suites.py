@@ -7,10 +7,6 @@ import pytest
 from conformance.cases.case import FEATURES, AttentionCase
 from conformance.cases.suites import get_suite, suite_names
 
-# pytest-xdist (`-n auto --dist loadgroup`, README): the tests that build the default and full suites (21 s and
-# 18 s of CPU per process, 2026-11-26) share one worker, so each suite is built once per run
-pytestmark = pytest.mark.xdist_group("suites")
-
 SIZES = {
     "smoke": (80, 170),
     "default": (1500, 6000),

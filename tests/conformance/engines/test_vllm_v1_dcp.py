@@ -195,6 +195,7 @@ def test_in_process_ranks_call_the_kernel_one_at_a_time(monkeypatch):
     assert state["calls"] >= 6 and state["most"] == 1, state
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built in")
 def test_dcp_across_gloo_processes_with_2_3_4_ranks():
     results = run_dcp_worlds(DCP, [2, 3, 4], "sdpa-cpu", "cpu")

@@ -273,6 +273,7 @@ def test_pipelined_requests_keep_their_own_deadline_and_order() -> None:
 # ---------------------------------------------------------------------------------------- sweeps
 
 
+@pytest.mark.slow
 def test_two_workers_on_two_fake_gpus_give_the_records_of_one(tmp_path: Path, monkeypatch) -> None:
     from conformance.running.runner import select_cases
 
@@ -317,6 +318,7 @@ def test_two_workers_on_two_fake_gpus_give_the_records_of_one(tmp_path: Path, mo
     assert "by 2 worker(s)" in two.text() and "overhead (round trip - worker time)" in two.text()
 
 
+@pytest.mark.slow
 def test_a_crash_in_a_pool_restarts_only_that_worker(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(BARRIER, str(tmp_path / "barrier"))
     summary = run(
@@ -347,6 +349,7 @@ def test_a_crash_in_a_pool_restarts_only_that_worker(tmp_path: Path, monkeypatch
     assert summary.worker_starts == 2 + (len(pids[crash.extra["worker"]]) - 1)
 
 
+@pytest.mark.slow
 def test_kill_a_pool_mid_sweep_then_resume(tmp_path: Path) -> None:
     cases = tiny_cases(8)
     out = tmp_path / "r.jsonl"
