@@ -13,6 +13,7 @@ Every test runs torch on one intra-op thread (:func:`_one_thread`), as ``attncon
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -48,6 +49,27 @@ def _one_thread():
     if torch is not None:
         torch.set_num_threads(before)
     env.undo()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_reaches_children():
+    """SIGINT at Python's default in the test process when it was started with SIGINT ignored, so the processes the
+    tests start get it at its default and a test's Ctrl-C (SIGINT) reaches them; restored at the end.
+
+    A pytest started in the background of a non-interactive shell (``cmd &`` in a script) inherits SIGINT ignored,
+    and an ignored signal stays ignored across ``exec``: ``attnconf run`` then ignored the Ctrl-C of
+    tests/conformance/running/test_runner.py, finished its sweep and exited 0 (2026-11-26).
+    """
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    except ValueError:  # not the main thread: nothing to change from here
+        yield
+        return
+    yield
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
