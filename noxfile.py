@@ -61,11 +61,36 @@ def _parse(session: nox.Session, parser: argparse.ArgumentParser) -> tuple[argpa
         session.error(f"{parser.prog}: bad arguments (exit {exc.code}); {parser.format_usage().strip()}")
 
 
+#: pytest on every core (pytest-xdist); worksteal hands each worker a contiguous half of the tests (a module's cached
+#: contexts stay on one worker) and lets an idle worker take the other's pending tests
+_EVERY_CORE = ("-n", "auto", "--dist", "worksteal")
+#: the README's test command (its second line, which .ci/run runs): everything but the ``slow`` tests
+TEST_ARGS = (*_EVERY_CORE, "-m", "not slow", "tests")
+#: ``nox -s slow``, which .ci/run runs after the README's lines: the ``slow`` end-to-end tests, less the 32k-token
+#: memory benchmark (tests/attnref/conftest.py: minutes on 2 cores, run only when asked for by name)
+BENCH_32K = "tests/attnref/test_bench.py::test_bench_peak_memory_32k"
+SLOW_ARGS = (*_EVERY_CORE, "-m", "slow", "--deselect", BENCH_32K, "tests")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
-    """CPU unit tests (GPU tests skip with a reason)."""
+    """CPU tests (GPU tests skip with a reason): the README's test command, then the ``slow`` ones (``nox -s slow``);
+    ``nox -s tests -- ARGS`` runs ``pytest -q ARGS`` instead."""
     _install(session, "test")
-    _python(session, "-m", "pytest", "-q", *(session.posargs or ["tests"]))
+    if session.posargs:
+        _python(session, "-m", "pytest", "-q", *session.posargs)
+        return
+    _python(session, "-m", "pytest", "-q", *TEST_ARGS)
+    _python(session, "-m", "pytest", "-q", *SLOW_ARGS)
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """The ``slow`` end-to-end tests (``attnconf`` sweeps and fuzz campaigns in subprocesses, kills and resumes,
+    process groups: each 5 s of CPU or more), which the README's test command leaves out: ``nox --no-venv -s slow``
+    is .ci/run's step after the README's lines.  ``nox -s slow -- ARGS`` adds pytest arguments."""
+    _install(session, "test")
+    _python(session, "-m", "pytest", "-q", *SLOW_ARGS, *session.posargs)
 
 
 @nox.session

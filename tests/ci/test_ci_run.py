@@ -2,14 +2,17 @@
 
 ``.ci/run --print`` lists the steps without running them (the same ``step`` calls that run them): README line 1
 (the install and the main job), the example backend's install and a check that its entry point registered,
-README line 2 (the tests).  A README whose first ``bash`` block is not two lines stops CI with exit 2.
+README line 2 (the tests but the slow ones: noxfile.TEST_ARGS), then the slow tests (``nox --no-venv -s slow``).
+A README whose first ``bash`` block is not two lines stops CI with exit 2.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,18 +41,41 @@ def test_readme_lines_install_the_pinned_torch_then_the_test_extra_and_run_the_t
     line1, line2 = readme_lines((REPO / "README.md").read_text())
     torch_pin = re.search(r'"ATTNCONF_TORCH", "(torch==[^"]+)"', (REPO / "noxfile.py").read_text()).group(1)
     assert line1.startswith(f"pip install {torch_pin} && pip install -e '.[test]' && attnconf run "), line1
-    assert line2 == "python -m pytest -q tests"
+    assert line2 == "python -m pytest -q " + shlex.join(_noxfile().TEST_ARGS)
+    assert shlex.split(line2)[-3:] == ["-m", "not slow", "tests"]
 
 
 def test_ci_runs_the_readme_lines_and_the_example_backend() -> None:
     line1, line2 = readme_lines((REPO / "README.md").read_text())
     (example_install, *_) = readme_lines((REPO / "examples" / "attnfast_example_backend" / "README.md").read_text())
     steps = steps_of(planned_steps(REPO))
-    assert len(steps) == 4, steps
+    assert len(steps) == 5, steps
     assert steps[0] == line1 and steps[1] == example_install and steps[3] == line2
+    assert steps[4] == "python -m nox --no-venv -s slow"  # the tests README line 2 leaves out
     assert "example-chunked" in steps[2] and "runnable_names" in steps[2]
     text = SCRIPT.read_text()
     assert "python3 -m venv" in text and "--system-site-packages" not in text  # a fresh venv, as a new user's
+
+
+def _noxfile():
+    sys.path.insert(0, str(REPO))
+    try:
+        import noxfile
+
+        return noxfile
+    finally:
+        sys.path.remove(str(REPO))
+
+
+def test_the_slow_session_runs_the_tests_the_readme_leaves_out() -> None:
+    """README line 2 deselects ``slow``; ``nox -s slow`` selects it (less the 32k memory benchmark, which runs only
+    when asked for by name), so each test runs in one of the two CI steps (a step that collects nothing fails CI)."""
+    nox = _noxfile()
+    every_core = ["-n", "auto", "--dist", "worksteal"]
+    assert list(nox.TEST_ARGS) == [*every_core, "-m", "not slow", "tests"]
+    assert list(nox.SLOW_ARGS) == [*every_core, "-m", "slow", "--deselect", nox.BENCH_32K, "tests"]
+    path, name = nox.BENCH_32K.split("::")
+    assert f"def {name}(" in (REPO / path).read_text()
 
 
 def _copy_with_readme(tmp_path: Path, readme: str) -> Path:

@@ -274,6 +274,7 @@ def test_linter_accepts_the_workflow_and_rejects_broken_copies(linter: str, tmp_
 # ------------------------------------------------------------------------------------------ end to end
 
 
+@pytest.mark.slow
 def test_shards_merge_report_gate_on_cpu(workflow: dict[str, Any], tmp_path: Path) -> None:
     pytest.importorskip("nox", reason="nox is in the test extra")
     shutil.copy(REPO / "noxfile.py", tmp_path / "noxfile.py")

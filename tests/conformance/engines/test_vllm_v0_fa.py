@@ -69,16 +69,6 @@ def test_cases_cover_every_scenario_and_round_trip():
 ON_BACKENDS = [(c, "sdpa-cpu") for c in CASES] + [(c, "flex-cpu") for c in FIRST.values()]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread (as tests/attnfast does); on the 2-core CI container two threads make
-    the module several times slower when other work shares the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("case,backend", ON_BACKENDS, ids=[f"{c.id}-{b}" for c, b in ON_BACKENDS])
 def test_every_scenario_passes_on_the_cpu_backends(case, backend):
     res = check_backend(_ctx(case), get_backend(backend))

@@ -35,14 +35,6 @@ ENGINE = VllmV1FlashAttention()
 DCP = [c for c in ENGINE.cases() if c.scenario in SCENARIOS and SCENARIOS[c.scenario].dcp > 1]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("world,interleave", [(2, 1), (3, 4), (4, 16), (3, 1)])
 def test_local_seq_lens_follow_the_interleave_rule(world, interleave):
     lens = torch.arange(0, 150, dtype=torch.int32)
@@ -203,6 +195,7 @@ def test_in_process_ranks_call_the_kernel_one_at_a_time(monkeypatch):
     assert state["calls"] >= 6 and state["most"] == 1, state
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built in")
 def test_dcp_across_gloo_processes_with_2_3_4_ranks():
     results = run_dcp_worlds(DCP, [2, 3, 4], "sdpa-cpu", "cpu")

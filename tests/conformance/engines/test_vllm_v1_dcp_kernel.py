@@ -34,14 +34,6 @@ ENGINE = VllmV1FlashAttention()
 KCP = {c.scenario: c for c in ENGINE.cases() if c.scenario in SCENARIOS and SCENARIOS[c.scenario].kernel_cp}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def contexts():
     return {name: prepare_context(case, 0, "cpu") for name, case in KCP.items()}

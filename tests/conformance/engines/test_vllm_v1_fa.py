@@ -42,16 +42,6 @@ ENGINE = VllmV1FlashAttention()
 CASES = {c.scenario: c for c in ENGINE.cases() if not c.graph and not c.invariance}  # graph, invariance: own tests
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread (as tests/attnfast does); with two threads on the 2-core container,
-    other work sharing the cores made a cascade scenario 30x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.cache
 def _ctx(scenario: str) -> CaseContext:
     return prepare_context(CASES[scenario], 0, "cpu")

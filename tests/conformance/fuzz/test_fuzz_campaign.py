@@ -50,6 +50,7 @@ def test_declared_refusals_are_read_from_the_header_info():
     assert declared_refusal(case, {"devices": "cuda"}, "cpu") == "runs on cuda, not cpu"
 
 
+@pytest.mark.slow
 def test_sdpa_cpu_campaign_writes_run_records_and_resumes_the_same_stream(tmp_path):
     first = run_fuzz(config(tmp_path, "f.jsonl", "sdpa-cpu", budget=Budget(cases=5), seed=7))
     assert first.exit_code == 0 and first.cases_run == 5 and first.worker_starts == 1
@@ -71,6 +72,7 @@ def test_sdpa_cpu_campaign_writes_run_records_and_resumes_the_same_stream(tmp_pa
         run_fuzz(config(tmp_path, "f.jsonl", "sdpa-cpu", budget=Budget(cases=10), seed=8, resume=True))
 
 
+@pytest.mark.slow
 def test_planted_bug_is_found_shrunk_grouped_resumed_replayed_and_reported(tmp_path):
     """A window off-by-one in 12 cases: found, shrunk with too small a step budget (cut), finished by --resume,
     saved to the example database, replayed first by the next campaign, and shown in the report."""
@@ -110,6 +112,7 @@ def test_planted_bug_is_found_shrunk_grouped_resumed_replayed_and_reported(tmp_p
     assert "Fuzz findings" in html.read_text()
 
 
+@pytest.mark.slow
 def test_command_line(tmp_path):
     out = tmp_path / "c.jsonl"
     assert cli_main(["fuzz", "--backend", "sdpa-cpu", "--device", "cpu", "--budget", "0", "--out", str(out)]) == 2

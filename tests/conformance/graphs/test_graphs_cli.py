@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from conformance.cli import main
 from conformance.records import load_results
 
 
+@pytest.mark.slow
 def test_graphs_suite_lists_runs_and_reports_on_cpu(tmp_path, capsys):
     assert main(["cases", "--suite", "graphs", "--json"]) == 0
     cases = [entry["case"] for entry in json.loads(capsys.readouterr().out)]

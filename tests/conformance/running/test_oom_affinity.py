@@ -139,6 +139,7 @@ def test_cuda_oom_is_recognised_in_its_spellings() -> None:
     assert not is_cuda_oom(rec(Status.CRASH, "CUDA out of memory"))
 
 
+@pytest.mark.slow
 def test_a_cuda_oom_under_sharing_is_run_again_alone(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(OOM, str(tmp_path / "oom"))
     summary = run(oom_config(tmp_path))
@@ -164,6 +165,7 @@ def test_a_cuda_oom_under_sharing_is_run_again_alone(tmp_path: Path, monkeypatch
     assert summary.worker_starts >= 2 + 1  # a worker that ran out of memory is replaced
 
 
+@pytest.mark.slow
 def test_a_run_stopped_before_the_retry_leaves_the_pairs_to_resume(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(OOM, str(tmp_path / "oom"))
 

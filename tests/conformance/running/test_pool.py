@@ -262,15 +262,16 @@ def test_serve_hands_over_a_worker_that_cannot_start() -> None:
 def test_pipelined_requests_keep_their_own_deadline_and_order() -> None:
     client = WorkerClient()
     try:
-        cases = tiny_cases(3)
-        for c in cases:
-            client.submit({"op": "check", "case": c.to_json(), "backend": f"{HERE}:ProbeBackend"})
+        cases, slow = tiny_cases(3), "tests.conformance.running.test_runner:SlowExactBackend"
+        for c in cases:  # each kernel call sleeps 0.15 s: a wait measured from the wrong moment is off by that much
+            client.submit({"op": "check", "case": c.to_json(), "backend": slow})
         assert client.in_flight == 3
         replies = [client.collect(60) for _ in cases]
         assert [r.data["result"]["case_id"] for r in replies] == [c.id for c in cases]
-        # a queued request's wait starts when the parent's reader thread sees the previous reply, which may be a
-        # few microseconds after the worker took the request up: allow 2 ms
-        assert all(0 <= r.data["worker_s"] <= r.wall_s + 0.002 for r in replies)
+        # a queued request's wait starts when the parent's reader thread sees the previous reply, which may be after
+        # the worker took the request up: microseconds on an idle machine, but 2 ms were exceeded once under
+        # pytest-xdist at load 4 on 2 cores (the thread waits for a core); allow 50 ms, a third of one call's sleep
+        assert all(0.15 <= r.data["worker_s"] <= r.wall_s + 0.05 for r in replies)
         assert all(r.data["idle_s"] < 1.0 for r in replies[1:])  # the next request was already there
         with pytest.raises(RuntimeError, match="no request in flight"):
             client.collect(1)
@@ -281,6 +282,7 @@ def test_pipelined_requests_keep_their_own_deadline_and_order() -> None:
 # ---------------------------------------------------------------------------------------- sweeps
 
 
+@pytest.mark.slow
 def test_two_workers_on_two_fake_gpus_give_the_records_of_one(tmp_path: Path, monkeypatch) -> None:
     from conformance.running.runner import select_cases
 
@@ -325,6 +327,7 @@ def test_two_workers_on_two_fake_gpus_give_the_records_of_one(tmp_path: Path, mo
     assert "by 2 worker(s)" in two.text() and "overhead (round trip - worker time)" in two.text()
 
 
+@pytest.mark.slow
 def test_a_crash_in_a_pool_restarts_only_that_worker(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(BARRIER, str(tmp_path / "barrier"))
     summary = run(
@@ -355,6 +358,7 @@ def test_a_crash_in_a_pool_restarts_only_that_worker(tmp_path: Path, monkeypatch
     assert summary.worker_starts == 2 + (len(pids[crash.extra["worker"]]) - 1)
 
 
+@pytest.mark.slow
 def test_kill_a_pool_mid_sweep_then_resume(tmp_path: Path) -> None:
     cases = tiny_cases(8)
     out = tmp_path / "r.jsonl"

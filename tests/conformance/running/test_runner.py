@@ -78,6 +78,7 @@ def attnconf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_kill_mid_sweep_then_resume_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     cases = tiny_cases(10)
     out = tmp_path / "r.jsonl"
@@ -114,6 +115,7 @@ def test_kill_mid_sweep_then_resume_loses_and_duplicates_nothing(tmp_path: Path)
     assert all(r.status is Status.PASS for r in results)
 
 
+@pytest.mark.slow
 def test_ctrl_c_mid_sweep_exits_130_and_says_how_to_resume(tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
     args = ["run", "--case-json", case_file(tmp_path, tiny_cases(8)), "--backend", f"{HERE}:SlowExactBackend"]
@@ -139,6 +141,7 @@ def test_ctrl_c_mid_sweep_exits_130_and_says_how_to_resume(tmp_path: Path) -> No
     assert all(r.status is Status.PASS for r in kept)
 
 
+@pytest.mark.slow
 def test_crash_timeout_and_error_are_recorded_and_the_sweep_goes_on(tmp_path: Path) -> None:
     out = tmp_path / "r.jsonl"
     out.write_text("an earlier sweep\n")  # a fresh run keeps it as r.1.jsonl
