@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from conformance.cases.found import FOUND
-from conformance.records import read_records
+from conformance.results_file import read_records
 from conformance.reporting.ledger import load_ledger
 
 

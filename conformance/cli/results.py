@@ -206,15 +206,15 @@ def add_parsers(sub) -> None:
 
 def report(args: argparse.Namespace) -> int:
     """``attnconf report``: Markdown + HTML (+ ``--json``) of the results files; 2 when there is nothing to report.
-    Every output path is checked before any file is read (:func:`conformance.reporting.report.check_report_dir`);
+    Every output path is checked before any file is read (:func:`conformance.reporting.report_render.check_report_dir`);
     the files are written all or nothing (:func:`conformance.outputs.write_many`)."""
     from conformance.outputs import write_many
-    from conformance.records import ResultsFileError
+    from conformance.results_file import ResultsFileError
     from conformance.reporting.ledger import LedgerDirError, load_ledger_dir
-    from conformance.reporting.report import check_report_dir, load_runs, report_outputs
+    from conformance.reporting.report import load_runs
+    from conformance.reporting.report_render import check_report_dir, report_outputs
     from conformance.reporting.report_summary import report_json
     from conformance.reporting.summary_json import summary_output, write_summary
-
 
     def refuse(path: str, reason: str, flag: str = "") -> int:
         print(f"attnconf report: {flag}{path}: {reason}", file=sys.stderr)
@@ -264,7 +264,8 @@ def compare(args: argparse.Namespace) -> int:
     ``--allow-unjudged``), 2 when the files may not be compared (or an output path is refused), 3 when an output
     cannot be written; the outputs are checked before the files are read."""
     from conformance.outputs import Output, check_outputs, with_marker, write_many
-    from conformance.reporting.compare import CompareRefused, compare_files, render_markdown
+    from conformance.reporting.compare import CompareRefused, compare_files
+    from conformance.reporting.compare_markdown import render_markdown
     from conformance.reporting.compare_summary import refusal_json, to_json
     from conformance.reporting.summary_json import summary_output, write_summary
 

@@ -35,7 +35,9 @@ from conformance.fuzz.draw import draw
 from conformance.fuzz.group import fuzz_role, group_failures, label, signature
 from conformance.fuzz.persist import Prior, db_key, db_value, open_db, read_prior, with_fuzz, write_header
 from conformance.fuzz.shrink import ShrinkResult, failure_kind, shrink
-from conformance.records import CheckResult, Status, append_record, judged_results, read_records
+from conformance.records import CheckResult, judged_results, Status
+from conformance.results_file import read_records
+from conformance.results_writer import append_record
 from conformance.running.env import refused_features
 from conformance.exits import OutputError, UsageError
 from conformance.outputs import check_output, move_aside

@@ -15,7 +15,7 @@ from typing import Any
 
 from conformance.fuzz.draw import DrawLimits
 from conformance.fuzz.group import FuzzGroup, fuzz_role
-from conformance.records import NONFINITE_PASS, CheckResult, Status
+from conformance.records import CheckResult, NONFINITE_PASS, Status
 from conformance.running.runner import RunConfig, UsageError
 
 __all__ = ["Budget", "FuzzConfig", "FuzzSummary", "parse_budget"]

@@ -38,7 +38,8 @@ from conformance.cases.case import AttentionCase
 from conformance.fuzz.config import FuzzConfig
 from conformance.fuzz.group import fuzz_role
 from conformance.exits import UsageError
-from conformance.records import CheckResult, Header, append_record
+from conformance.records import CheckResult, Header
+from conformance.results_writer import append_record
 from conformance.running.outfile import read_for_resume, repair_tail
 
 __all__ = ["Prior", "db_key", "db_value", "open_db", "read_prior", "with_fuzz", "write_header"]

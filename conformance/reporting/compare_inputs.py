@@ -5,7 +5,7 @@ A comparison that says "no regression" must have compared everything it was aske
 exits 2) when:
 
 * a file is missing, unreadable (not UTF-8 text, a broken gzip stream), empty, has no header line or no
-  result record (:func:`conformance.records.load_results`);
+  result record (:func:`conformance.results_file.load_results`);
 * a file has lines that are not records (a truncated last line, garbage) and ``allow_skipped`` is off; with
   it they are counted and the summary says how many;
 * a file records one (case, backend) pair twice (two runs wrote it at once) and ``drop_duplicates`` is off; with
@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.records import CheckResult, Header, ResultsFile, ResultsFileError, load_results
+from conformance.records import CheckResult, Header
+from conformance.results_file import load_results, ResultsFile, ResultsFileError
 
 __all__ = ["CompareRefused", "Inputs", "check_inputs", "family", "suite_of", "tolerance_of"]
 
@@ -63,7 +64,7 @@ class Inputs:
     #: OLD families outside NEW's backends -> OLD records (only with ``only_new_families``)
     outside_scope: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    #: what reading the files noted (:meth:`conformance.records.ResultsFile.notes`: a newer writer's schema,
+    #: what reading the files noted (:meth:`conformance.results_file.ResultsFile.notes`: a newer writer's schema,
     #: duplicates dropped), ``PATH: note``
     file_notes: list[str] = field(default_factory=list)
 

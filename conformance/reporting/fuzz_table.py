@@ -19,7 +19,8 @@ from typing import Any
 
 from conformance.cases.case import AttentionCase
 from conformance.fuzz.group import fuzz_role, group_failures
-from conformance.records import CheckResult, read_records
+from conformance.records import CheckResult
+from conformance.results_file import read_records
 
 __all__ = ["fuzz_findings"]
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.records import CheckResult, ResultsFileError, judged_results, load_results
+from conformance.records import CheckResult, judged_results
+from conformance.results_file import load_results, ResultsFileError
 from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases
 from conformance.reporting.ledger_fields import case_view
 
@@ -180,8 +181,8 @@ def audit(
     record, (unless ``allow_skipped``: then counted in :attr:`Audit.skipped`) one with lines that are not
     records, or (unless ``drop_duplicates``: the last record kept, the others counted) one recording a (case,
     backend) pair twice raises ``ValueError`` naming it (an audit over no data proves nothing).  Fuzz campaigns
-    repeat pairs by design and are read whole (:func:`conformance.records.record_key`).  ``suites``: an entry matching
-    no record is stale unless it matches a case of the built-in suites (building them takes seconds)."""
+    repeat pairs by design and are read whole (:func:`conformance.results_file.record_key`).  ``suites``: an entry
+    matching no record is stale unless it matches a case of the built-in suites (building them takes seconds)."""
     out = Audit(files=[str(p) for p in paths])
     per_entry = {id(e): EntryAudit(e) for e in ledger.entries}
     out.entries = list(per_entry.values())

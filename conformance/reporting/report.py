@@ -11,8 +11,8 @@ Several files are merged (shards of one sweep, or runs on several machines); whe
 share (case id, backend), the one read last wins; within one file a pair recorded twice is refused unless
 ``drop_duplicates`` (then the last record of the pair is kept).  Records are counted by their effective status
 (:attr:`conformance.records.CheckResult.effective_status`: a ``pass`` whose statistics are NaN or inf is a fail,
-and the report says how many there were).  Files are read by :func:`conformance.records.load_results`:
-a missing or unreadable file, or one without any record, is a :class:`conformance.records.ResultsFileError`;
+and the report says how many there were).  Files are read by :func:`conformance.results_file.load_results`:
+a missing or unreadable file, or one without any record, is a :class:`conformance.results_file.ResultsFileError`;
 lines that are not records are skipped and kept in :attr:`RunSet.files` (``attnconf report`` counts them on
 stderr and exits 2 when the files hold no result at all).
 """
@@ -38,22 +38,16 @@ from conformance.reporting.invariance_table import invariance_sections
 from conformance.backward.table import backward_section
 from conformance.reporting.model_table import model_sections
 from conformance.reporting.fuzz_table import fuzz_findings
-from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases, load_ledger
-from conformance.records import NONFINITE_PASS, CheckResult, Header, ResultsFile, Status, judged_results, load_results
-from conformance.exits import OutputError, UsageError
-from conformance.outputs import Output, check_outputs, marker, same_file, write_many
-from conformance.reporting.plots import PLOT_KIND
+from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases
+from conformance.records import CheckResult, Header, judged_results, NONFINITE_PASS, Status
+from conformance.results_file import load_results, ResultsFile
 
 __all__ = [
     "HTML_KIND",
     "MD_KIND",
-    "REPORT_FILES",
     "RunSet",
     "build_context",
-    "check_report_dir",
     "load_runs",
-    "report_outputs",
-    "write_report",
 ]
 
 #: Output kinds of the report's Markdown and HTML (:mod:`conformance.outputs`; the PNGs are :data:`PLOT_KIND`).
@@ -102,7 +96,7 @@ class RunSet:
 
 def load_runs(paths: Iterable[Path | str], drop_duplicates: bool = False) -> RunSet:
     """Read results files; a record of a later file with the same (case id, backend) replaces an earlier one.
-    :class:`conformance.records.ResultsFileError` for a missing or unreadable file, one without records, or one
+    :class:`conformance.results_file.ResultsFileError` for a missing or unreadable file, one without records, or one
     recording a pair twice (unless ``drop_duplicates``: the last record of it is kept)."""
     runs = RunSet()
     latest: dict[tuple[str, str], CheckResult] = {}
@@ -375,98 +369,3 @@ def _time_profile(sources: Sequence[str]) -> str:
     if not any(p.unsplit < p.pairs for p in profiles):
         return ""
     return render_profiles(profiles)
-
-
-def _md_cell(text: Any) -> str:
-    """Text safe inside one Markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _environment(html: bool):
-    try:
-        import jinja2
-    except ModuleNotFoundError:
-        raise RuntimeError("attnconf report needs jinja2 and matplotlib: pip install 'attnconf[report]'") from None
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
-        autoescape=html,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-    )
-    env.filters["md"] = _md_cell
-    return env
-
-
-#: The files of a report directory, and their output kinds (:mod:`conformance.outputs`).
-REPORT_FILES = {
-    "report.md": MD_KIND,
-    "report.html": HTML_KIND,
-    "error_ratio.png": PLOT_KIND,
-    "throughput.png": PLOT_KIND,
-}
-
-
-def check_report_dir(
-    out_dir: Path | str,
-    inputs: Sequence[Path | str] = (),
-    flag: str = "--out",
-    others: Sequence[tuple[Path | str | None, str]] = (),
-) -> list[Path]:
-    """Refuse ``out_dir`` as the report directory before any work: a path that exists and is not a directory
-    (a file, a device node, a FIFO): :class:`UsageError`, exit 2; then every file of :data:`REPORT_FILES` in it,
-    with the command's ``others`` outputs (``(path, flag)``, such as ``--json``), as
-    :func:`conformance.outputs.check_outputs` checks them (none one of ``inputs`` or another, not a directory or
-    device, writable).  Returns the paths of ``REPORT_FILES``, in order."""
-    out_dir = Path(out_dir)
-    for other, other_flag in others:
-        if other is not None and str(other) != "-" and same_file(other, out_dir):
-            raise UsageError(f"{other_flag} {other}: is also {flag} (the report directory); give it a file path")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"{flag} {out_dir}: exists and is not a directory (the report is written into a directory)")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise UsageError(f"{flag} {out_dir}: exists and is not a directory") from None
-    except OSError as exc:
-        raise OutputError(f"{flag} {out_dir}: cannot create it: {exc.strerror or exc}") from None
-    paths = check_outputs([*((out_dir / name, flag) for name in REPORT_FILES), *others], inputs)
-    return [p for p in paths[: len(REPORT_FILES)] if p is not None]
-
-
-def report_outputs(
-    runs: RunSet, out_dir: Path | str, ledger_dir: Path | str | None = None
-) -> tuple[list[Output], dict]:
-    """The report's files (``report.md``, ``report.html`` and the PNGs there are), each with its output kind, and
-    the :func:`build_context` data; nothing written."""
-    out_dir = Path(out_dir)
-    ctx = build_context(runs, load_ledger(ledger_dir))
-    outs = [Output(out_dir / name, png, PLOT_KIND) for name, png in ctx.pop("_pngs").items() if png]
-    md = _environment(False).get_template("report.md.j2").render(**ctx, output_marker=marker(MD_KIND, "html"))
-    html = _environment(True).get_template("report.html.j2").render(**ctx, output_marker=marker(HTML_KIND, "html"))
-    outs += [
-        Output(out_dir / "report.md", md.encode(), MD_KIND),
-        Output(out_dir / "report.html", html.encode(), HTML_KIND),
-    ]
-    return outs, ctx
-
-
-def write_report(
-    paths: Sequence[Path | str] | RunSet,
-    out_dir: Path | str,
-    ledger_dir: Path | str | None = None,
-    *,
-    with_context: bool = False,
-):
-    """Write ``report.md`` (with its PNGs beside it) and ``report.html`` to ``out_dir``, as
-    :func:`conformance.outputs.write_many` writes (checked first, all or nothing, a file the report did not write
-    kept as a numbered backup); returns their paths (and, ``with_context``, the :func:`build_context` data too)."""
-    out_dir = Path(out_dir)
-    runs = paths if isinstance(paths, RunSet) else load_runs(paths)
-    check_report_dir(out_dir, runs.sources)
-    outs, ctx = report_outputs(runs, out_dir, ledger_dir)
-    write_many(outs)
-    md, html = out_dir / "report.md", out_dir / "report.html"
-    return (md, html, ctx) if with_context else (md, html)

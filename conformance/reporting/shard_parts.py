@@ -9,8 +9,8 @@ parse_run_argv`, the suite built by this checkout, and the same number of cases 
 otherwise they are counted from the header's case count.  :func:`agree` is the sweep identity two headers must
 share (suite, git commit, backends and versions, device type, seed, timing and tolerance options).
 
-Files are read by :func:`conformance.records.load_results`, strictly: an unreadable file (binary, not UTF-8, a
-line longer than :data:`conformance.records.MAX_LINE`, corrupt gzip data), one written by a newer attnconf (the
+Files are read by :func:`conformance.results_file.load_results`, strictly: an unreadable file (binary, not UTF-8, a
+line longer than :data:`conformance.results_file.MAX_LINE`, corrupt gzip data), one written by a newer attnconf (the
 merged file would lose the fields this version does not know), one recording a (case, backend) pair twice
 (unless ``drop_duplicates``: the last record is kept) or holding lines that are not records (unless
 ``allow_skipped``) is a :class:`MergeError`.  A killed runner's cut tail (a last line without its newline, a cut
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conformance.records import SCHEMA, CheckResult, Header, ResultsFile, ResultsFileError, load_results
+from conformance.records import CheckResult, Header, SCHEMA
+from conformance.results_file import load_results, ResultsFile, ResultsFileError
 
 __all__ = ["RUN_KEYS", "MergeError", "Pair", "ShardPart", "agree", "read_file", "read_parts"]
 

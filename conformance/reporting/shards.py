@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from conformance.outputs import Output, write_many
-from conformance.records import CheckResult, Header, ResultsFile, Status
+from conformance.records import CheckResult, Header, Status
+from conformance.results_file import ResultsFile
 from conformance.reporting.shard_parts import MergeError, Pair, ShardPart, agree, read_file, read_parts
 from conformance.running.outcome import unjudged_backends
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from conformance.exits import Exit
-from conformance.records import NONFINITE_PASS, CheckResult, Status, judged_results
+from conformance.records import CheckResult, judged_results, NONFINITE_PASS, Status
 
 __all__ = ["LIST_MAX", "RunSummary", "resume_command", "short_reason", "unjudged_backends"]
 

@@ -22,7 +22,7 @@ existed is checked on what it recorded (suite, ``env.run``'s seed, device, shard
 that, :func:`read_for_resume` reads the whole file strictly and refuses what a resumed run must not extend
 (unreadable, a pair twice, a newer writer's, garbled lines unless allowed); :func:`repair_tail` then drops a
 killed writer's cut tail, so the appended records (plain lines, or gzip members for a gzipped file:
-:class:`conformance.records.Appender`) start clean.  All of it under the file's lock (:mod:`conformance.lock`).
+:class:`conformance.results_writer.Appender`) start clean.  All of it under the file's lock (:mod:`conformance.lock`).
 
 **No run deletes earlier results**: without ``--resume`` an existing file moves to the first free numbered
 backup ``NAME.1.jsonl``, ``NAME.2.jsonl``, ... (``NAME.1.jsonl.gz`` for a gzipped one; :func:`backup_path`, the
@@ -44,7 +44,8 @@ from typing import Any
 
 from conformance.exits import UsageError
 from conformance.outputs import backup_path, check_output, move_aside
-from conformance.records import SCHEMA, Header, ResultsFile, ResultsFileError, refuse_duplicates, scan_results
+from conformance.records import Header, SCHEMA
+from conformance.results_file import refuse_duplicates, ResultsFile, ResultsFileError, scan_results
 
 __all__ = [
     "RESUME_KEYS",
@@ -173,7 +174,7 @@ def check_writable(path: Path, flag: str = "--out", inputs: Iterable[Path | str]
 def read_for_resume(path: Path, *, allow_skipped: bool = False, flag: str = "--resume") -> ResultsFile | None:
     """The file a resumed run continues, read whole and checked before anything is touched; None when it is
     absent or empty.  :class:`UsageError` (exit 2, one line naming the file) when it cannot be read (a line longer
-    than :data:`conformance.records.MAX_LINE`, text that is not UTF-8, corrupt gzip data, plain text after gzip
+    than :data:`conformance.results_file.MAX_LINE`, text that is not UTF-8, corrupt gzip data, plain text after gzip
     data), was written by a newer attnconf (appending to a format this version does not know could break it),
     records a (case, backend) pair twice, or holds lines that are not records other than a killed writer's cut
     tail (unless ``allow_skipped``: they are kept, and the pairs they might have held run again).  The cut tail
@@ -215,7 +216,7 @@ def repair_tail(path: Path, scanned: ResultsFile | None = None) -> None:
     """Make the file ready for appending: cut off a killed writer's cut tail (a last line without its newline that
     is not JSON, a cut last gzip member, zero padding after the last member), and give a last line that lacks only
     its newline one (a plain newline, or a gzip member holding one).  ``scanned``: the file as
-    :func:`conformance.records.scan_results` read it (read again when None)."""
+    :func:`conformance.results_file.scan_results` read it (read again when None)."""
     if not path.exists() or path.stat().st_size == 0:
         return
     f = scanned if scanned is not None else scan_results(path)

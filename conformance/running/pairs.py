@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance.cases.case import AttentionCase
-from conformance.records import Appender, CheckResult, Status
+from conformance.records import CheckResult, Status
+from conformance.results_writer import Appender
 from conformance.running.outcome import RunSummary
 from conformance.running.pool import Placement, PlacementError, parse_gpus, plan_workers
 from conformance.exits import OutputError, UsageError
@@ -288,7 +289,7 @@ def _timing_warning(config: RunConfig, placements: list[Placement]) -> str | Non
 
 
 class _Writer:
-    """The results file, open for the whole run (:class:`conformance.records.Appender`: plain lines, or one gzip
+    """The results file, open for the whole run (:class:`conformance.results_writer.Appender`: plain lines, or one gzip
     member per batch for a gzipped file): records appended as they arrive, handed to the operating system per
     batch (:meth:`sync`: a killed run keeps them), and fsync'ed at most every :attr:`SYNC_EVERY_S` seconds and
     when a phase ends (``force``): only a machine that crashes loses the records of that interval, which

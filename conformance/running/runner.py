@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance.lock import hold
-from conformance.records import Appender, CheckResult, Header, Status, append_record
+from conformance.records import CheckResult, Header, Status
+from conformance.results_writer import append_record, Appender
 from conformance.running.outcome import LIST_MAX, RunSummary, resume_command, short_reason
 from conformance.running.outfile import check_resume, check_writable, move_aside, read_for_resume, repair_tail, sweep
 from conformance.running.pairs import (

@@ -136,7 +136,7 @@ def load_costs(path: Any) -> list[CheckResult]:
     """The records of ``--costs FILE`` (a results file); :class:`~conformance.exits.UsageError` when it cannot be
     read or holds no result."""
     from conformance.exits import UsageError
-    from conformance.records import ResultsFileError, load_results
+    from conformance.results_file import load_results, ResultsFileError
 
     try:
         # timings are a scheduling hint, not a verdict: a pair recorded twice counts once (its last record)

@@ -197,9 +197,29 @@ def _engine_extra(case: AttentionCase, engine: Any) -> dict[str, Any]:
     return {"engine": {"engine": case.engine, "scenario": case.scenario, "seed": engine.seed}} if case.engine else {}
 
 
+def _available(backend: Backend) -> Any:
+    """``backend.is_available()``, asked once per backend object (an import probe); a probe that raises is a
+    refusal with its message."""
+    cached = getattr(backend, "_attnconf_available", None)
+    if cached is None:
+        from attnfast.base import Support
+
+        try:
+            cached = backend.is_available()
+        except Exception as exc:  # noqa: BLE001 - a broken probe is a reason, not a crash of the sweep
+            cached = Support(False, f"is_available() raised {_exc_line(exc)}")
+        try:
+            backend._attnconf_available = cached  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+    return cached
+
+
 def refusal(case: AttentionCase, backend: Backend, device: str, seed: int = 0) -> CheckResult | None:
-    """The record of ``backend`` on ``case`` when it does not run it: UNSUPPORTED with its declared reason (or
-    ERROR when ``supports`` itself raised); None when it runs the case.  Decided from the case alone, before any
+    """The record of ``backend`` on ``case`` when it does not run it: UNSUPPORTED with its declared reason, or with
+    ``not available here: ...`` when the case is supported but the kernel cannot run on this machine
+    (:meth:`~attnfast.base.Backend.is_available`: its package is not installed, no device), or ERROR when
+    ``supports`` itself raised; None when it runs the case.  Decided from the case alone, before any
     tensor exists, so a case no backend runs costs no inputs, reference or baseline (the worker asks this first)."""
     t_start = time.perf_counter()
     engine = composition_of(case)
@@ -209,8 +229,12 @@ def refusal(case: AttentionCase, backend: Backend, device: str, seed: int = 0) -
         status, reason = Status.ERROR, f"supports() raised {_exc_line(exc)}"
     else:
         if support:
-            return None
-        status, reason = Status.UNSUPPORTED, support.reason or "refused without a reason"
+            available = _available(backend)
+            if available:
+                return None
+            status, reason = Status.UNSUPPORTED, f"not available here: {available.reason or 'no reason given'}"
+        else:
+            status, reason = Status.UNSUPPORTED, support.reason or "refused without a reason"
     return _result(
         case,
         backend,

@@ -22,7 +22,7 @@ from attnfast._fa_common import fa2_kernel_window, fa2_window
 from attnref import AttnOptions, window_from_fa2
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import make_inputs
-from conformance.records import read_records
+from conformance.results_file import read_records
 from conformance.verdict.reference import case_options, reference
 from tests.attnref.oracle import options_kwargs, oracle_batch
 

@@ -250,14 +250,23 @@ class RefusesEverythingBackend(ExactBackend):
 
 
 class NotInstalledBackend(ExactBackend):
-    """A CUDA-only backend whose package is not installed here (as fa2 on a runner without flash-attn)."""
+    """A backend for this machine's device whose package is not installed here (as fa2 on a GPU runner without
+    flash-attn): named with ``--backend``, every pair is unsupported ("not available here")."""
 
     name = "fake-not-installed"
     description = "test fake: not available"
-    devices: ClassVar[tuple[str, ...]] = ("cuda",)
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
 
     def is_available(self) -> Support:
         return Support(False, "planted: fake_kernel_pkg is not importable")
+
+
+class CudaOnlyBackend(ExactBackend):
+    """Exact, but runs on CUDA only (as fa2): named with ``--device cpu`` it is refused before anything runs."""
+
+    name = "fake-cuda-only"
+    description = "test fake: cuda only"
+    devices: ClassVar[tuple[str, ...]] = ("cuda",)
 
 
 class DeclaresNothingBackend(ExactBackend):

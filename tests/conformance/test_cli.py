@@ -178,7 +178,7 @@ def test_run_without_backend_uses_every_available_backend_of_the_device(tmp_path
     import torch
 
     from conformance.cli import main
-    from conformance.records import read_records
+    from conformance.results_file import read_records
 
     from attnfast.registry import runnable_names
 

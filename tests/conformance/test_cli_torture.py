@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from attnfast.sdpa import SdpaCpuBackend
-from conformance.records import read_records
+from conformance.results_file import read_records
 
 pytestmark = [
     pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc and POSIX signals"),

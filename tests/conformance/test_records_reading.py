@@ -26,16 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance.records import (
-    MAX_LINE,
-    CheckResult,
-    ErrorStats,
-    Header,
-    ResultsFileError,
-    Status,
-    load_results,
-    record_line,
-)
+from conformance.records import CheckResult, ErrorStats, Header, Status
+from conformance.results_file import load_results, MAX_LINE, ResultsFileError
+from conformance.results_writer import record_line
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 #: how many damaged files the tests below try (the hypothesis examples, the exhaustive cuts): for the report
@@ -110,7 +103,7 @@ def test_a_cut_at_any_byte_reads_a_prefix_or_is_refused_and_resumes_exactly(kind
     """Every byte a killed writer could have stopped at: the strict reader gives the records before the cut (at a
     line or member boundary) or refuses; the resume path never refuses, repairs, and after the missing records
     are appended the file reads back strictly as the original, no pair twice."""
-    from conformance.records import Appender
+    from conformance.results_writer import Appender
     from conformance.running.outfile import read_for_resume, repair_tail
 
     monkeypatch.setattr("os.fsync", lambda fd: None)  # durability is not under test here: 10,000 files

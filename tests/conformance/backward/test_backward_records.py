@@ -12,9 +12,12 @@ import pytest
 from conformance.backward.diff import gradient_diffs
 from conformance.backward.table import COLUMNS, backward_section
 from conformance.cli import main
-from conformance.records import CheckResult, Header, Status, append_record, load_results
-from conformance.reporting.compare import compare_results, render_markdown
-from conformance.reporting.report import write_report
+from conformance.records import CheckResult, Header, Status
+from conformance.results_file import load_results
+from conformance.results_writer import append_record
+from conformance.reporting.compare import compare_results
+from conformance.reporting.compare_markdown import render_markdown
+from conformance.reporting.report_render import write_report
 from conformance.verdict.check import check_backend, prepare_context
 from tests.conformance.backward.grad_fakes import FlashStyleBackend, GqaDkFirstHeadBackend
 from tests.conformance.backward.test_planted import CASES

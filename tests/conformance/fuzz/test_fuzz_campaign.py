@@ -14,8 +14,9 @@ from conformance.cli import main as cli_main
 from conformance.fuzz.campaign import Budget, FuzzConfig, declared_refusal, parse_budget, run_fuzz
 from conformance.fuzz.draw import DrawLimits, draw
 from conformance.fuzz.group import fuzz_role
-from conformance.records import Status, read_records
-from conformance.reporting.report import write_report
+from conformance.records import Status
+from conformance.results_file import read_records
+from conformance.reporting.report_render import write_report
 from conformance.running.runner import UsageError
 
 REPO = Path(__file__).resolve().parents[3]

@@ -16,12 +16,19 @@ def fuzz(tmp_path: Path, *args: str) -> list[str]:
             "--out", str(tmp_path / "f.jsonl"), *args]  # fmt: skip
 
 
-def test_a_backend_that_runs_on_another_device_stops_the_campaign_at_once_and_exits_4(tmp_path: Path, capsys) -> None:
-    """Before: `--budget 5` never ended (every draw refused, no case ever run); a time budget exited 0."""
+def test_a_backend_for_another_device_is_refused_before_any_draw(tmp_path: Path, capsys) -> None:
+    """Before: `--budget 5` never ended (every draw refused, no case ever run); a time budget exited 0.  Now the
+    backend is refused up front (exit 2), as `run` refuses it."""
+    assert main(fuzz(tmp_path, "--backend", f"{FAKES}:CudaOnlyBackend", "--budget", "5")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CudaOnlyBackend runs on cuda only, not on --device cpu" in err[0], err
+
+
+def test_a_backend_not_installed_here_judges_nothing_and_exits_4(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(campaign, "MAX_IDLE_DRAWS", 40)
     assert main(fuzz(tmp_path, "--backend", f"{FAKES}:NotInstalledBackend", "--budget", "5")) == 4
     err = capsys.readouterr().err
-    assert "stopped drawing before the budget was spent: every backend runs on another device" in err
-    assert "UNJUDGED: fake-not-installed judged none of its 0 drawn case(s): not available here: planted" in err
+    assert "UNJUDGED: fake-not-installed judged none of its" in err and "not available here: planted" in err
     assert main(fuzz(tmp_path, "--backend", f"{FAKES}:NotInstalledBackend", "--budget", "5", "--allow-unjudged")) == 0
 
 

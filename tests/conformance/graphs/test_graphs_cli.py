@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conformance.cli import main
-from conformance.records import load_results
+from conformance.results_file import load_results
 
 
 @pytest.mark.slow

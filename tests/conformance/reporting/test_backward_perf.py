@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from conformance.cases.case import AttentionCase
-from conformance.records import CheckResult, Header, Status, Timing, append_record
+from conformance.records import CheckResult, Header, Status, Timing
+from conformance.results_writer import append_record
 from conformance.reporting.backward_perf import backward_perf_rows
-from conformance.reporting.report import write_report
+from conformance.reporting.report_render import write_report
 
 FWD = AttentionCase(requests=((512, 512),) * 2, num_heads=4, num_kv_heads=4, head_dim=64, causal=True)
 BWD = FWD.replace(backward=True)

@@ -10,8 +10,10 @@ import pytest
 from conformance.cases.case import AttentionCase
 from conformance.verdict.check import check_backend, prepare_context
 from conformance.cli import main
-from conformance.reporting.compare import compare_results, render_markdown
-from conformance.records import CheckResult, ErrorStats, Header, Status, Timing, append_record
+from conformance.reporting.compare import compare_results
+from conformance.reporting.compare_markdown import render_markdown
+from conformance.records import CheckResult, ErrorStats, Header, Status, Timing
+from conformance.results_writer import append_record
 from tests.conformance.fakes import ExactBackend, WindowOffByOneBackend
 
 WINDOW_CASES = [

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.records import NONFINITE_PASS, CheckResult, Status, judged_results, read_records
+from conformance.records import CheckResult, judged_results, NONFINITE_PASS, Status
+from conformance.results_file import read_records
 from conformance.reporting.compare import compare_results
 from conformance.running.outcome import RunSummary
 from tests.conformance.reporting.test_fail_closed import CASES, FAMILIES, full, header, result, write

@@ -12,16 +12,9 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
-from conformance.records import (
-    CheckResult,
-    ErrorStats,
-    Header,
-    ResultsFileError,
-    Status,
-    append_record,
-    load_results,
-    read_records,
-)
+from conformance.records import CheckResult, ErrorStats, Header, Status
+from conformance.results_file import load_results, read_records, ResultsFileError
+from conformance.results_writer import append_record
 
 CASES = [
     AttentionCase(requests=((4, 4),), num_heads=2, num_kv_heads=1, head_dim=8, causal=True),

@@ -10,7 +10,8 @@ import pytest
 from conformance.reporting.ledger import DEFAULT_DIR, builtin_suite_cases, load_ledger
 from conformance.reporting.ledger_fields import case_view
 from conformance.cases.case import AttentionCase
-from conformance.records import CheckResult, Status, read_records
+from conformance.records import CheckResult, Status
+from conformance.results_file import read_records
 
 
 def result(case_id: str, backend: str, status: str) -> CheckResult:

@@ -12,7 +12,8 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
-from conformance.records import CheckResult, Header, Status, append_record
+from conformance.records import CheckResult, Header, Status
+from conformance.results_writer import append_record
 
 LEDGER = """
 [[failure]]

@@ -8,9 +8,10 @@ import pytest
 
 from conformance.cli import main
 from conformance.models import case_model, model_cases
-from conformance.records import CheckResult, Header, Status, append_record
+from conformance.records import CheckResult, Header, Status
+from conformance.results_writer import append_record
 from conformance.reporting.model_table import model_sections
-from conformance.reporting.report import write_report
+from conformance.reporting.report_render import write_report
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,10 @@ import pytest
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
 from conformance.reporting.ledger import load_ledger
-from conformance.records import CheckResult, ErrorStats, Header, Status, Timing, append_record
-from conformance.reporting.report import build_context, load_runs, write_report
+from conformance.records import CheckResult, ErrorStats, Header, Status, Timing
+from conformance.results_writer import append_record
+from conformance.reporting.report import build_context, load_runs
+from conformance.reporting.report_render import write_report
 
 WIN = AttentionCase(requests=((5, 9),), num_heads=4, num_kv_heads=2, head_dim=16, window=(3, 0))
 PLAIN = AttentionCase(requests=((7, 7), (1, 4)), num_heads=2, num_kv_heads=2, head_dim=8, causal=True)

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from conformance.cli import main
-from conformance.records import CheckResult, ErrorStats, Header, Status, append_record, read_records
+from conformance.records import CheckResult, ErrorStats, Header, Status
+from conformance.results_file import read_records
+from conformance.results_writer import append_record
 from conformance.reporting.shards import MergeError, merge_shards, read_parts
 from conformance.running.runner import select_cases
 

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
 from conformance.exits import UsageError
-from conformance.records import CheckResult, Header, Status, append_record
+from conformance.records import CheckResult, Header, Status
+from conformance.results_writer import append_record
 from conformance.running import selection, usage
 from conformance.running.selection import _json_cases, select_cases
 from conformance.running.worker import WorkerClient

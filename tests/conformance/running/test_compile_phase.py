@@ -16,7 +16,8 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
-from conformance.records import Status, read_records
+from conformance.records import Status
+from conformance.results_file import read_records
 from conformance.running.compile_phase import plan_compiles
 from conformance.running.pairs import _Pair
 from conformance.running.runner import RunConfig, run

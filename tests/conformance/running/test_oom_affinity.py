@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from conformance.cases.case import AttentionCase
-from conformance.records import CheckResult, Status, read_records
+from conformance.records import CheckResult, Status
+from conformance.results_file import read_records
 from conformance.running import runner
 from conformance.running.pool import WorkFeed
 from conformance.running.runner import RunConfig, is_cuda_oom, run

@@ -26,7 +26,8 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
-from conformance.records import Status, read_records
+from conformance.records import Status
+from conformance.results_file import read_records
 from conformance.running.pool import (
     FA4_CACHE_DIR_ENV,
     FA4_CACHE_ENV,

@@ -9,7 +9,9 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
-from conformance.records import Appender, CheckResult, Status, read_records
+from conformance.records import CheckResult, Status
+from conformance.results_file import read_records
+from conformance.results_writer import Appender
 from conformance.running.profile import COLUMNS, file_profiles, profile_records, record_times, render_profiles
 from conformance.running.runner import RunConfig, run
 from conformance.verdict.check import check_backend, prepare_context

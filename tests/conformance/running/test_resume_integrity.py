@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.records import load_results, read_records
+from conformance.results_file import load_results, read_records
 from conformance.running.selection import select_cases
 
 REPO = Path(__file__).resolve().parents[3]

@@ -20,7 +20,8 @@ import pytest
 
 from conformance.cases.suites import get_suite
 from conformance.cli import main
-from conformance.records import CheckResult, Header, Status, read_records
+from conformance.records import CheckResult, Header, Status
+from conformance.results_file import read_records
 from conformance.reporting.ledger import load_ledger
 from conformance.running import runner
 from conformance.running.outcome import RunSummary

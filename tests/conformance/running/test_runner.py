@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from conformance.cases.case import AttentionCase
-from conformance.records import Status, read_records
+from conformance.records import Status
+from conformance.results_file import read_records
 from conformance.running.runner import UsageError, parse_shard, repair_tail, select_cases
 from conformance.running.worker import WorkerClient
 from tests.conformance.fakes import ExactBackend

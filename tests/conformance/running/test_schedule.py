@@ -10,7 +10,8 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
-from conformance.records import CheckResult, Status, read_records
+from conformance.records import CheckResult, Status
+from conformance.results_file import read_records
 from conformance.running.pairs import _Pair
 from conformance.running.pool import FAKE_GPUS_ENV, WorkFeed
 from conformance.running.runner import RunConfig, run

@@ -85,9 +85,10 @@ def test_a_cuda_device_is_synchronized_before_each_clock_stops(monkeypatch: pyte
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append("sync"))
     monkeypatch.setattr(check_mod, "make_inputs", lambda case, seed=0, device="cpu": make_inputs(case, seed, "cpu"))
     ctx = prepare_context(CASE, 0, "cuda:0")
-    assert calls == ["sync"]  # inputs + reference + baseline are timed to the end of the device's work
+    # inputs, reference and baseline are each timed to the end of the device's work (the profile's three phases)
+    assert calls == ["sync"] * 3 and set(ctx.phases) == {"inputs_s", "reference_s", "baseline_s"}
     rec = check_backend(ctx, ExactBackend())
-    assert rec.status is Status.PASS and calls == ["sync", "sync"]  # the kernel clock too
+    assert rec.status is Status.PASS and calls == ["sync"] * 4  # the kernel clock too
     check_mod._sync("cpu")
     assert calls == ["sync", "sync"]
 

@@ -1,0 +1,188 @@
+"""The Markdown summary of a comparison (:class:`conformance.reporting.compare.Comparison`): what ``attnconf compare``
+prints and writes with ``--out``; its JSON twin is :mod:`conformance.reporting.compare_summary`."""
+
+from __future__ import annotations
+
+
+from conformance.records import CheckResult, NONFINITE_PASS
+from conformance.reporting.compare import MAX_ROWS, Comparison, Pair, _family
+
+__all__ = ["render_markdown"]
+
+
+def _rows(items: list, fmt) -> list[str]:
+    lines = [fmt(x) for x in items[:MAX_ROWS]]
+    if len(items) > MAX_ROWS:
+        lines.append(f"| ... {len(items) - MAX_ROWS} more |")
+    return lines
+
+
+def _cell(text: str, limit: int = 160) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _ratio(r: CheckResult) -> str:
+    if r.stats is None:
+        return "n/a"
+    x = r.stats.error_ratio
+    return f"{x:.3g}" if isinstance(x, (int, float)) else repr(x)
+
+
+def render_markdown(cmp: Comparison) -> str:
+    """The summary ``attnconf compare`` prints and writes."""
+    verdict = {"regressed": "REGRESSED", "nothing judged": "NOTHING JUDGED"}.get(cmp.verdict, cmp.verdict)
+    out = [f"# Compare: {cmp.old_source} -> {cmp.new_source}: {verdict}", ""]
+    families = sorted(set(cmp.old_versions) | set(cmp.new_versions))
+    out += ["| family | old version | new version |", "|---|---|---|"]
+    out += [f"| {f} | {cmp.old_versions.get(f, '-')} | {cmp.new_versions.get(f, '-')} |" for f in families]
+    margin = f"{cmp.margin:.1%} ({'auto: median p20-p80 spread' if cmp.margin_auto else 'given'})"
+    scope = (
+        f"{cmp.common} (case, family) pairs in both files; only in old: {len(cmp.only_old)}, only in new: "
+        f"{len(cmp.only_new)}; error-ratio rule: new > {cmp.ratio_threshold:g} x old and > {cmp.ratio_floor:g}; "
+        f"performance margin {margin}."
+    )
+    out += ["", scope]
+    if cmp.old_suite:
+        out.append(f"Suite `{cmp.old_suite}` in both; tolerance: {cmp.tolerance} in both.")
+    if cmp.not_in_new:
+        out.append(
+            f"Not compared: {len(cmp.not_in_new)} (case, family) pairs of the old file that the new one lacks "
+            "(accepted with --allow-subset)."
+        )
+    if cmp.outside_scope:
+        listed = ", ".join(f"{f} ({n} records)" for f, n in sorted(cmp.outside_scope.items()))
+        out.append(f"Outside the comparison (--only-new-families: families the new run was not asked for): {listed}.")
+    for label, skipped in (("old", cmp.old_skipped), ("new", cmp.new_skipped)):
+        if skipped:
+            first = "; ".join(skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+            n = len(skipped)
+            out.append(
+                f"Skipped {n} line{'s' * (n != 1)} of the {label} file (accepted with --allow-skipped): {first}."
+            )
+    out.extend(f"{note}." for note in cmp.file_notes)
+    out.extend(cmp.notes)
+    for fam, why in cmp.unjudged:
+        accepted = " (accepted with --allow-unjudged)" if cmp.allow_unjudged else ""
+        out.append(f"Nothing judged: family {fam} {why}{accepted}.")
+    for side, n in sorted(cmp.nonfinite_passes.items(), reverse=True):
+        if n:
+            out.append(f"{NONFINITE_PASS}: {n} record(s) of the {side} file.")
+    if cmp.compared_errors:
+        out.append(
+            f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs have the same "
+            "max error and LSE error (identical outputs, in practice); "
+            f"{cmp.compared_errors - cmp.identical_errors} changed."
+        )
+    for label, counts in (("old", cmp.families_only_old), ("new", cmp.families_only_new)):
+        if counts:
+            listed = ", ".join(f"{f} ({n} records)" for f, n in sorted(counts.items()))
+            out.append(f"Families only in the {label} file, not compared: {listed}.")
+    if cmp.duplicates:
+        out.append(
+            f"Warning: {cmp.duplicates} records share a (case, family) key with another of their file; "
+            "the last one was used."
+        )
+
+    counts = [
+        ("new failures", cmp.new_failures),
+        ("error-ratio regressions", cmp.ratio_regressions),
+        ("gradient regressions", cmp.grad_regressions),
+        ("gradient numbers missing", cmp.grad_missing),
+        ("performance regressions", cmp.perf_regressions),
+        ("capabilities lost", cmp.capability_lost),
+        ("fixed", cmp.fixed),
+        ("still failing, status changed", cmp.changed_failures),
+        ("performance improvements", cmp.perf_improvements),
+        ("capabilities gained", cmp.capability_gained),
+        ("error ratio no longer NaN", cmp.ratio_fixes),
+    ]
+    out += ["", "| change | count |", "|---|---|"] + [f"| {name} | {len(items)} |" for name, items in counts]
+
+    def section(title: str, items: list, header: str, fmt) -> None:
+        if not items:
+            return  # the counts table above already says 0
+        out.extend(["", f"## {title} ({len(items)})", "", header, "|" + "---|" * header.count("|", 1)])
+        out.extend(_rows(items, fmt))
+
+    section(
+        "New failures",
+        cmp.new_failures,
+        "| family | case | old | new | reason |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {p.new.status.value} | {_cell(p.new.reason)} |",
+    )
+    section(
+        "Error-ratio regressions",
+        cmp.ratio_regressions,
+        "| family | case | old ratio | new ratio | new status |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {_ratio(p.old)} | {_ratio(p.new)} | {p.new.status.value} |",
+    )
+    section(
+        "Gradient regressions",
+        cmp.grad_regressions,
+        "| family | case | gradient | old ratio | new ratio | new status |",
+        lambda g: (
+            f"| {_family(g.new)} | {g.new.case_id} | {g.tensor} | {g.old_ratio:.3g} | {g.new_ratio:.3g} | "
+            f"{g.new.status.value} |"
+        ),
+    )
+    section(
+        "Gradient numbers missing (not compared: fail closed)",
+        cmp.grad_missing,
+        "| family | case | gradient | lacking | why |",
+        lambda g: f"| {_family(g.new)} | {g.new.case_id} | {g.tensor} | {g.side} | {_cell(g.why)} |",
+    )
+    section(
+        "Performance regressions",
+        cmp.perf_regressions,
+        "| family | case | old median ms (p20-p80) | new median ms (p20-p80) | x |",
+        lambda x: _perf_row(*x),
+    )
+    section(
+        "Capabilities lost (supported -> unsupported)",
+        cmp.capability_lost,
+        "| family | case | old | new reason |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {_cell(p.new.reason)} |",
+    )
+    section(
+        "Fixed",
+        cmp.fixed,
+        "| family | case | old | new |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {p.new.status.value} |",
+    )
+    section(
+        "Still failing, status changed",
+        cmp.changed_failures,
+        "| family | case | old | new |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {p.new.status.value} |",
+    )
+    section(
+        "Performance improvements",
+        cmp.perf_improvements,
+        "| family | case | old median ms (p20-p80) | new median ms (p20-p80) | x |",
+        lambda x: _perf_row(*x),
+    )
+    section(
+        "Capabilities gained (unsupported -> supported)",
+        cmp.capability_gained,
+        "| family | case | new |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {p.new.status.value} |",
+    )
+    section(
+        "Error ratio no longer NaN",
+        cmp.ratio_fixes,
+        "| family | case | old ratio | new ratio | new status |",
+        lambda p: f"| {p.key[1]} | {p.key[0]} | {_ratio(p.old)} | {_ratio(p.new)} | {p.new.status.value} |",
+    )
+    section("Only in the old file", cmp.only_old, "| family | case |", lambda k: f"| {k[1]} | {k[0]} |")
+    section("Only in the new file", cmp.only_new, "| family | case |", lambda k: f"| {k[1]} | {k[0]} |")
+    return "\n".join(out) + "\n"
+
+
+def _perf_row(p: Pair, slowdown: float) -> str:
+    to, tn = p.old.timing, p.new.timing
+    assert to is not None and tn is not None
+    return (
+        f"| {p.key[1]} | {p.key[0]} | {to.median_ms:.4g} ({to.p20_ms:.4g}-{to.p80_ms:.4g}) | "
+        f"{tn.median_ms:.4g} ({tn.p20_ms:.4g}-{tn.p80_ms:.4g}) | {slowdown:.2f} |"
+    )
