@@ -5,8 +5,10 @@ machine and version, not once per command.
 the SHA-256 of every source file of :mod:`conformance.cases` (the case model, the case space, the covering-array
 search and the suite tables) and of :mod:`attnref` (the case model validates against it), the name of the list
 and this module's format version; any edit to those files is another key.  A missing, unreadable or corrupt entry
-is rebuilt and rewritten (atomically: a temporary file renamed into place); a cache directory that cannot be
-written only costs the build.  The cases' ids are checked against the entry's recorded ids on load.
+is rebuilt and rewritten (atomically: a temporary file renamed into place), one process at a time (a second
+process waits for the first one's entry: the two workers of a test run build the ``default`` covering array once);
+a cache directory that cannot be written only costs the build.  The cases' ids are checked against the entry's
+recorded ids on load.
 
 Where: ``$ATTNCONF_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnconf``, else ``~/.cache/attnconf``;
 ``ATTNCONF_CACHE_DIR=off`` switches the cache off (every call builds).
@@ -14,11 +16,12 @@ Where: ``$ATTNCONF_CACHE_DIR``, else ``$XDG_CACHE_HOME/attnconf``, else ``~/.cac
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 
@@ -96,6 +99,30 @@ def cached_cases(name: str, build: Callable[[], Sequence[AttentionCase]]) -> tup
     hit = _load(path)
     if hit is not None:
         return hit
-    cases = tuple(build())
-    _store(path, cases)
+    with _building(path):  # another process building the same entry: wait for it, then read what it wrote
+        hit = _load(path)
+        if hit is not None:
+            return hit
+        cases = tuple(build())
+        _store(path, cases)
     return cases
+
+
+@contextlib.contextmanager
+def _building(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``PATH.lock`` while the entry is built (none where the directory cannot be made or
+    ``fcntl`` is missing: the builds then only run twice)."""
+    try:
+        import fcntl
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path.with_name(path.name + ".lock"), "a")
+    except (ImportError, OSError):
+        yield
+        return
+    with fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield

@@ -131,3 +131,30 @@ def test_the_cached_covering_cases_are_a_fresh_build(monkeypatch):
     fresh = covering.cover(covering.DEFAULT_STRENGTHS, _union(DEFAULT), seed=COVERING_SEED)
     assert [c.id for c in cached] == [c.id for c in fresh]
     assert cached == tuple(fresh)
+
+
+def test_a_second_process_waits_for_the_first_ones_build(cache, tmp_path):
+    """Two processes missing the same entry build it once: the second waits on the lock and reads the entry."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from conformance.cases import case_cache
+        from conformance.cases.case import AttentionCase
+        def build():
+            open({str(tmp_path / "builds")!r}, "a").write("x")
+            time.sleep(1.5)
+            return [AttentionCase(num_heads=2, num_kv_heads=1, head_dim=16, requests=((1, 2),))]
+        print(len(case_cache.cached_cases("raced", build)))
+        """
+    )
+    env = {**os.environ, case_cache.CACHE_ENV: str(cache)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert outs == ["1", "1"]
+    assert (tmp_path / "builds").read_text() == "x"
