@@ -98,6 +98,7 @@ def test_the_valid_files_read_exactly(tmp_path: Path) -> None:
     assert len(gzip.decompress(GZ)) == len(PLAIN) and gzip.decompress(GZ) == PLAIN  # members read as one stream
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["plain", "gzip"])
 def test_a_cut_at_any_byte_reads_a_prefix_or_is_refused_and_resumes_exactly(kind: str, monkeypatch) -> None:
     """Every byte a killed writer could have stopped at: the strict reader gives the records before the cut (at a

@@ -101,6 +101,7 @@ def test_each_kernel_is_compiled_once_across_workers_and_the_checks_pay_no_compi
     assert summary.to_json()["compile"]["compiled"] == 3
 
 
+@pytest.mark.slow
 def test_without_the_phase_the_checks_pay_the_compiles_and_the_records_are_the_same(tmp_path: Path, cache: Path):
     selected = cases()
     without = run(config(tmp_path, selected, "without.jsonl", compile_phase=False))
@@ -118,6 +119,7 @@ def test_without_the_phase_the_checks_pay_the_compiles_and_the_records_are_the_s
     assert sorted(map(key, first)) == sorted(map(key, second))
 
 
+@pytest.mark.slow
 def test_a_kernel_that_fails_or_crashes_to_compile_does_not_stop_the_run(tmp_path: Path, cache: Path):
     selected = cases(head_dims=(16, 32, 48), per_key=2)
     summary = run(config(tmp_path, selected, backends=(JIT,)))
@@ -134,6 +136,7 @@ def test_a_kernel_that_fails_or_crashes_to_compile_does_not_stop_the_run(tmp_pat
     assert summary.written == len(selected)
 
 
+@pytest.mark.slow
 def test_warmup_compiles_and_writes_no_results_file(tmp_path: Path, cache: Path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     selected = cases(per_key=2)

@@ -91,6 +91,7 @@ def test_the_first_call_of_a_compile_key_in_a_worker_is_compile_the_rest_kernel(
             assert t["kern"] < 0.2 and "comp" not in t
 
 
+@pytest.mark.slow
 def test_a_crash_is_lost_time_and_a_harness_error_is_worker_time(tmp_path: Path) -> None:
     summary = run(config(tmp_path, tiny(2), (f"{FAKES}:CrashingBackend", f"{FAKES}:ExactBackend")))
     _, records = read_records(tmp_path / "r.jsonl")

@@ -93,6 +93,7 @@ def check_complete(out: Path, selection: list[str], headers: int) -> None:
 # ------------------------------------------------------------------------------------------ two runs at once
 
 
+@pytest.mark.slow
 def test_two_runs_started_at_once_on_one_file_one_refuses_naming_the_other(tmp_path: Path) -> None:
     """The issue's case: two ``run --resume`` on one file at the same moment.  Whichever takes the lock first
     runs; the other refuses (exit 2, one line naming the file and the first one's pid) before it touches the
@@ -135,6 +136,7 @@ def test_a_run_on_a_held_file_refuses_before_touching_it(tmp_path: Path, capsys)
 # ------------------------------------------------------------------------------------------ kill, then resume
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["r.jsonl", "r.jsonl.gz"])
 def test_sigkill_at_several_moments_then_resume_gives_the_uninterrupted_pairs_once(tmp_path: Path, name: str) -> None:
     """Killed right after its header, then after a few records, then resumed to the end: readable after every
@@ -170,6 +172,7 @@ def test_sigkill_at_several_moments_then_resume_gives_the_uninterrupted_pairs_on
 # ------------------------------------------------------------------------------------------ gzip
 
 
+@pytest.mark.slow
 def test_a_fresh_gz_run_writes_gzip_and_its_resume_appends_members(tmp_path: Path, capsys) -> None:
     out = tmp_path / "r.jsonl.gz"
     assert main(run_args(out, SHORT)) == 0

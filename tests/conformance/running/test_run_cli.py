@@ -269,6 +269,7 @@ def test_ctrl_c_keeps_the_records_and_says_how_to_resume(tmp_path: Path, monkeyp
 
 
 # ---------------------------------------------------------------- a backend that judged no case: exit 4 (issue 29)
+@pytest.mark.slow
 def test_a_backend_that_judges_no_case_fails_the_run_with_4_and_allow_unjudged_accepts_it(
     tmp_path: Path, ledger: Path, capsys
 ) -> None:
@@ -308,6 +309,7 @@ def test_a_backend_that_judges_no_case_fails_the_run_with_4_and_allow_unjudged_a
     assert json.loads((tmp_path / "s.json").read_text())["allow_unjudged"] is True
 
 
+@pytest.mark.slow
 def test_a_resumed_sweep_whose_every_pair_is_unsupported_judged_nothing(tmp_path: Path, ledger: Path) -> None:
     out = tmp_path / "r.jsonl"
     args = ["run", "--suite", "smoke", "--case", IDS[0], "--backend", f"{FAKES}:RefusesEverythingBackend"]

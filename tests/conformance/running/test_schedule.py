@@ -139,6 +139,7 @@ def _sweep(tmp_path: Path, name: str, cases: list[AttentionCase], schedule: str)
     return span, records
 
 
+@pytest.mark.slow
 def test_two_workers_finish_sooner_with_the_large_case_first(tmp_path: Path, monkeypatch) -> None:
     """16 small cases (2.4 s in all), then one as long as all of them: in the selection's order the two
     workers share the small ones (1.2 s each) and one of them then runs the large one alone (3.6 s); longest
