@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 
 from conformance.cases.case import AttentionCase
-from conformance.records import read_records
+from conformance.results_file import read_records
 from conformance.running.runner import RunConfig, run, select_cases
 
 FAKES = "tests.conformance.fakes"
