@@ -9,12 +9,13 @@ from typing import ClassVar
 import pytest
 import torch
 
-from attnfast.base import KernelOutput
+from attnfast.base import KernelOutput, Support
 from attnfast.registry import get_backend
 from conformance.cases.case import AttentionCase
 from conformance.cases.suites import get_suite
 from conformance.engines import get_engine
-from conformance.engines.invariance import EngineInvariance
+from conformance.engines.invariance import EngineInvariance, promised
+from conformance.graphs.replay import pins_splits
 from conformance.records import Status
 from conformance.reporting.invariance_table import invariance_sections
 from conformance.verdict.check import check_backend, composition_of, prepare_context
@@ -87,6 +88,18 @@ class BatchDependentNoSplits(BatchDependent):
 
     name: ClassVar[str] = "fake-batch-dependent-no-splits"
     refused: ClassVar[dict[str, str]] = {"splits": "no num_splits argument"}
+
+
+class BatchDependentSplitsInDecodeOnly(BatchDependent):
+    """The same, on a kernel whose prefill path never splits: it takes ``num_splits = 1`` there (nothing to split)
+    but no other split count, so only its decode calls have a split count to pin."""
+
+    name: ClassVar[str] = "fake-batch-dependent-decode-splits"
+
+    def supports(self, case, device):
+        if case.num_splits not in (None, 1) and max(case.q_lens) > 1:
+            return Support(False, "prefill takes no split count")
+        return super().supports(case, device)
 
 
 class WrongAlone(ExactBackend):
@@ -181,6 +194,33 @@ def test_nothing_is_promised_on_a_kernel_without_a_split_count():
     r = _verdict(_case("vllm_v1_fa", "inv_batch_invariant_decode"), BatchDependentNoSplits())
     assert r.status is Status.PASS, r.reason  # a break, reported: the mode cannot pin what the kernel lacks
     assert r.extra["invariance"]["promised"] is False and r.extra["invariance"]["kept"] is False
+
+
+def test_batch_invariance_is_promised_only_when_every_call_of_the_step_pins_its_splits():
+    """vLLM V1's mixed step makes a prefill call and a decode call: with a split count to pin in the decode call
+    only, the batch-invariant mode does not cover the whole step, so a break is reported, not failed."""
+    case = _case("vllm_v1_fa", "inv_batch_invariant_mixed")
+    engine, backend = get_engine("vllm_v1_fa"), BatchDependentSplitsInDecodeOnly()
+    labels = [label for label, _ in engine.plan(case.replace(invariance=""))]
+    assert [pins_splits(c, backend, "cpu") for _, c in engine.plan(case.replace(invariance=""))] == [False, True]
+    assert labels == ["prefill (varlen, paged)", "decode (paged kvcache)"]
+    assert promised(engine, case, backend, "cpu") is False
+    assert promised(engine, case, BatchDependent(), "cpu") is True  # every call pins it
+    r = _verdict(case, backend)
+    assert r.status is Status.PASS, r.reason
+    assert r.extra["invariance"]["promised"] is False and r.extra["invariance"]["kept"] is False
+
+
+def test_batch_invariance_is_not_promised_for_a_step_without_calls():
+    """An engine step that plans no kernel call pins nothing (``all`` of nothing is no promise)."""
+
+    class NoCalls:
+        def plan(self, case):
+            return []
+
+    case = _case("vllm_v1_fa", "inv_batch_invariant_decode")
+    assert promised(NoCalls(), case, ExactBackend(), "cpu") is False  # type: ignore[arg-type]
+    assert promised(NoCalls(), case.replace(invariance="run"), ExactBackend(), "cpu") is True  # type: ignore[arg-type]
 
 
 def test_a_nondeterministic_kernel_fails_the_run_scenarios():

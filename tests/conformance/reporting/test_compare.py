@@ -159,3 +159,15 @@ def test_families_in_one_file_only_are_summarised_and_identical_numerics_counted
     text = render_markdown(cmp)
     assert "Families only in the new file, not compared: other (2 records)." in text
     assert "1 of 2 pairs checked in both runs have the same max error" in text and "1 changed" in text
+
+
+@pytest.mark.parametrize("problem", ["fail", "error", "crash", "timeout"])
+def test_compare_flags_unsupported_to_fail_as_new_failure(problem: str) -> None:
+    """A case the backend refused in OLD and fails in NEW is a new failure (a regression), not just a capability
+    gained: the rule is "a non-problem status became a problem", whichever non-problem status OLD had."""
+    old = [rec("refused", "unsupported", ratio=None), rec("held")]
+    new = [rec("refused", problem, ratio=None), rec("held")]
+    cmp = compare_results(old, new)
+    assert [p.key[0] for p in cmp.new_failures] == ["refused"]
+    assert [p.key[0] for p in cmp.capability_gained] == ["refused"]
+    assert cmp.regressed and cmp.exit_status == 1
