@@ -287,6 +287,68 @@ def mutation_score(stats: dict) -> tuple[int, int]:
     return stats["killed"] + stats["timeout"], stats["total"] - stats["skipped"]
 
 
+#: mutmut 3.8's exit codes (``mutmut.stats.status_by_exit_code``) of a detected mutant (killed: a test failed or
+#: pytest broke; timeout: its tests ran past mutmut's limit) and of a skipped one; every other code, ``None`` (not
+#: tried) included, is a mutant not detected
+MUTMUT_DETECTED = frozenset({1, 3, 36, -24, 24, 152, 255})
+MUTMUT_SKIPPED = frozenset({34})
+
+
+def mutated_modules(pyproject: str = "pyproject.toml") -> list[str]:
+    """The source files ``[tool.mutmut]`` mutates, as mutmut 3.8 picks them: every ``.py`` file under
+    ``source_paths`` that matches an ``only_mutate`` glob and no ``do_not_mutate`` one.  ``ValueError`` when an
+    ``only_mutate`` glob matches no file (a module renamed or moved would otherwise leave the set silently)."""
+    import fnmatch
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    with open(pyproject, "rb") as f:
+        cfg = tomllib.load(f)["tool"]["mutmut"]
+    files = sorted(
+        os.path.join(root, name).replace(os.sep, "/")
+        for src in cfg["source_paths"]
+        for root, _, names in os.walk(src)
+        for name in names
+        if name.endswith(".py")
+    )
+    only, never = cfg.get("only_mutate") or ["*"], cfg.get("do_not_mutate", [])
+    for pattern in only:
+        if not any(fnmatch.fnmatch(f, pattern) for f in files):
+            raise ValueError(f"{pyproject}: [tool.mutmut] only_mutate {pattern!r} matches no file")
+    return [
+        f for f in files if any(fnmatch.fnmatch(f, p) for p in only) and not any(fnmatch.fnmatch(f, p) for p in never)
+    ]
+
+
+def module_score(module: str) -> tuple[int, int, list[str]]:
+    """(detected, counted, names of the mutants not detected) of one module, from the per-mutant results mutmut
+    keeps in ``mutants/<module>.meta``, counted as :func:`mutation_score` counts the whole run.  ``ValueError``
+    when the file is missing (mutmut made no mutants of it: a broken run) or not mutmut's JSON."""
+    import json
+
+    meta = os.path.join("mutants", module + ".meta")
+    try:
+        with open(meta, encoding="utf-8") as f:
+            codes = json.load(f)["exit_code_by_key"]
+        if not isinstance(codes, dict):
+            raise TypeError(f"exit_code_by_key is a {type(codes).__name__}")
+    except OSError as exc:
+        raise ValueError(f"{meta}: no results for module {module} ({exc.strerror or exc})") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{meta}: not mutmut's per-mutant results ({exc!r})") from exc
+    counted = {k: v for k, v in codes.items() if v not in MUTMUT_SKIPPED}
+    missed = sorted(k for k, v in counted.items() if v not in MUTMUT_DETECTED)
+    return len(counted) - len(missed), len(counted), missed
+
+
+def module_scores(modules: list[str]) -> dict[str, tuple[int, int, list[str]]]:
+    """:func:`module_score` of each module."""
+    return {m: module_score(m) for m in modules}
+
+
 def _mutmut(session: nox.Session, *args: str, **kwargs) -> None:
     if isinstance(session.virtualenv, PassthroughEnv):  # the mutmut installed beside the interpreter running nox
         exe = os.path.join(os.path.dirname(sys.executable), "mutmut")
@@ -297,10 +359,11 @@ def _mutmut(session: nox.Session, *args: str, **kwargs) -> None:
 
 @nox.session
 def mutation(session: nox.Session) -> None:
-    """Mutation testing of ``attnref/`` and ``conformance/verdict/`` with mutmut (``[tool.mutmut]`` in
-    pyproject.toml): ``nox -s mutation [-- --max-children N] [MUTANT-NAME-GLOB...]``.
+    """Mutation testing of ``attnref/``, ``conformance/verdict/`` and the modules that decide a CI verdict with
+    mutmut (``[tool.mutmut]`` in pyproject.toml): ``nox -s mutation [-- --max-children N] [MUTANT-NAME-GLOB...]``.
 
-    Prints the mutants not killed and the kill rate, and fails below ``MUTATION_THRESHOLD``.  Results are kept
+    Prints the mutants not killed, the kill rate of each mutated module and of all, and fails when one of them is
+    below ``MUTATION_THRESHOLD`` (mutants a run with name globs left untried count as not detected).  Results are kept
     in ``mutants/``: a rerun tries only mutants of changed functions and those not tried yet (delete the folder
     for a clean run).  Not run by CI (.ci/run): docs/guides/mutation-testing.md gives the time it takes.
     """
@@ -314,13 +377,29 @@ def mutation(session: nox.Session) -> None:
     try:
         with open(MUTMUT_STATS, encoding="utf-8") as f:
             detected, counted = mutation_score(json.load(f))
+        per_module = module_scores(mutated_modules())
     except (OSError, ValueError) as exc:
         session.error(f"nox -s mutation: cannot read the kill rate: {exc}")
     _mutmut(session, "results")  # the mutants not killed, by name (`mutmut show NAME` prints the diff)
+    low = []
+    for module, (m_detected, m_counted, missed) in per_module.items():
+        if not m_counted:
+            session.log(f"{module}: no mutants")
+            continue
+        m_rate, mark = m_detected / m_counted, ""
+        if m_rate < MUTATION_THRESHOLD:
+            low.append(f"{module} {m_detected}/{m_counted} = {m_rate:.1%}")
+            mark = "  BELOW THRESHOLD"
+        session.log(f"{module}: {m_detected}/{m_counted} = {m_rate:.1%}, {len(missed)} not detected{mark}")
+    if sum(c for _, c, _ in per_module.values()) != counted or sum(d for d, _, _ in per_module.values()) != detected:
+        session.error(f"nox -s mutation: mutants/*.meta and {MUTMUT_STATS} disagree on the counts: a broken run")
     rate = detected / counted if counted else 0.0
-    verdict = "ok" if counted and rate >= MUTATION_THRESHOLD else "BELOW THRESHOLD"
+    verdict = "ok" if counted and rate >= MUTATION_THRESHOLD and not low else "BELOW THRESHOLD"
     session.log(
-        f"mutation score: {detected}/{counted} killed = {rate:.1%} (threshold {MUTATION_THRESHOLD:.0%}): {verdict}"
+        f"mutation score: {detected}/{counted} killed = {rate:.1%} (threshold {MUTATION_THRESHOLD:.0%} overall and "
+        f"per module): {verdict}"
     )
-    if verdict != "ok":
+    if not (counted and rate >= MUTATION_THRESHOLD):
         session.error(f"nox -s mutation: {detected}/{counted} = {rate:.1%} killed, below {MUTATION_THRESHOLD:.0%}")
+    if low:
+        session.error(f"nox -s mutation: {len(low)} module(s) below {MUTATION_THRESHOLD:.0%}: {'; '.join(low)}")

@@ -1,6 +1,7 @@
-"""``nox -s mutation`` (docs "Mutation testing"): listed by nox, configured over attnref/ and
-conformance/verdict/, and failing below its threshold.  The mutation run itself takes far too long for CI;
-these tests check the wiring in a second or two (nox's listing, the session run against a stand-in mutmut)."""
+"""``nox -s mutation`` (docs "Mutation testing"): listed by nox, configured over attnref/, conformance/verdict/ and
+the modules that decide a CI verdict, and failing below its threshold overall or in any one module.  The mutation
+run itself takes far too long for CI; these tests check the wiring in a second or two (nox's listing, the session
+run against a stand-in mutmut)."""
 
 from __future__ import annotations
 
@@ -43,12 +44,40 @@ def test_nox_lists_the_mutation_session() -> None:
     assert [s["session"] for s in json.loads(res.stdout)] == ["mutation"]
 
 
-def test_mutmut_mutates_the_reference_and_the_verdict_with_their_tests() -> None:
+#: the modules that decide a CI verdict (issue 29): compare and its inputs, the ledger, its predicates, fields and
+#: audit, the records and results file (resume, backups), the bitwise comparison and the invariance verdicts
+VERDICT_MODULES = [
+    "conformance/engines/invariance.py",
+    "conformance/graphs/bitwise.py",
+    "conformance/graphs/invariance.py",
+    "conformance/outputs.py",
+    "conformance/records.py",
+    "conformance/reporting/compare.py",
+    "conformance/reporting/compare_inputs.py",
+    "conformance/reporting/ledger.py",
+    "conformance/reporting/ledger_audit.py",
+    "conformance/reporting/ledger_fields.py",
+    "conformance/reporting/ledger_predicate.py",
+    "conformance/results_file.py",
+    "conformance/results_writer.py",
+    "conformance/running/outfile.py",
+]
+
+
+def test_mutmut_mutates_the_reference_the_verdict_and_what_decides_a_ci_verdict_with_their_tests(
+    noxfile, monkeypatch
+) -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     cfg = project["tool"]["mutmut"]
-    assert sorted(cfg["only_mutate"]) == ["attnref/*", "conformance/verdict/*"]
+    assert sorted(cfg["only_mutate"]) == sorted(["attnref/*", "conformance/verdict/*", *VERDICT_MODULES])
     assert all(Path(REPO, p).is_dir() for p in cfg["source_paths"])
-    assert sorted(cfg["pytest_add_cli_args_test_selection"]) == ["tests/attnref", "tests/conformance/verdict"]
+    selection = cfg["pytest_add_cli_args_test_selection"]
+    assert {"tests/attnref", "tests/conformance/verdict", "tests/conformance/reporting"} <= set(selection)
+    assert all(Path(REPO, p).exists() for p in selection), [p for p in selection if not Path(REPO, p).exists()]
+    monkeypatch.chdir(REPO)
+    modules = noxfile.mutated_modules()  # every glob names a file that exists (the records code moves)
+    assert set(VERDICT_MODULES) <= set(modules)
+    assert {m.split("/")[0] for m in modules} == {"attnref", "conformance"}
     # the config keys above are mutmut 3.8's: the extra must not let pip pick an older or a 4.x mutmut
     assert project["project"]["optional-dependencies"]["mutation"] == ["mutmut>=3.8,<4"]
 
@@ -77,31 +106,130 @@ class _Session:
         raise _Stop(msg)
 
 
-@pytest.mark.parametrize(("killed", "passes"), [(95, True), (94, False), (0, False)])
-def test_session_fails_below_95_percent(noxfile, monkeypatch, tmp_path: Path, killed: int, passes: bool) -> None:
-    """The session with mutmut replaced by a stand-in that writes the CI/CD stats of a run of 100 mutants."""
+def _project(tmp_path: Path, modules: dict[str, dict[str, int | None]], stats: dict | None = None) -> None:
+    """A project of modules ``pkg/<name>.py`` mutated by ``[tool.mutmut]``, with mutmut's per-mutant results
+    (``mutants/pkg/<name>.py.meta``, name -> exit code) and the CI/CD stats a run of them writes."""
+    (tmp_path / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["pkg"]\nonly_mutate = ["pkg/*"]\n')
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "mutants" / "pkg").mkdir(parents=True)
+    for name, codes in modules.items():
+        (tmp_path / "pkg" / f"{name}.py").write_text("")
+        meta = {"exit_code_by_key": codes, "hash_by_function_name": {}, "durations_by_key": {}}
+        (tmp_path / "mutants" / "pkg" / f"{name}.py.meta").write_text(json.dumps(meta))
+    if stats is None:
+        codes = [c for m in modules.values() for c in m.values()]
+        stats = {
+            "killed": sum(c in (1, 3) for c in codes),
+            "timeout": sum(c == 36 for c in codes),
+            "total": len(codes),
+            "skipped": sum(c == 34 for c in codes),
+        }
+    (tmp_path / "mutants" / "mutmut-cicd-stats.json").write_text(json.dumps(stats))
+
+
+def _codes(prefix: str, killed: int, survived: int = 0, **more: int) -> dict[str, int | None]:
+    """``killed`` mutants killed, ``survived`` survived, and ``more`` of other codes (timeout=36, skipped=34,
+    untried=None, no_tests=33)."""
+    code = {"timeout": 36, "skipped": 34, "untried": None, "no_tests": 33}
+    kinds = [1] * killed + [0] * survived + [code[k] for k, n in more.items() for _ in range(n)]
+    return {f"{prefix}.x_f__mutmut_{i}": c for i, c in enumerate(kinds)}
+
+
+def _run_session(noxfile, monkeypatch, tmp_path: Path) -> tuple[_Session, list[tuple[str, ...]]]:
     calls: list[tuple[str, ...]] = []
-
-    def fake_mutmut(session, *args, **kwargs) -> None:
-        calls.append(args)
-        if args[0] == "export-cicd-stats":
-            Path("mutants").mkdir()
-            total = 100
-            Path(noxfile.MUTMUT_STATS).write_text(
-                json.dumps({"killed": killed, "timeout": 0, "total": total, "skipped": 0})
-            )
-
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(noxfile, "_install", lambda session, *extras: None)
-    monkeypatch.setattr(noxfile, "_mutmut", fake_mutmut)
+    monkeypatch.setattr(noxfile, "_mutmut", lambda session, *args, **kwargs: calls.append(args))
     session = _Session()
-    if passes:
+    try:
         noxfile.mutation.func(session)
-        assert f"{killed}/100 killed = {killed}.0%" in session.logs[-1]
+    finally:
+        assert [c[0] for c in calls][:2] == ["run", "export-cicd-stats"]
+    return session, calls
+
+
+@pytest.mark.parametrize(("killed", "passes"), [(95, True), (94, False), (0, False)])
+def test_session_fails_below_95_percent(noxfile, monkeypatch, tmp_path: Path, killed: int, passes: bool) -> None:
+    """The session with mutmut replaced by a stand-in: the results of a run of 100 mutants of one module."""
+    _project(tmp_path, {"a": _codes("pkg.a", killed, 100 - killed)})
+    if passes:
+        session, calls = _run_session(noxfile, monkeypatch, tmp_path)
+        assert f"{killed}/100 killed = {killed}.0%" in session.logs[-1] and session.logs[-1].endswith(": ok")
+        assert f"pkg/a.py: {killed}/100 = {killed}.0%, {100 - killed} not detected" in session.logs
+        assert [c[0] for c in calls] == ["run", "export-cicd-stats", "results"]
     else:
         with pytest.raises(_Stop, match=rf"{killed}/100 = {killed}\.0% killed, below 95%"):
-            noxfile.mutation.func(session)
-    assert [c[0] for c in calls] == ["run", "export-cicd-stats", "results"]
+            _run_session(noxfile, monkeypatch, tmp_path)
+
+
+def test_session_fails_when_one_module_is_below_95_percent_while_the_total_is_above(
+    noxfile, monkeypatch, tmp_path: Path
+) -> None:
+    """96 of 100 detected overall, but ``pkg/b.py`` has 16 of 20: the issue asks 95 % of every module."""
+    _project(tmp_path, {"a": _codes("pkg.a", 80), "b": _codes("pkg.b", 15, 4, timeout=1), "c": {}})
+    with pytest.raises(_Stop, match=r"1 module\(s\) below 95%: pkg/b\.py 16/20 = 80\.0%$"):
+        _run_session(noxfile, monkeypatch, tmp_path)
+
+
+def test_session_passes_when_every_module_and_the_total_reach_95_percent(noxfile, monkeypatch, tmp_path: Path) -> None:
+    _project(tmp_path, {"a": _codes("pkg.a", 78, 2, skipped=3), "b": _codes("pkg.b", 18, 1, timeout=1), "c": {}})
+    session, _ = _run_session(noxfile, monkeypatch, tmp_path)
+    assert "pkg/a.py: 78/80 = 97.5%, 2 not detected" in session.logs
+    assert "pkg/b.py: 19/20 = 95.0%, 1 not detected" in session.logs
+    assert "pkg/c.py: no mutants" in session.logs  # a module without functions to mutate has nothing to score
+    assert "97/100 killed = 97.0%" in session.logs[-1] and session.logs[-1].endswith(": ok")
+
+
+def test_module_score_counts_as_the_total_does(noxfile, monkeypatch, tmp_path: Path) -> None:
+    """Killed and timed out: detected; skipped: not counted; survived, untried (None), no tests: not detected."""
+    _project(tmp_path, {"a": _codes("pkg.a", 5, 2, timeout=1, skipped=2, untried=3, no_tests=1)})
+    monkeypatch.chdir(tmp_path)
+    detected, counted, missed = noxfile.module_score("pkg/a.py")
+    assert (detected, counted) == (6, 12)
+    assert missed == sorted(f"pkg.a.x_f__mutmut_{i}" for i in (5, 6, 10, 11, 12, 13))
+
+
+def test_a_partial_run_of_one_module_does_not_pass(noxfile, monkeypatch, tmp_path: Path) -> None:
+    """A run with a name glob tried ``pkg.a``'s mutants only: ``pkg/b.py``'s untried mutants fail the session."""
+    _project(tmp_path, {"a": _codes("pkg.a", 200), "b": _codes("pkg.b", 0, untried=5)})
+    with pytest.raises(_Stop, match=r"pkg/b\.py 0/5 = 0\.0%"):
+        _run_session(noxfile, monkeypatch, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("meta", "match"),
+    [(None, r"no results for module pkg/a\.py"), ("{}", "not mutmut's per-mutant results"), ("[1", "not mutmut's")],
+)
+def test_a_missing_or_garbled_module_result_is_an_error(noxfile, monkeypatch, tmp_path: Path, meta, match) -> None:
+    _project(tmp_path, {"a": _codes("pkg.a", 10)})
+    path = tmp_path / "mutants" / "pkg" / "a.py.meta"
+    path.unlink() if meta is None else path.write_text(meta)
+    with pytest.raises(_Stop, match="cannot read the kill rate: .*" + match):
+        _run_session(noxfile, monkeypatch, tmp_path)
+
+
+def test_per_module_results_that_disagree_with_the_stats_are_an_error(noxfile, monkeypatch, tmp_path: Path) -> None:
+    _project(tmp_path, {"a": _codes("pkg.a", 10)}, stats={"killed": 20, "timeout": 0, "total": 20, "skipped": 0})
+    with pytest.raises(_Stop, match="disagree on the counts"):
+        _run_session(noxfile, monkeypatch, tmp_path)
+
+
+def test_a_glob_that_names_no_module_is_an_error(noxfile, monkeypatch, tmp_path: Path) -> None:
+    """A module renamed or moved must not leave the mutated set silently."""
+    _project(tmp_path, {"a": _codes("pkg.a", 10)})
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.mutmut]\nsource_paths = ["pkg"]\nonly_mutate = ["pkg/a.py", "pkg/gone.py"]\n'
+        'do_not_mutate = ["pkg/a.py"]\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"only_mutate 'pkg/gone\.py' matches no file"):
+        noxfile.mutated_modules()
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.mutmut]\nsource_paths = ["pkg"]\nonly_mutate = ["pkg/*"]\ndo_not_mutate = ["pkg/a.py"]\n'
+    )
+    (tmp_path / "pkg" / "b.py").write_text("")
+    (tmp_path / "pkg" / "notes.txt").write_text("")
+    assert noxfile.mutated_modules() == ["pkg/b.py"]
 
 
 def test_session_fails_without_stats(noxfile, monkeypatch, tmp_path: Path) -> None:
