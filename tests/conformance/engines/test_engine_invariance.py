@@ -235,6 +235,103 @@ def test_every_variant_is_judged_numerically():
     assert r.status is Status.FAIL and "invariance" not in r.reason  # the numbers, not a promise
 
 
+# ------------------------------------------------------------------------------------------------ the contract
+class RefusesAlone(ExactBackend):
+    """Takes every call of a batch of several requests, refuses a call of one request."""
+
+    name: ClassVar[str] = "fake-refuses-alone"
+
+    def supports(self, case, device):
+        return Support(False, "planted: no batch of one") if case.batch == 1 else super().supports(case, device)
+
+
+def test_an_engine_invariance_is_supported_only_when_every_variant_is_and_names_the_refused_one():
+    case = _case("vllm_v1_fa", "inv_batch_decode")
+    composition = EngineInvariance(get_engine("vllm_v1_fa"))
+    assert composition.supports(case, ExactBackend(), "cpu") == Support(True)
+    assert composition.supports(case, RefusesAlone(), "cpu") == Support(
+        False, "alone: decode (paged kvcache): planted: no batch of one"
+    )
+
+
+@pytest.mark.parametrize("kind", ["", "splits"])
+def test_an_engine_invariance_refuses_a_kind_it_cannot_replay(kind):
+    """Only ``run`` and ``batch`` (the engine sets its own split count); the refusal names the kinds and the value."""
+    case = _case("vllm_v1_fa", "inv_run_mixed")
+    object.__setattr__(case := case.replace(invariance=""), "invariance", kind)  # past the case's own check
+    composition = EngineInvariance(get_engine("vllm_v1_fa"))
+    message = (
+        rf"invariance must be one of \['run', 'batch'\] for an engine case \(the engine sets its own split count\), "
+        rf"got '{kind}'"
+    )
+    for call in (
+        lambda: composition.supports(case, ExactBackend(), "cpu"),
+        lambda: composition.prepare(case, None, ExactBackend(), "cpu"),
+        lambda: composition.reference(case, None),
+    ):
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_a_case_without_an_invariance_promises_nothing_even_with_num_splits_1():
+    case = _case("vllm_v1_fa", "inv_batch_invariant_decode")
+    assert case.num_splits == 1
+    assert promised(get_engine("vllm_v1_fa"), case.replace(invariance=""), ExactBackend(), "cpu") is False
+
+
+class Reporting:
+    """An engine whose step reports each kernel call in ``notes`` and a problem of its own (a graph replay's)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def prepare(self, case, inputs, backend, device):
+        run = self.engine.prepare(case, inputs, backend, device)
+
+        def step():
+            out = run()
+            step.notes = ["call A", "call B"]
+            return out
+
+        step.problems = [f"planted problem of a batch of {case.batch}"]
+        return step
+
+
+def test_each_variant_notes_its_calls_and_passes_on_the_problems_of_its_step():
+    case = _case("vllm_v1_fa", "inv_run_mixed")
+    ctx = prepare_context(case, 0, "cpu")
+    run = EngineInvariance(Reporting(get_engine("vllm_v1_fa"))).prepare(case, ctx.inputs, ExactBackend(), "cpu")
+    run()
+    call = case.replace(invariance="")
+    assert run.notes == [
+        f"first run: {call.summary()}: 2 call(s); call A; call B",
+        f"second run: {call.summary()}: 2 call(s); call A; call B",
+    ]
+    assert run.problems == [
+        f"first run: planted problem of a batch of {case.batch}",
+        f"second run: planted problem of a batch of {case.batch}",
+    ]
+
+
+def test_a_step_without_notes_or_problems_notes_no_call():
+    class Silent(Reporting):
+        def prepare(self, case, inputs, backend, device):
+            run = self.engine.prepare(case, inputs, backend, device)
+            return lambda: run()
+
+    case = _case("vllm_v1_fa", "inv_run_mixed")
+    ctx = prepare_context(case, 0, "cpu")
+    run = EngineInvariance(Silent(get_engine("vllm_v1_fa"))).prepare(case, ctx.inputs, ExactBackend(), "cpu")
+    run()
+    assert run.notes == [
+        f"{label}: {case.replace(invariance='').summary()}: 0 call(s)" for label in ("first run", "second run")
+    ]
+    assert run.problems == []
+
+
 # ------------------------------------------------------------------------------------------------ the report
 def test_the_report_matrix_has_a_row_per_engine_configuration():
     records = [
