@@ -4,6 +4,7 @@ named after the promise it checks."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +30,38 @@ def test_auto_margin_of_a_zero_median_is_no_spread() -> None:
     old = [_timed(rec(f"c{i}"), 0.0, 0.0, 0.0) for i in range(3)]
     cmp = compare_results(old, old)
     assert cmp.margin == pytest.approx(0.02) and not cmp.perf_regressions
+
+
+def test_duplicated_pairs_are_counted_on_each_side() -> None:
+    """A (case, family) pair recorded twice is counted (the last record wins, as in reports); none: 0."""
+    assert compare_results([rec("a"), rec("b")], [rec("a"), rec("b")]).duplicates == 0
+    cmp = compare_results([rec("a"), rec("a"), rec("b")], [rec("a"), rec("b"), rec("b"), rec("b", "fail")])
+    assert cmp.duplicates == 3
+    assert [p.key[0] for p in cmp.new_failures] == ["b"]  # the last record of b in NEW
+
+
+@pytest.mark.parametrize("ratio", [True, "0.3", None, [0.3]])
+def test_an_error_ratio_that_is_no_number_compares_like_nan(ratio) -> None:
+    """A hand-edited ratio that is not a number (a bool, a string, null) is no number to compare: between two
+    failing records, one where OLD had a number is a ratio regression, and a number where OLD had none a ratio fix.
+    (In a ``pass`` record it makes the record a fail: a new failure, test_evidence.py.)"""
+    old = [rec("a", "fail", ratio=3.0)]
+    new = [dataclasses.replace(old[0], stats=dataclasses.replace(old[0].stats, error_ratio=ratio))]
+    cmp = compare_results(old, new)
+    assert [p.key[0] for p in cmp.ratio_regressions] == ["a"] and cmp.regressed and not cmp.ratio_fixes
+    back = compare_results(new, old)
+    assert [p.key[0] for p in back.ratio_fixes] == ["a"] and not back.regressed
+
+
+def test_versions_are_the_headers_and_a_version_nobody_recorded_is_empty(tmp_path: Path) -> None:
+    from conformance.reporting.compare import compare_files
+    from conformance.results_writer import append_record
+    from tests.conformance.reporting.test_compare import HEADER
+
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    for path, info in ((old, {"name": "fa-x", "family": "fa"}), (new, {"name": "fa-x", "version": "2.8.4"})):
+        append_record(path, dataclasses.replace(HEADER, backends={"fa-x": info}))
+        append_record(path, rec("a"))
+    cmp = compare_files(old, new)
+    assert cmp.old_versions == {"fa": ""}  # no version in the header or the record: empty, never None
+    assert cmp.new_versions == {"fa": "", "fa-x": "2.8.4"}  # a header backend without a family: by its name
