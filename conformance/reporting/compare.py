@@ -176,7 +176,7 @@ def _unjudged(pairs: list[Pair]) -> list[tuple[str, str]]:
         old_judged = sum(p.old.status is not Status.UNSUPPORTED for p in ps)
         new_judged = sum(p.new.status is not Status.UNSUPPORTED for p in ps)
         refused = [p.new.reason if p.new.status is Status.UNSUPPORTED else p.old.reason for p in ps]
-        reason, n = Counter(" ".join((r or "(no reason)").split())[:200] for r in refused).most_common(1)[0]
+        reason, n = Counter(" ".join((r or "(no reason)").split())[:200] for r in refused).most_common()[0]
         where = (
             f"judged {old_judged} of its {len(ps)} pairs in OLD and none in NEW"
             if old_judged

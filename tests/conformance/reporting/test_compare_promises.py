@@ -65,3 +65,38 @@ def test_versions_are_the_headers_and_a_version_nobody_recorded_is_empty(tmp_pat
     cmp = compare_files(old, new)
     assert cmp.old_versions == {"fa": ""}  # no version in the header or the record: empty, never None
     assert cmp.new_versions == {"fa": "", "fa-x": "2.8.4"}  # a header backend without a family: by its name
+
+
+def _refused(r, reason: str):
+    return dataclasses.replace(r, reason=reason)
+
+
+def test_a_family_that_judged_nothing_says_where_it_judged_and_its_most_common_refusal() -> None:
+    """Each family none of whose pairs was judged in both files gets one line: how many pairs each file judged,
+    and the most common refusal of the side that refused (whitespace folded, at most 200 characters, ties to the
+    first seen, "(no reason)" for an empty one)."""
+    long = "no  sm90\n kernel " + "x" * 300
+    old = [
+        rec("a", family="lost"),
+        rec("b", family="lost"),
+        rec("c", family="lost"),
+        _refused(rec("a", "unsupported", family="gained", ratio=None), "old refusal"),
+        _refused(rec("b", "unsupported", family="gained", ratio=None), "other"),
+        _refused(rec("a", "unsupported", family="never", ratio=None), "old reason, not counted"),
+        rec("a", family="kept"),
+    ]
+    new = [
+        _refused(rec("a", "unsupported", family="lost", ratio=None), long),
+        _refused(rec("b", "unsupported", family="lost", ratio=None), "no sm90 kernel"),
+        _refused(rec("c", "unsupported", family="lost", ratio=None), long),
+        rec("a", family="gained"),
+        rec("b", family="gained"),
+        _refused(rec("a", "unsupported", family="never", ratio=None), ""),
+        rec("a", family="kept"),
+    ]
+    folded = ("no sm90 kernel " + "x" * 300)[:200]
+    assert compare_results(old, new).unjudged == [
+        ("gained", "judged 2 of its 2 pairs in NEW and none in OLD; most common refusal: old refusal (1 of 2)"),
+        ("lost", f"judged 3 of its 3 pairs in OLD and none in NEW; most common refusal: {folded} (2 of 3)"),
+        ("never", "every one of its 1 pairs is unsupported in both files; most common refusal: (no reason) (1 of 1)"),
+    ]
