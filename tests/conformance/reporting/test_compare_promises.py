@@ -100,3 +100,29 @@ def test_a_family_that_judged_nothing_says_where_it_judged_and_its_most_common_r
         ("lost", f"judged 3 of its 3 pairs in OLD and none in NEW; most common refusal: {folded} (2 of 3)"),
         ("never", "every one of its 1 pairs is unsupported in both files; most common refusal: (no reason) (1 of 1)"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("rules", "ok"),
+    [
+        ({"ratio_threshold": 1.0}, True),  # inclusive bounds: a threshold of 1, a floor of 0, a margin of 0
+        ({"ratio_floor": 0.0}, True),
+        ({"perf_margin": 0.0}, True),
+        ({"ratio_threshold": 1.5}, True),
+        ({"ratio_threshold": 0.99}, False),
+        ({"ratio_threshold": float("nan")}, False),
+        ({"ratio_threshold": float("inf")}, False),
+        ({"ratio_floor": -0.01}, False),
+        ({"ratio_floor": float("inf")}, False),
+        ({"perf_margin": -0.01}, False),
+        ({"perf_margin": float("nan")}, False),
+    ],
+)
+def test_rule_numbers_are_checked_with_inclusive_bounds(rules: dict, ok: bool) -> None:
+    """A threshold >= 1, a floor >= 0 and a margin >= 0 or None (auto), every one finite; else ValueError naming it."""
+    if ok:
+        compare_results([rec("a")], [rec("a")], **rules)
+        return
+    (name,) = rules
+    with pytest.raises(ValueError, match=rf"^{name} must be a finite number >= [01]"):
+        compare_results([rec("a")], [rec("a")], **rules)
