@@ -213,6 +213,45 @@ def test_check_resume_reads_headers_written_before_the_sweep_field(tmp_path: Pat
         check_resume(tmp_path / "junk.jsonl", [], now, has_records=True)
 
 
+_NOW = {
+    "suite": "smoke",
+    "seed": 0,
+    "device": "cpu",
+    "selection": {"shard": [0, 2]},
+    "tol_args": {"tol": ["fp32=1e-5"], "tol_file": None},
+}
+
+
+@pytest.mark.parametrize(
+    ("suite", "run", "field"),
+    [
+        ("smoke", {"seed": 0, "device": "cpu", "shard": [0, 2], "tol": ["fp32=1e-5"]}, None),
+        ("default", {}, "suite"),
+        ("custom", {}, "suite"),  # a --case-json run recorded suite "custom": its sweep's suite is None
+        ("smoke", {"seed": 1}, "seed"),
+        ("smoke", {"device": "cuda"}, "device"),
+        ("smoke", {"shard": [1, 2]}, "selection.shard"),
+        ("smoke", {"tol": []}, "tol_args"),
+        ("smoke", {"tol_file": "t.toml"}, "tol_args"),
+        ("smoke", {"tol": ["fp32=1e-5"], "tol_file": "t.toml"}, "tol_args"),
+    ],
+)
+def test_a_header_from_before_the_sweep_field_is_compared_on_each_field_it_recorded(
+    tmp_path: Path, suite: str, run: dict, field: str | None
+) -> None:
+    """Suite, seed, device, shard and the --tol/--tol-file arguments of a legacy header each refuse a resume that
+    changes them, naming the field; what the header did not record is not compared."""
+    legacy = Header(suite=suite, backends={}, env={"run": run})
+    if field is None:
+        check_resume(tmp_path / "old.jsonl", [legacy], _NOW, has_records=True)
+        return
+    with pytest.raises(UsageError, match=rf"\(header 1 of 1\) was run with {re.escape(field)}="):
+        check_resume(tmp_path / "old.jsonl", [legacy], _NOW, has_records=True)
+    custom = {**_NOW, "suite": None}
+    if suite == "custom":
+        check_resume(tmp_path / "old.jsonl", [legacy], custom, has_records=True)
+
+
 def _result(backend: str, status: Status, case_id: str = "c_bf16_x-000000") -> CheckResult:
     return CheckResult(case_id=case_id, backend=backend, family="fake", status=status, case={}, reason="why\nmore")
 
