@@ -126,3 +126,11 @@ def test_rule_numbers_are_checked_with_inclusive_bounds(rules: dict, ok: bool) -
     (name,) = rules
     with pytest.raises(ValueError, match=rf"^{name} must be a finite number >= [01]"):
         compare_results([rec("a")], [rec("a")], **rules)
+
+
+def test_the_comparison_records_the_rule_numbers_it_applied() -> None:
+    """The summary states the threshold, floor and margin the comparison used (defaults 2, 0.5, auto)."""
+    cmp = compare_results([rec("a")], [rec("a")], ratio_threshold=3.0, ratio_floor=0.25, perf_margin=0.1)
+    assert (cmp.ratio_threshold, cmp.ratio_floor, cmp.margin, cmp.margin_auto) == (3.0, 0.25, 0.1, False)
+    cmp = compare_results([rec("a")], [rec("a")])
+    assert (cmp.ratio_threshold, cmp.ratio_floor, cmp.margin, cmp.margin_auto) == (2.0, 0.5, 0.02, True)
