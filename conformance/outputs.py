@@ -404,7 +404,9 @@ def write_bytes(path: Path | str, data: Data, *, kind: str | None, flag: str = "
 
 def write_text(path: Path | str, text: str, *, kind: str | None, flag: str = "--out", quiet: bool = False) -> Path:
     """:func:`write_bytes` of ``text`` in UTF-8."""
-    return write_bytes(path, text.encode("utf-8"), kind=kind, flag=flag, quiet=quiet)
+    # no mutate: "UTF-8" names the same codec as "utf-8"
+    data = text.encode("utf-8")  # pragma: no mutate
+    return write_bytes(path, data, kind=kind, flag=flag, quiet=quiet)
 
 
 def _unlink(name: str) -> None:

@@ -434,3 +434,49 @@ def test_summary_json_carries_its_kind_and_stdout_stays_stdout(tmp_path: Path, c
     write_summary({"x": 1}, "-", "compare-summary")
     assert json.loads(capsys.readouterr().out) == {"attnconf_output": "compare-summary", "x": 1}
     assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "socket", "/dev/null", "/dev/loop0"])
+def test_the_refusal_names_what_the_path_is_and_the_option(tmp_path: Path, kind: str) -> None:
+    """One line: the option, the path, what it is instead of a regular file (write_text's option is --out unless
+    told), and the path is left as it was."""
+    path, what = tmp_path / kind, {"fifo": "a FIFO", "dir": "a directory", "socket": "a socket"}.get(kind)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()
+    else:
+        path = Path(kind)
+        if not path.exists():
+            pytest.skip(f"no {kind} here")
+        what = "a character device" if is_chardev(kind) else "a block device"
+    mode = os.stat(path).st_mode
+    with pytest.raises(UsageError, match=rf"^--report {path}: is {what}, not a regular file; give a file path$"):
+        check_output(path, "--report")
+    if kind.startswith("/dev/"):
+        assert os.stat(path).st_mode == mode
+        return  # a device is only ever examined
+    for write in (lambda: write_text(path, "x", kind="k"), lambda: write_bytes(path, b"x", kind="k")):
+        with pytest.raises(UsageError, match=rf"^--out {path}: is {what}, not a regular file"):
+            write()
+    with pytest.raises(UsageError, match=rf"^--summary {path}: is {what}"):
+        write_text(path, "x", kind="k", flag="--summary")
+    assert os.stat(path).st_mode == mode
+
+
+def test_anything_but_the_known_file_types_is_not_a_regular_file() -> None:
+    assert outputs._what(stat.S_IFBLK) == "a block device" and outputs._what(stat.S_IFCHR) == "a character device"
+    assert outputs._what(0) == "not a regular file"
+
+
+def test_write_text_is_quiet_when_told(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "notes.md"
+    path.write_text("the user's own\n")
+    write_text(path, with_marker("x\n", "compare-md"), kind="compare-md", quiet=True)
+    assert (tmp_path / "notes.1.md").read_text() == "the user's own\n" and capsys.readouterr().err == ""
+    write_text(path, "é\n", kind=None)
+    assert path.read_bytes() == "é\n".encode() and "kept it as" in capsys.readouterr().err
