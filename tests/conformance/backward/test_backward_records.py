@@ -128,3 +128,11 @@ def test_compare_cli_exits_1_on_a_gradient_regression(records, tmp_path: Path) -
     data = json.loads(summary.read_text())
     assert data["regressions"]["grad_regressions"][0]["tensor"] == "dq"
     assert main(["compare", str(old), str(old)]) == 0
+
+
+def test_compare_judges_gradients_by_its_own_rule_numbers(records) -> None:
+    """dk 0.3 -> 0.9: a regression by the defaults (x2, floor 0.5), none under x4 or under a floor of 1."""
+    old, new = [with_ratio(records["pass"], "dk", 0.3)], [with_ratio(records["pass"], "dk", 0.9)]
+    assert [g.tensor for g in compare_results(old, new).grad_regressions] == ["dk"]
+    assert not compare_results(old, new, ratio_threshold=4.0).grad_regressions
+    assert not compare_results(old, new, ratio_floor=1.0).grad_regressions

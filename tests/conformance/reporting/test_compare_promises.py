@@ -134,3 +134,59 @@ def test_the_comparison_records_the_rule_numbers_it_applied() -> None:
     assert (cmp.ratio_threshold, cmp.ratio_floor, cmp.margin, cmp.margin_auto) == (3.0, 0.25, 0.1, False)
     cmp = compare_results([rec("a")], [rec("a")])
     assert (cmp.ratio_threshold, cmp.ratio_floor, cmp.margin, cmp.margin_auto) == (2.0, 0.5, 0.02, True)
+
+
+def test_identical_errors_count_the_pairs_whose_max_and_lse_errors_are_equal() -> None:
+    old = [rec("a"), rec("b"), rec("c"), rec("d", "unsupported", ratio=None)]
+    new = [rec("a"), rec("b"), rec("c", ratio=0.2), rec("d", "unsupported", ratio=None)]
+    cmp = compare_results(old, new)
+    assert (cmp.identical_errors, cmp.compared_errors) == (2, 3)
+    lse = dataclasses.replace(new[0], stats=dataclasses.replace(new[0].stats, lse_max_abs=1e-3))
+    assert compare_results(old[:1], [lse]).identical_errors == 0
+
+
+def test_a_failure_that_stays_the_same_failure_is_no_change_and_fail_to_unsupported_is_a_lost_capability() -> None:
+    old = [rec("same", "fail", ratio=3.0), rec("gone", "fail", ratio=3.0), rec("moved", "fail", ratio=3.0)]
+    new = [rec("same", "fail", ratio=3.0), rec("gone", "unsupported", ratio=None), rec("moved", "error", ratio=None)]
+    cmp = compare_results(old, new)
+    assert [p.key[0] for p in cmp.changed_failures] == ["moved"]
+    assert [p.key[0] for p in cmp.capability_lost] == ["gone"] and not cmp.fixed and not cmp.new_failures
+
+
+def test_nan_ratios_on_both_sides_regress_unless_both_records_are_failures() -> None:
+    """A hand-edited ``unsupported`` record with NaN statistics after a NaN failure: not two failures, so the NaN
+    ratio fails closed."""
+    nan = float("nan")
+    old = [rec("both", "fail", ratio=nan), rec("one", "fail", ratio=nan)]
+    new = [rec("both", "crash", ratio=nan), rec("one", "unsupported", ratio=nan)]
+    assert [p.key[0] for p in compare_results(old, new).ratio_regressions] == ["one"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "regressed"),
+    [
+        (0.3, 0.6, False),  # exactly threshold x old: not beyond it
+        (0.3, 0.61, True),
+        (0.1, 0.5, False),  # exactly the floor: not beyond it
+        (0.1, 0.51, True),
+    ],
+)
+def test_a_ratio_regression_must_exceed_both_the_threshold_and_the_floor(old, new, regressed) -> None:
+    cmp = compare_results([rec("a", ratio=old)], [rec("a", ratio=new)])
+    assert bool(cmp.ratio_regressions) is regressed
+
+
+def test_a_pair_timed_on_one_side_only_is_not_compared_for_speed() -> None:
+    old = [_timed(rec("a"), 1.0, 1.0, 1.0), rec("b")]
+    new = [rec("a"), _timed(rec("b"), 9.0, 9.0, 9.0)]
+    cmp = compare_results(old, new)
+    assert not cmp.perf_regressions and not cmp.perf_improvements and cmp.margin == pytest.approx(0.02)
+
+
+def test_a_performance_change_carries_its_median_slowdown() -> None:
+    """new median / old median; an old median of 0 makes any measurable time an infinite slowdown."""
+    old = [_timed(rec("slow"), 2.0, 2.0, 2.0), _timed(rec("fast"), 4.0, 4.0, 4.0), _timed(rec("zero"), 0.0, 0.0, 0.0)]
+    new = [_timed(rec("slow"), 3.0, 3.0, 3.0), _timed(rec("fast"), 1.0, 1.0, 1.0), _timed(rec("zero"), 0.5, 0.5, 0.5)]
+    cmp = compare_results(old, new, perf_margin=0.05)
+    assert [(p.key[0], s) for p, s in cmp.perf_regressions] == [("zero", float("inf")), ("slow", 1.5)]
+    assert [(p.key[0], s) for p, s in cmp.perf_improvements] == [("fast", 0.25)]
