@@ -278,7 +278,7 @@ def compare_results(
         to, tn = p.old.timing, p.new.timing
         # no mutate: for the type checker; `timed` holds only pairs timed on both sides
         assert to is not None and tn is not None  # pragma: no mutate
-        slowdown = tn.median_ms / to.median_ms if to.median_ms > 0 else float("inf")
+        slowdown = tn.median_ms / to.median_ms if to.median_ms > 0 else math.inf
         if tn.p20_ms > to.p80_ms * (1 + cmp.margin):
             cmp.perf_regressions.append((p, slowdown))
         elif tn.p80_ms * (1 + cmp.margin) < to.p20_ms:

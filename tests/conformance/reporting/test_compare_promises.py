@@ -185,8 +185,84 @@ def test_a_pair_timed_on_one_side_only_is_not_compared_for_speed() -> None:
 
 def test_a_performance_change_carries_its_median_slowdown() -> None:
     """new median / old median; an old median of 0 makes any measurable time an infinite slowdown."""
-    old = [_timed(rec("slow"), 2.0, 2.0, 2.0), _timed(rec("fast"), 4.0, 4.0, 4.0), _timed(rec("zero"), 0.0, 0.0, 0.0)]
-    new = [_timed(rec("slow"), 3.0, 3.0, 3.0), _timed(rec("fast"), 1.0, 1.0, 1.0), _timed(rec("zero"), 0.5, 0.5, 0.5)]
+    old = [
+        _timed(rec("fast"), 4.0, 4.0, 4.0),
+        _timed(rec("faster"), 4.0, 4.0, 4.0),
+        _timed(rec("short"), 0.5, 0.5, 0.5),
+        _timed(rec("slow"), 2.0, 2.0, 2.0),
+        _timed(rec("zero"), 0.0, 0.0, 0.0),
+    ]
+    new = [
+        _timed(rec("fast"), 2.0, 2.0, 2.0),
+        _timed(rec("faster"), 1.0, 1.0, 1.0),
+        _timed(rec("short"), 0.75, 0.75, 0.75),
+        _timed(rec("slow"), 3.0, 3.0, 3.0),
+        _timed(rec("zero"), 0.5, 0.5, 0.5),
+    ]
     cmp = compare_results(old, new, perf_margin=0.05)
-    assert [(p.key[0], s) for p, s in cmp.perf_regressions] == [("zero", float("inf")), ("slow", 1.5)]
-    assert [(p.key[0], s) for p, s in cmp.perf_improvements] == [("fast", 0.25)]
+    # regressions worst first, improvements best first
+    assert [(p.key[0], s) for p, s in cmp.perf_regressions] == [("zero", float("inf")), ("short", 1.5), ("slow", 1.5)]
+    assert [(p.key[0], s) for p, s in cmp.perf_improvements] == [("faster", 0.25), ("fast", 0.5)]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "verdict"),
+    [
+        ((1.0, 1.0, 1.0), (1.25, 1.25, 1.25), None),  # new p20 exactly old p80 x (1 + margin): not beyond it
+        ((1.0, 1.0, 1.0), (1.26, 1.26, 1.26), "regression"),
+        ((1.25, 1.25, 1.25), (1.0, 1.0, 1.0), None),  # new p80 x (1 + margin) exactly old p20
+        ((1.26, 1.26, 1.26), (1.0, 1.0, 1.0), "improvement"),
+        ((1.2, 1.2, 1.2), (1.0, 1.0, 1.0), None),  # 1.0 / 1.25 < 1.2, but 1.0 x 1.25 is not
+    ],
+)
+def test_a_performance_change_must_exceed_the_margin_on_the_far_percentile(old, new, verdict) -> None:
+    cmp = compare_results([_timed(rec("a"), *old)], [_timed(rec("a"), *new)], perf_margin=0.25)
+    assert (bool(cmp.perf_regressions), bool(cmp.perf_improvements)) == (
+        verdict == "regression",
+        verdict == "improvement",
+    )
+
+
+def _file(path: Path, *records, header=None) -> Path:
+    from conformance.results_writer import append_record
+    from tests.conformance.reporting.test_compare import HEADER
+
+    append_record(path, header or HEADER)
+    for r in records:
+        append_record(path, r)
+    return path
+
+
+def test_compare_files_refuses_by_default_what_it_can_be_told_to_accept(tmp_path: Path) -> None:
+    """Lines that are not records, a subset, families outside NEW's backends, a pair recorded twice: refused
+    unless asked (``allow_skipped``, ``allow_subset``, ``only_new_families``, ``drop_duplicates``); a family that
+    judged nothing exits 4 unless ``allow_unjudged``."""
+    from conformance.reporting.compare import CompareRefused, compare_files
+    from tests.conformance.reporting.test_compare import HEADER
+
+    old = _file(tmp_path / "old.jsonl", rec("a"), rec("b"))
+    garbled = _file(tmp_path / "garbled.jsonl", rec("a"), rec("b"))
+    with garbled.open("a") as f:
+        f.write("{not json\n")
+    with pytest.raises(CompareRefused):
+        compare_files(old, garbled)
+    assert compare_files(old, garbled, allow_skipped=True).new_skipped
+    subset = _file(tmp_path / "subset.jsonl", rec("a"))
+    with pytest.raises(CompareRefused):
+        compare_files(old, subset)
+    assert compare_files(old, subset, allow_subset=True).not_in_new == [("b", "fa")]
+    fa_only = dataclasses.replace(HEADER, backends={"fa-x": {"name": "fa-x", "family": "fa"}})
+    two = _file(tmp_path / "two.jsonl", rec("a"), rec("b"), rec("a", family="other"))
+    narrow = _file(tmp_path / "narrow.jsonl", rec("a"), rec("b"), header=fa_only)
+    with pytest.raises(CompareRefused):
+        compare_files(two, narrow)
+    assert compare_files(two, narrow, only_new_families=True).outside_scope == {"other": 1}
+    twice = _file(tmp_path / "twice.jsonl", rec("a"), rec("b"), rec("b"))
+    with pytest.raises(CompareRefused):
+        compare_files(old, twice)
+    assert compare_files(old, twice, drop_duplicates=True).common == 2
+    refused = _file(
+        tmp_path / "refused.jsonl", rec("a", "unsupported", ratio=None), rec("b", "unsupported", ratio=None)
+    )
+    assert compare_files(refused, refused).exit_status == 4
+    assert compare_files(refused, refused, allow_unjudged=True).exit_status == 0
