@@ -319,8 +319,8 @@ def compare_files(
     cmp.old_versions, cmp.new_versions = _versions(old_h, ins.old_results), _versions(new_h, ins.new_results)
     cmp.not_in_new, cmp.outside_scope, cmp.notes = ins.not_in_new, ins.outside_scope, ins.notes
     cmp.file_notes = ins.file_notes
-    for name in cmp.outside_scope:
-        cmp.old_versions.pop(name, None)  # listed on their own line, not as families the new run lost
+    # families outside NEW's scope are listed on their own line, not as families the new run lost
+    cmp.old_versions = {k: v for k, v in cmp.old_versions.items() if k not in cmp.outside_scope}
     cmp.old_skipped = [str(s) for s in ins.old.skipped]
     cmp.new_skipped = [str(s) for s in ins.new.skipped]
     cmp.old_suite, cmp.new_suite = suite_of(old_h[0]), suite_of(new_h[0])

@@ -122,3 +122,11 @@ def test_outputs_of_different_shapes_are_refused() -> None:
 def test_an_empty_output_is_equal_with_no_gap() -> None:
     d = diff_rows(_out(rows=0), _out(rows=0))
     assert d == Diff(0, 0, 0.0, True) and not math.isnan(d.max_abs)
+
+
+def test_the_row_mask_of_a_vector_is_per_element() -> None:
+    """A 1-D tensor has no other dimension to reduce: each element is its own row."""
+    from conformance.graphs.bitwise import _row_mask
+
+    differs, gap = _row_mask(torch.tensor([1.0, NAN, 2.0, 4.0]), torch.tensor([1.0, NAN, 3.0, NAN]), 0)
+    assert differs.tolist() == [False, False, True, True] and gap == 1.0

@@ -246,7 +246,11 @@ def test_compare_files_refuses_by_default_what_it_can_be_told_to_accept(tmp_path
         f.write("{not json\n")
     with pytest.raises(CompareRefused):
         compare_files(old, garbled)
-    assert compare_files(old, garbled, allow_skipped=True).new_skipped
+    cmp = compare_files(old, garbled, allow_skipped=True)
+    assert cmp.new_skipped == ["line 4: not JSON"] and cmp.old_skipped == []
+    assert (cmp.old_source, cmp.new_source) == (str(old), str(garbled))
+    back = compare_files(garbled, old, allow_skipped=True)
+    assert back.old_skipped == ["line 4: not JSON"] and back.new_skipped == []
     subset = _file(tmp_path / "subset.jsonl", rec("a"))
     with pytest.raises(CompareRefused):
         compare_files(old, subset)
@@ -256,7 +260,8 @@ def test_compare_files_refuses_by_default_what_it_can_be_told_to_accept(tmp_path
     narrow = _file(tmp_path / "narrow.jsonl", rec("a"), rec("b"), header=fa_only)
     with pytest.raises(CompareRefused):
         compare_files(two, narrow)
-    assert compare_files(two, narrow, only_new_families=True).outside_scope == {"other": 1}
+    scoped = compare_files(two, narrow, only_new_families=True)
+    assert scoped.outside_scope == {"other": 1} and scoped.old_versions == {"fa": "", "fake": ""}  # "other" apart
     twice = _file(tmp_path / "twice.jsonl", rec("a"), rec("b"), rec("b"))
     with pytest.raises(CompareRefused):
         compare_files(old, twice)
