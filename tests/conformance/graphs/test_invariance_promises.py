@@ -133,3 +133,38 @@ def test_the_composition_output_is_every_variant_one_after_the_other_and_lse_onl
     assert ref.out.shape[0] == 2 * case.total_q and ref.lse.shape == (case.num_heads, 2 * case.total_q)
     base_out, base_lse = INVARIANCE.baseline(case, ctx.inputs)
     assert base_out.shape[0] == 2 * case.total_q and base_lse.shape == (case.num_heads, 2 * case.total_q)
+
+
+class SplitsSpy(ExactBackend):
+    """Records the split count of each call it is given, and of the inputs it is given with it."""
+
+    name: ClassVar[str] = "fake-splits-spy"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int | None, int | None]] = []
+
+    def prepare(self, case, inputs):
+        self.calls.append((case.num_splits, inputs.case.num_splits))
+        return super().prepare(case, inputs)
+
+
+def test_each_splits_variant_calls_the_kernel_with_its_own_split_count_and_inputs_that_say_so():
+    case = AttentionCase(((1, 30), (1, 9)), invariance="splits", **GQA)
+    spy = SplitsSpy()
+    r = _verdict(case, spy)
+    assert r.status is Status.PASS, r.reason
+    assert spy.calls == [(None, None), (1, 1), (2, 2), (3, 3)]
+    assert [n.rsplit(" (", 1)[1] for n in r.extra["notes"][:4]] == [
+        "num_splits None)",
+        "num_splits 1)",
+        "num_splits 2)",
+        "num_splits 3)",
+    ]
+
+
+def test_batch_invariance_is_promised_only_with_num_splits_1():
+    """Another pinned split count is still a pinned count, but not the batch-invariant mode's promise."""
+    case = AttentionCase(((1, 30), (1, 9), (1, 50)), invariance="batch", num_splits=2, **GQA)
+    r = _verdict(case, AloneUlpUp())
+    assert r.status is Status.PASS, r.reason
+    assert r.extra["invariance"]["promised"] is False and r.extra["invariance"]["kept"] is False
