@@ -170,7 +170,8 @@ class Invariance:
             # no mutate: the reference and the baseline read neither the split count nor inputs.case (the variant's
             # call is handed to them whole all the same)
             call = dataclasses.replace(call, num_splits=v.case.num_splits)  # pragma: no mutate
-            out.append(fn(call, dataclasses.replace(built, case=call)))  # pragma: no mutate
+            built = dataclasses.replace(built, case=call)  # pragma: no mutate
+            out.append(fn(call, built))
         return out
 
     def reference(self, case: AttentionCase, inputs: CaseInputs) -> AttnResult:
