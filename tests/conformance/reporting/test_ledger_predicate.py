@@ -195,3 +195,38 @@ def test_derived_fields_of_the_kernels() -> None:
     cp = case(requests=((4, 3),), causal=True, cp_world=2, cp_rank=1)
     assert v(cp).value("rows_without_keys") == 0 and v(cp).value("keys_left_of_window") == 0
     assert v(case(requests=((10, 10),), window=(2, 0))).value("keys_left_of_window") == 7
+
+
+@pytest.mark.parametrize(
+    "when, text",
+    [
+        ("head_dim = 80", "head_dim = 80"),
+        ("head_dim = [80, 96]", "head_dim in [80, 96]"),
+        ("causal = false", "causal = false"),
+        ('kv_layout = "NHD"\nblock_size = 16', "kv_layout = 'NHD' and block_size = 16"),
+        ("head_dim = { not = 80 }", "head_dim != 80"),
+        ("head_dim = { in = [80, 96] }", "head_dim in [80, 96]"),
+        ("head_dim = { not_in = [80, 96] }", "head_dim not in [80, 96]"),
+        ("head_dim = { lt = 80 }", "head_dim < 80"),
+        ("head_dim = { le = 80 }", "head_dim <= 80"),
+        ("head_dim = { gt = 80 }", "head_dim > 80"),
+        ("head_dim = { ge = 80, lt = 96 }", "head_dim >= 80 and head_dim < 96"),
+        ("scale = { set = false }", "scale set = false"),
+        ("scale = { set = true }", "scale set = true"),
+        ("softcap = 30.0", "softcap = 30.0"),
+        ('kv_layout = ["NHD", "HND"]', "kv_layout in ['NHD', 'HND']"),
+        (
+            'features = ["paged", "causal"]\nno_features = ["window", "alibi"]',
+            "features paged+causal and no window/alibi",
+        ),
+    ],
+)
+def test_an_entry_states_its_predicate_in_one_line_the_reports_show(tmp_path: Path, when: str, text: str) -> None:
+    """The text the report and the audit show for what an entry matches: each op's symbol, booleans as TOML
+    writes them, strings quoted, lists bracketed."""
+    assert entry(tmp_path, f"[failure.when]\n{when}\n").pattern == text
+
+
+def test_several_whens_are_stated_each_in_parentheses(tmp_path: Path) -> None:
+    e = entry(tmp_path, "[[failure.when]]\nhead_dim = 80\ncausal = true\n[[failure.when]]\nhead_dim = 160\n")
+    assert e.pattern == "(head_dim = 80 and causal = true) or (head_dim = 160)"
