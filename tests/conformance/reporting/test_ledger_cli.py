@@ -155,3 +155,33 @@ def test_fields_lists_the_predicate_names(capsys) -> None:
     assert code == 0
     names = {line.split()[0] for line in out.splitlines()}
     assert {"head_dim", "paged", "fa4_sm90_paged_loader", "fa2_window_misread", "rows_without_keys"} <= names
+
+
+def test_audit_json_states_each_entry_in_full(tmp_path: Path, ledger_dir: Path, capsys) -> None:
+    """``--json``: each entry's source, backend, reason, what it matches, its flags, what it explains (per file),
+    the passes it claims and those past its range (file, case, version): the keys a CI job reads."""
+    (ledger_dir / "kern.toml").write_text(LEDGER.replace('versions = ">=1.0"', 'versions = ">=1.0,<2.0"'))
+    claimed, fixed = case(requests=((4, 44),)), case(requests=((5, 55),))
+    runs = write(
+        tmp_path / "a.jsonl",
+        [(case(), "fail", "1.0"), (claimed, "pass", "1.5"), (fixed, "pass", "2.0"), (case(head_dim=96), "pass", "1.0")],
+    )
+    code, out, _ = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites", "--json")
+    assert code == 1
+    loader, flaky = json.loads(out)["entries"]
+    assert loader == {
+        "source": loader["source"],
+        "backend": "kern",
+        "reason": "d80 paged loader",
+        "matches": "head_dim = 80 and paged = true [versions <2.0,>=1.0]",
+        "flaky": False,
+        "partial": "",
+        "explained": 1,
+        "explained_cases": 1,
+        "files": {str(runs): 1},
+        "passes_claimed": [{"file": str(runs), "case_id": claimed.id, "version": "1.5"}],
+        "flaky_passes": 0,
+        "fixed": [{"file": str(runs), "case_id": fixed.id, "version": "2.0"}],
+    }
+    assert loader["source"].endswith("kern.toml[0]") and flaky["source"].endswith("kern.toml[1]")
+    assert (flaky["flaky"], flaky["flaky_passes"], flaky["explained"], flaky["files"]) == (True, 1, 0, {})
