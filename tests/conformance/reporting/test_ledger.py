@@ -238,3 +238,25 @@ def test_a_predicate_matches_a_record_without_a_suite_batch_name(tmp_path: Path)
     assert ledger.explain(precord(drawn, "fail")) is not None
     bare = CheckResult(drawn.id, "kern", "fam", Status.FAIL, {}, version="4.0.0b36")
     assert ledger.explain(bare) is None
+
+
+def test_a_ledger_directory_that_cannot_be_used_is_refused_in_one_line_naming_the_option(tmp_path: Path) -> None:
+    from conformance.exits import Exit
+    from conformance.reporting.ledger import LedgerDirError, load_ledger_dir
+
+    missing, afile, bad = tmp_path / "none", tmp_path / "f.toml", tmp_path / "bad"
+    afile.write_text("")
+    bad.mkdir()
+    (bad / "kern.toml").write_text("[[failure]]\n")
+    for directory, flag, reason in (
+        (missing, None, "no such directory"),
+        (afile, "--ledgers", "not a directory"),
+    ):
+        with pytest.raises(LedgerDirError) as err:
+            load_ledger_dir(directory) if flag is None else load_ledger_dir(directory, flag)
+        assert str(err.value) == f"{flag or '--ledger-dir'} {directory}: {reason}"
+        assert (err.value.path, err.value.reason, err.value.exit_code) == (str(directory), reason, Exit.USAGE)
+    with pytest.raises(LedgerDirError, match=rf"^--ledger-dir {bad}: .*kern\.toml") as err:
+        load_ledger_dir(bad)
+    assert err.value.path == str(bad) and "kern.toml" in err.value.reason
+    assert str(LedgerDirError("d", "why")) == "--ledger-dir d: why"

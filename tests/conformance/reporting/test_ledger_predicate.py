@@ -107,6 +107,10 @@ def test_versions_are_pep440_with_prereleases(tmp_path: Path, spec, inside, outs
 def test_version_side_tells_newer_from_older(tmp_path: Path) -> None:
     e = entry(tmp_path, "[failure.when]\nhead_dim = 80\n", 'versions = ">=2.0,<2.5"\n')
     assert [e.version_side(v) for v in ("2.1", "2.5", "1.9")] == ["in", "after", "before"]
+    # pre-releases are versions like any other, on every bound (2.5rc1 is not < 2.5: PEP 440)
+    assert [e.version_side(v) for v in ("2.1rc1", "2.5rc1", "2.6rc1", "1.9rc1")] == ["in", "after", "after", "before"]
+    e = entry(tmp_path, "[failure.when]\nhead_dim = 80\n", 'versions = ">=2.0,<=2.4"\n')
+    assert [e.version_side(v) for v in ("2.4", "2.4.1", "1.0")] == ["in", "after", "before"]
     e = entry(tmp_path, "[failure.when]\nhead_dim = 80\n", 'versions = "==0.24.*"\n')
     assert [e.version_side(v) for v in ("0.24.1", "0.25.0", "0.23.0")] == ["in", "after", "before"]
 
