@@ -168,3 +168,30 @@ def test_batch_invariance_is_promised_only_with_num_splits_1():
     r = _verdict(case, AloneUlpUp())
     assert r.status is Status.PASS, r.reason
     assert r.extra["invariance"]["promised"] is False and r.extra["invariance"]["kept"] is False
+
+
+class LseDriftsOnRerun(ExactBackend):
+    """Planted: the same call's LSE comes out one ulp up from its second run on (the output itself stays)."""
+
+    name: ClassVar[str] = "fake-lse-drifts"
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def prepare(self, case, inputs):
+        run = super().prepare(case, inputs)
+
+        def call():
+            res, self.runs = run(), self.runs + 1
+            return KernelOutput(
+                res.out, torch.nextafter(res.lse, torch.tensor(float("inf"))) if self.runs > 1 else res.lse
+            )
+
+        return call
+
+
+def test_the_lse_of_request_0_is_compared_too():
+    case = AttentionCase(((1, 30), (1, 9)), invariance="run", **GQA)
+    r = _verdict(case, LseDriftsOnRerun())
+    assert r.status is Status.FAIL
+    assert "invariance run: request 0 'second run' differs from 'first run': 1 of 1 rows differ" in r.reason
