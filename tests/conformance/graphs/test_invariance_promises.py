@@ -77,6 +77,8 @@ def test_batch_variants_place_request_0_and_cut_the_others_to_half_their_keys():
     assert variants(causal)[3].picks == ((0, 30), (1, 4), (2, 25))
     open_ = AttentionCase(((3, 30), (2, 3), (4, 50)), invariance="batch", **(GQA | dict(causal=False)))
     assert variants(open_)[3].picks == ((0, 30), (1, 1), (2, 25))
+    one_key = AttentionCase(((3, 30), (2, 1), (4, 50)), invariance="batch", **(GQA | dict(causal=False)))
+    assert variants(one_key)[3].picks == ((0, 30), (1, 0), (2, 25))  # not causal: half of one key is none
     causal_short = AttentionCase(((3, 30), (2, 3), (4, 50)), invariance="batch", **GQA)
     assert variants(causal_short)[3].picks == ((0, 30), (1, 2), (2, 25))  # 2 query rows need 2 keys
 
