@@ -43,7 +43,9 @@ class Diff:
 def _row_mask(a: torch.Tensor, b: torch.Tensor, row_dim: int) -> tuple[torch.Tensor, float]:
     same = (a == b) | (torch.isnan(a) & torch.isnan(b))
     other = [d for d in range(a.dim()) if d != row_dim]
-    differs = ~same.all(dim=other) if other else ~same
+    # no mutate: torch 2.13's all(dim=[]) reduces nothing, as the else branch does; the branch does not rely on it
+    # (an empty dim list reduces every dimension in other reductions, sum(dim=[]))
+    differs = ~same.all(dim=other) if other else ~same  # pragma: no mutate
     both = torch.isfinite(a) & torch.isfinite(b)
     gap = (a.double() - b.double()).abs()[both]
     return differs, float(gap.max()) if gap.numel() else 0.0

@@ -249,6 +249,8 @@ def test_compare_files_refuses_by_default_what_it_can_be_told_to_accept(tmp_path
     cmp = compare_files(old, garbled, allow_skipped=True)
     assert cmp.new_skipped == ["line 4: not JSON"] and cmp.old_skipped == []
     assert (cmp.old_source, cmp.new_source) == (str(old), str(garbled))
+    rules = compare_files(old, old, ratio_threshold=3.0, ratio_floor=0.25, perf_margin=0.1)
+    assert (rules.ratio_threshold, rules.ratio_floor, rules.margin) == (3.0, 0.25, 0.1)  # passed on to the rules
     back = compare_files(garbled, old, allow_skipped=True)
     assert back.old_skipped == ["line 4: not JSON"] and back.new_skipped == []
     subset = _file(tmp_path / "subset.jsonl", rec("a"))
