@@ -446,3 +446,34 @@ def test_a_newer_writers_file_is_read_and_said_once_or_refused_by_merge(reader: 
     else:
         assert code == 0, err
         assert err.count(note) == 1 and "fields this version does not know are ignored" in err
+
+
+def test_every_line_carries_its_type_and_schema() -> None:
+    """Readers of later versions tell a header from a record, and the format's version, by these two keys."""
+    from conformance.records import SCHEMA
+
+    header = Header(suite="smoke", backends={}, env={})
+    record = CheckResult("c", "b", "f", Status.PASS, {})
+    assert (header.to_json()["type"], header.to_json()["schema"]) == ("header", SCHEMA)
+    assert (record.to_json()["type"], record.to_json()["schema"]) == ("result", SCHEMA)
+    assert json.loads(record_line(header))["schema"] == SCHEMA == 1
+
+
+def test_a_pass_with_several_nonfinite_statistics_names_each_in_its_reason() -> None:
+    from conformance.records import NONFINITE_PASS
+
+    stats = ErrorStats(
+        max_abs=float("nan"),
+        max_rel=0.0,
+        mean_abs=float("inf"),
+        worst=(0, 0, 0),
+        mismatch_frac=0.0,
+        error_ratio=0.1,
+        baseline_max_abs=1.0,
+        baseline_mean_abs=1.0,
+        allowed_max_abs=1.0,
+        cosine=1.0,
+        nonfinite=2,
+    )
+    judged = CheckResult("c", "b", "f", Status.PASS, {}, stats=stats).judged()
+    assert judged.reason == f"{NONFINITE_PASS} (max_abs=nan, mean_abs=inf, nonfinite=2)"
