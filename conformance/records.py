@@ -90,7 +90,8 @@ class ErrorStats:
         for name in _ERROR_STATS:
             value = getattr(self, name)
             if name == "lse_max_abs" and value is None:
-                continue
+                # no mutate: lse_max_abs is the last field of _ERROR_STATS, so break ends the loop as continue does
+                continue  # pragma: no mutate
             if not _finite(value) and not (name == "cosine" and _real(value) and math.isnan(value)):
                 bad.append(f"{name}={value}")
         if self.nonfinite != 0:
