@@ -153,7 +153,12 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
-        """Translate the case; return a callable running only the kernel."""
+        """Translate the case; return a callable running only the kernel.
+
+        The callable may carry ``variant``, a dict of JSON scalars naming the kernel variant that ran (the entry
+        point, the arguments that select a variant, what the kernel's own dispatcher picked: SDPA's backend,
+        FA4's compile key and tile); the verdict reads it after the call into the record's ``extra["variant"]``,
+        which the report groups by and ``attnconf compare`` diffs."""
 
     def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
         """The graph-safe call of CUDA-graph mode (the opt-in feature ``graph``; :mod:`conformance.graphs`).

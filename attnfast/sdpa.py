@@ -321,6 +321,7 @@ class _SdpaBase(Backend):
             if call is not None:
                 calls.append(call)
         total_q, dtype, device = case.total_q, case.torch_dtype, inputs.q.device
+        chosen = sdpa_choices(calls)
 
         def run() -> KernelOutput:
             out = torch.zeros(total_q, h, dv, dtype=dtype, device=device)
@@ -332,7 +333,30 @@ class _SdpaBase(Backend):
                 out[c.q0 : c.q0 + c.sq] = o
             return KernelOutput(out, lse)
 
+        run.variant = {"sdpa": chosen}  # type: ignore[attr-defined]  # the record's extra["variant"]
         return run
+
+
+def sdpa_choices(calls: list[_Prepared]) -> str:
+    """Which SDPA backend runs each call, as torch's own dispatcher picks it (``torch._fused_sdp_choice`` under
+    the call's ``sdpa_kernel`` selection): ``"FLASH_ATTENTION"`` when every call takes one, else each name with
+    its count (``"CUDNN_ATTENTION x2, FLASH_ATTENTION x1"``); ``""`` for no call, ``"unknown (...)"`` when torch
+    cannot tell."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = {int(getattr(m, "value", m)): n for n, m in SDPBackend.__members__.items()}
+    counts: dict[str, int] = {}
+    try:
+        for c in calls:
+            with sdpa_kernel(c.backends):
+                idx = torch._fused_sdp_choice(c.q, c.k, c.v, **c.kwargs)
+            name = names.get(int(idx), str(idx))
+            counts[name] = counts.get(name, 0) + 1
+    except Exception as exc:  # informational only: the call itself still runs and is judged
+        return f"unknown ({type(exc).__name__}: {exc})"[:200]
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{n} x{k}" for n, k in sorted(counts.items()))
 
 
 class SdpaCpuBackend(_SdpaBase):

@@ -215,12 +215,18 @@ def _available(backend: Backend) -> Any:
     return cached
 
 
-def refusal(case: AttentionCase, backend: Backend, device: str, seed: int = 0) -> CheckResult | None:
+def refusal(
+    case: AttentionCase, backend: Backend, device: str, seed: int = 0, *, was_available: bool = False
+) -> CheckResult | None:
     """The record of ``backend`` on ``case`` when it does not run it: UNSUPPORTED with its declared reason, or with
     ``not available here: ...`` when the case is supported but the kernel cannot run on this machine
     (:meth:`~attnfast.base.Backend.is_available`: its package is not installed, no device), or ERROR when
     ``supports`` itself raised; None when it runs the case.  Decided from the case alone, before any
-    tensor exists, so a case no backend runs costs no inputs, reference or baseline (the worker asks this first)."""
+    tensor exists, so a case no backend runs costs no inputs, reference or baseline (the worker asks this first).
+
+    ``was_available``: the run found the backend available when it began (``attnconf run``'s describe step); if
+    this process now finds it unavailable, the machine changed under the run (a lost or faulted GPU refuses new
+    workers), and the record is an ERROR saying so, never an UNSUPPORTED that would read as a refusal."""
     t_start = time.perf_counter()
     engine = composition_of(case)
     try:
@@ -232,7 +238,12 @@ def refusal(case: AttentionCase, backend: Backend, device: str, seed: int = 0) -
             available = _available(backend)
             if available:
                 return None
-            status, reason = Status.UNSUPPORTED, f"not available here: {available.reason or 'no reason given'}"
+            why = available.reason or "no reason given"
+            if was_available:
+                status = Status.ERROR
+                reason = f"not available in this worker, though it was when the run began (a lost device?): {why}"
+            else:
+                status, reason = Status.UNSUPPORTED, f"not available here: {why}"
         else:
             status, reason = Status.UNSUPPORTED, support.reason or "refused without a reason"
     return _result(
@@ -310,6 +321,9 @@ def check_backend(
         notes = list(getattr(fn, "notes", None) or ())  # read after the call: an engine lists the calls it made
         if notes:
             extra["notes"] = notes
+        variant = getattr(fn, "variant", None)  # the kernel variant that ran (attnfast.base: Backend.prepare)
+        if variant:
+            extra["variant"] = dict(variant)
     except Exception as exc:
         return finish(Status.ERROR, _exc_line(exc))
     if not isinstance(result, KernelOutput):

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from attnfast.base import Backend, KernelOutput, Support
+from attnfast.base import OK, Backend, KernelOutput, Support
 from attnref import AttnOptions, Numerics, Window, attention_paged, attention_varlen, write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
@@ -259,6 +259,20 @@ class NotInstalledBackend(ExactBackend):
 
     def is_available(self) -> Support:
         return Support(False, "planted: fake_kernel_pkg is not importable")
+
+
+class LostDeviceBackend(ExactBackend):
+    """Available when first asked in a process (the run's describe step), unavailable from then on: a GPU that
+    faulted under the run and refuses new work.  Its pairs must not read as refusals."""
+
+    name = "fake-lost-device"
+    description = "test fake: device lost after the run began"
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    asked = 0
+
+    def is_available(self) -> Support:
+        type(self).asked += 1
+        return OK if type(self).asked == 1 else Support(False, "planted: the device was lost")
 
 
 class CudaOnlyBackend(ExactBackend):
