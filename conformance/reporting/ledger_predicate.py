@@ -147,6 +147,7 @@ _COST = dict.fromkeys(
         "fa2_window_misread",
         "fa2_varlen_window_misread",
         "fa3_keyless_m_block",
+        "fa3_one_mma_wg_switch",
         "keyless_query_tile",
     ),
     2,
