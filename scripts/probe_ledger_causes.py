@@ -33,7 +33,7 @@ FA4_DECODES = (3, 37, 70, 81, 113, 300, 1000)
 FA4_MIXED = ((128, 300), (1, 77), (4, 1024))
 
 FA3_BATCHES = {
-    # request 0 first: name -> requests
+    # request 0 first: what it tests -> requests
     "dec_pf": ((1, 2000), (200, 200), (64, 600)),  # decode beside prefills: switches where 1 x g <= 64 < 200 x g
     "pf_dec": ((200, 200), (1, 2000), (1, 90)),  # request 0 the longest: both variants the same kernel
     "dec_small": ((1, 300), (8, 8), (16, 40)),  # the longest query 16: switches only where 16 x g > 64
@@ -70,7 +70,7 @@ def fa3_invbatch() -> list[AttentionCase]:
     out = []
     for d in (64, 128, 256):
         for g in (1, 4, 8):
-            for name, reqs in FA3_BATCHES.items():
+            for reqs in FA3_BATCHES.values():
                 for causal in (False, True):
                     for page in (None, 16):
                         out.append(
@@ -84,7 +84,7 @@ def fa3_invbatch() -> list[AttentionCase]:
                                 causal=causal,
                                 num_splits=1,
                                 invariance="batch",
-                                batch_name=f"probe{name}",
+                                batch_name="probe",
                             )
                         )
     return out

@@ -202,6 +202,16 @@ def _fa3_one_mma_wg_switch(case: AttentionCase) -> bool:
     return len({_fa3_one_mma_wg(v.case) for v in variants(case)}) > 1
 
 
+def _invariance_max_q_len_varies(case: AttentionCase) -> bool:
+    """Whether the calls of an invariance case (conformance.graphs.invariance.variants) differ in their longest
+    q_len (a batch invariance whose request 0 is shorter than the batch's longest query)."""
+    if not case.invariance:
+        return False
+    from conformance.graphs.invariance import variants
+
+    return len({max(v.case.q_lens) for v in variants(case)}) > 1
+
+
 def _own(name: str, kind: str, help: str, nullable: bool = False) -> Field:
     return Field(kind, help, lambda c: getattr(c, name), nullable)
 
@@ -281,6 +291,12 @@ FIELDS: dict[str, Field] = {
         "int",
         "largest T in 128, 64, ..., 1 with an aligned T-row query tile of one request (cut at its end) seeing no key",
         _keyless_query_tile,
+    ),
+    "invariance_max_q_len_varies": Field(
+        "bool",
+        "the calls of an invariance case differ in their longest q_len (request 0 alone shorter than its batch's "
+        "longest query)",
+        _invariance_max_q_len_varies,
     ),
     "rows_without_keys": Field(
         "int", "query rows the mask leaves no key (kv_len 0, windows, causal sq > sk)", _rows_without_keys

@@ -206,3 +206,9 @@ def test_derived_fields_of_the_kernels() -> None:
     assert not v(inv.replace(requests=((1, 300), (8, 8), (16, 40)))).value("fa3_one_mma_wg_switch")  # 16 x 4 <= 64
     assert v(inv.replace(requests=((1, 300), (8, 8), (17, 40)))).value("fa3_one_mma_wg_switch")  # 17 x 4 > 64
     assert not v(inv.replace(invariance="")).value("fa3_one_mma_wg_switch")
+    # an invariance's calls differ in their longest q_len when request 0 is shorter than the batch's longest query
+    assert v(inv).value("invariance_max_q_len_varies") and v(inv.replace(head_dim=256)).value(
+        "invariance_max_q_len_varies"
+    )
+    assert not v(inv.replace(requests=((200, 200), (1, 2000)))).value("invariance_max_q_len_varies")
+    assert not v(inv.replace(invariance="")).value("invariance_max_q_len_varies")
