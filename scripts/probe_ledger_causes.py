@@ -10,7 +10,9 @@
 causal mask, on pages of 1, 16, 48, 80 and 256 (80 is the TMA page of the tile-80 dims), GQA 8/2 bf16, one request
 per case: prefills (s, s) and decodes (1, s) with s on both sides of each key tile (1, 3, 20, 37, 70, 80, 81, 112,
 113, 200, 300; decodes from 3 up to 1000), and the mixed batch of scripts/investigate_fa4_paged.py.  What it decides:
-which key counts give wrong output, which an illegal memory access, which pass, per head dim and tile.
+which key counts give wrong output, which an illegal memory access, which pass, per head dim and tile.  On an H100
+(reports/h100-2026-11-26-ledger/) the GPU refused new workers after about 25 illegal memory accesses, so the rest of
+the grid was recorded unsupported: run the cases of at most one key tile (``max_kv_len <= tile``) on their own.
 
 ``fa3-invbatch``: vLLM's FA3 with ``num_splits = 1``, batch invariance (ledgers/fa3-vllm.toml: request 0 alone
 against its batch), head dims 64, 128 and 256, GQA groups 1, 4 and 8, causal or not, contiguous or pages of 16, over
