@@ -147,6 +147,8 @@ _COST = dict.fromkeys(
         "fa2_window_misread",
         "fa2_varlen_window_misread",
         "fa3_keyless_m_block",
+        "fa3_one_mma_wg_switch",
+        "invariance_max_q_len_varies",
         "keyless_query_tile",
     ),
     2,
