@@ -348,15 +348,36 @@ def sdpa_choices(calls: list[_Prepared]) -> str:
     counts: dict[str, int] = {}
     try:
         for c in calls:
-            with sdpa_kernel(c.backends):
-                idx = torch._fused_sdp_choice(c.q, c.k, c.v, **c.kwargs)
-            name = names.get(int(idx), str(idx))
+            if _is_causal_bias(c.kwargs.get("attn_mask")):
+                name = _lower_right_choice(c)
+            else:
+                with sdpa_kernel(c.backends):
+                    idx = torch._fused_sdp_choice(c.q, c.k, c.v, **c.kwargs)
+                name = names.get(int(idx), str(idx))
             counts[name] = counts.get(name, 0) + 1
     except Exception as exc:  # informational only: the call itself still runs and is judged
         return f"unknown ({type(exc).__name__}: {exc})"[:200]
     if len(counts) == 1:
         return next(iter(counts))
     return ", ".join(f"{n} x{k}" for n, k in sorted(counts.items()))
+
+
+def _is_causal_bias(mask: Any) -> bool:
+    from torch.nn.attention.bias import CausalBias
+
+    return isinstance(mask, CausalBias)
+
+
+def _lower_right_choice(c: _Prepared) -> str:
+    """The kernel a ``causal_lower_right`` mask runs: ``CausalBias._dispatch`` (torch/nn/attention/bias.py) takes
+    flash where ``can_use_flash_attention`` allows it, else the efficient kernel where it can, else math; it
+    reads no ``sdpa_kernel`` selection."""
+    from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
+
+    params = SDPAParams(c.q, c.k, c.v, None, 0.0, False, bool(c.kwargs.get("enable_gqa", False)))
+    if can_use_flash_attention(params):
+        return "FLASH_ATTENTION"
+    return "EFFICIENT_ATTENTION" if can_use_efficient_attention(params) else "MATH"
 
 
 class SdpaCpuBackend(_SdpaBase):

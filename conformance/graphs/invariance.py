@@ -85,7 +85,8 @@ def variants(case: AttentionCase) -> list[Variant]:
         return [make("first run", own), make("second run", own)]
     if case.invariance == "batch":
         others = own[1:]
-        cut = tuple((r, max(case.requests[r][0] if case.causal else 0, kv // 2)) for r, kv in others)
+        # half the keys; a causal request keeps at least its q_len of them (never more than it has: sq > sk)
+        cut = tuple((r, min(kv, max(case.requests[r][0] if case.causal else 0, kv // 2))) for r, kv in others)
         return [
             make("in batch (first)", own),
             make("alone", own[:1]),

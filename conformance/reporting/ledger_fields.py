@@ -195,11 +195,23 @@ def _fa3_one_mma_wg(call: AttentionCase) -> bool:
 def _fa3_one_mma_wg_switch(case: AttentionCase) -> bool:
     """Whether the calls of a batch-invariance case (conformance.graphs.invariance.variants: request 0 alone, in
     its batch, ...) fall on both sides of :func:`_fa3_one_mma_wg`, so FA3 runs two different kernels on request 0."""
-    if case.invariance != "batch":
+    if case.invariance not in ("batch", "neighbour"):
         return False
     from conformance.graphs.invariance import variants
 
     return len({_fa3_one_mma_wg(v.case) for v in variants(case)}) > 1
+
+
+def _fa3_group_rows_switch(case: AttentionCase) -> bool:
+    """Whether the calls of a batch or neighbour invariance fall on both sides of ``max_seqlen_q x GQA group <= 64``
+    (the packed query rows of the longest request fit one 64-row tile), at any head dim: measured to decide FA3's
+    d64 batch invariance (a neighbour growing from 9 to 10 query tokens at group 7)."""
+    if case.invariance not in ("batch", "neighbour"):
+        return False
+    from conformance.graphs.invariance import variants
+
+    group = case.num_heads // case.num_kv_heads
+    return len({max(v.case.q_lens) * group <= 64 for v in variants(case)}) > 1
 
 
 def _invariance_max_q_len_varies(case: AttentionCase) -> bool:
@@ -324,6 +336,12 @@ FIELDS: dict[str, Field] = {
         "batch invariance whose calls (request 0 alone, in its batch) fall on both sides of FA3's one-MMA-warpgroup "
         "rule (head dim 128, max_seqlen_q x GQA group <= 64): two different kernels for request 0",
         _fa3_one_mma_wg_switch,
+    ),
+    "fa3_group_rows_switch": Field(
+        "bool",
+        "batch or neighbour invariance whose calls fall on both sides of max_seqlen_q x GQA group <= 64 (the longest "
+        "request's packed query rows in one 64-row tile), any head dim",
+        _fa3_group_rows_switch,
     ),
     "fa3_hdim_template": Field(
         "int", "FA3's head-dim template: 64, 96, 128, 192 or 256 (round_up_headdim)", _fa3_hdim_template

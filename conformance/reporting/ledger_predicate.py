@@ -148,6 +148,7 @@ _COST = dict.fromkeys(
         "fa2_varlen_window_misread",
         "fa3_keyless_m_block",
         "fa3_one_mma_wg_switch",
+        "fa3_group_rows_switch",
         "invariance_max_q_len_varies",
         "keyless_query_tile",
     ),

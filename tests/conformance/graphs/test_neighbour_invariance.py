@@ -135,3 +135,14 @@ def test_suites_hold_neighbour_cases_at_every_template_head_dim():
     suite = graphs_suite()
     assert set(c.id for c in cases) <= {c.id for c in suite} and len({c.id for c in suite}) == len(suite)
     assert any(c.invariance == "neighbour" for c in small_cases())  # smoke and default run one too
+
+
+def test_batch_invariance_of_causal_requests_with_fewer_keys_than_queries():
+    """Found by the fuzzer's invariance draws on the H100 (fuzz seed 26): 'beside shorter requests' cut a causal
+    request of (127, 0) to 127 keys, more than it has, and the reference raised (an error record on every
+    backend).  A cut never grows a request."""
+    case = AttentionCase(((1, 0), (127, 0), (4, 9)), invariance="batch", **GQA)
+    shorter = variants(case)[-1]
+    assert shorter.label == "beside shorter requests" and shorter.case.requests == ((1, 0), (127, 0), (4, 4))
+    r = verdict(case, get_backend("sdpa-cpu"))
+    assert r.status == Status.PASS, r.reason

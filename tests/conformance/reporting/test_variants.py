@@ -61,6 +61,11 @@ def test_sdpa_choices_counts_mixed_backends_and_never_raises():
             self.kwargs = {"scale": 0.25}
 
     q = torch.randn(1, 2, 5, 8)
+    lower_right = Call(["MATH"], q)
+    from torch.nn.attention.bias import causal_lower_right
+
+    lower_right.kwargs = {"scale": 0.25, "attn_mask": causal_lower_right(5, 5)}  # CausalBias: its own dispatch
+    assert sdpa_choices([lower_right]) == "MATH"  # no fused kernel on CPU; on CUDA it read "unknown (...)" before
     assert sdpa_choices([]) == ""
     assert sdpa_choices([Call(["MATH"], q), Call(["MATH"], q)]) == "MATH"
     assert sdpa_choices([Call(["MATH"], "not a tensor")]).startswith("unknown (")
