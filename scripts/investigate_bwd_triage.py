@@ -79,6 +79,52 @@ def explicit_grads(case, inputs, dtype):
     return q.grad, k.grad, v.grad
 
 
+#: where a low-precision soft-capped backward may round, for ``rounding_variants`` (each on top of the baseline's
+#: P and dS rounded before their matmuls)
+ROUNDINGS = ("baseline", "scores", "tanh", "dtanh", "dp", "p_before_ds")
+
+
+def rounding_variants(case, inputs, r64):
+    """dK's mean and max |x - fp64| of the explicit soft-capped backward in float32 with P and dS rounded to the case
+    dtype (the harness's baseline model) plus one more rounding each: the scores before tanh, tanh, the derivative
+    ``1 - tanh^2``, dP, P before it forms dS.  The one that matches the kernel's error says where it rounds."""
+    import torch
+
+    dt, f32 = case.torch_dtype, torch.float32
+    rnd = lambda x, on: x.to(dt).to(f32) if on else x  # noqa: E731
+    scale = case.scale if case.scale is not None else case.head_dim**-0.5
+    rep = case.num_heads // case.num_kv_heads
+    out = {}
+    for where in ROUNDINGS:
+        dk_parts, q0, k0 = [], 0, 0
+        for sq, sk in case.requests:
+            q = inputs.q[q0 : q0 + sq].to(f32)
+            k = inputs.k[k0 : k0 + sk].to(f32).repeat_interleave(rep, 1)
+            v = inputs.v[k0 : k0 + sk].to(f32).repeat_interleave(rep, 1)
+            do = inputs.dout[q0 : q0 + sq].to(f32)
+            s = rnd(torch.einsum("ihd,jhd->hij", q, k) * scale, where == "scores")
+            t = rnd(torch.tanh(s / case.softcap), where == "tanh") if case.softcap else None
+            sc = t * case.softcap if case.softcap else s
+            i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+            j = torch.arange(sk, device=q.device)[None, :]
+            if case.causal:
+                sc = sc.masked_fill(j > i, -math.inf)
+            p = torch.softmax(sc, dim=-1).nan_to_num(0.0)
+            o = torch.einsum("hij,jhd->ihd", p, v)
+            delta = (do * o).sum(-1).transpose(0, 1)[:, :, None]  # (h, sq, 1)
+            dp = rnd(torch.einsum("ihd,jhd->hij", do, v), where == "dp")
+            ds = rnd(p, where == "p_before_ds") * (dp - delta)
+            if case.softcap:
+                ds = ds * rnd(1.0 - t * t, where == "dtanh")
+            ds = rnd(ds, True)
+            dk = torch.einsum("hij,ihd->jhd", ds, q) * scale  # (sk, h, d): sum the group below
+            dk_parts.append(dk.reshape(sk, case.num_kv_heads, rep, -1).sum(2))
+            q0, k0 = q0 + sq, k0 + sk
+        dk = torch.cat(dk_parts).to(dt)
+        out[where] = _errs(dk, r64[1])
+    return out
+
+
 def _errs(x, ref):
     d = (x.double() - ref).abs()
     return {"max": float(d.max()), "mean": float(d.mean())}
@@ -117,6 +163,8 @@ def triage(backend_name: str, device: str) -> list[dict]:
                 bound = rtol * errs["torch_same_precision"]["max"] + atol
                 errs["flash_attn_rule"] = {"bound": bound, "kernel_within": errs["kernel"]["max"] <= bound}
                 row[n] = errs
+            if case.softcap:
+                row["dk_rounding_variants"] = rounding_variants(case, inputs, r64)
         rows.append(row)
         print(json.dumps(row, default=str)[:900], flush=True)
     return rows
@@ -127,11 +175,14 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default="investigate-bwd-triage.json")
     ap.add_argument("--only", choices=sorted(GRID), action="append")
+    ap.add_argument("--grid-softcap", action="store_true", help="only the soft-capped cases (with their variants)")
     args = ap.parse_args()
     names = args.only or (["fa2", "sdpa-cuda"] if args.device.startswith("cuda") else ["sdpa-cpu"])
     t0 = time.time()
     out = {"device": args.device, "requests": REQUESTS, "heads": HEADS, "rows": []}
     for name in names:
+        if args.grid_softcap:
+            GRID[name] = [f for f in GRID[name] if f.get("softcap")]
         out["rows"] += triage(name, args.device)
     out["seconds"] = round(time.time() - t0, 1)
     with open(args.out, "w", encoding="utf-8") as f:
