@@ -1,5 +1,8 @@
 """torch ``scaled_dot_product_attention`` (SDPA) adapters: math on CPU, fused backends on CUDA.
 
+Size: one kernel family's adapter: its call plans, limits table, refusals and the reading of which backend SDPA
+dispatched each call to, all SDPA's quirks in one place.
+
 SDPA has no varlen, paged or sink support, and its ``is_causal`` is aligned to the *top left*.
 The translation, per request (one SDPA call each, ``(1, h, sq, d)`` views of the packed tensors):
 
