@@ -53,8 +53,9 @@ def explicit_grads(case, inputs, dtype):
 
     from conformance.cases.inputs import alibi_slopes
 
-    q, k, v, dout = (t.detach().to(dtype).requires_grad_(t is not inputs.dout) for t in (inputs.q, inputs.k, inputs.v,
-                                                                                         inputs.dout))
+    q, k, v, dout = (
+        t.detach().to(dtype).requires_grad_(t is not inputs.dout) for t in (inputs.q, inputs.k, inputs.v, inputs.dout)
+    )
     scale = case.scale if case.scale is not None else case.head_dim**-0.5
     rep = case.num_heads // case.num_kv_heads
     slopes = alibi_slopes(case.num_heads).to(q.device, dtype) if case.alibi else None
