@@ -6,8 +6,10 @@ same bits if the kernel keeps the promise:
 * ``run``: the same call twice (run-to-run determinism; promised by every forward kernel here);
 * ``batch``: request 0 alone, inside its batch, at the batch's last position, and beside the other requests cut
   to half their keys (batch invariance: vLLM's batch-invariant mode and SGLang's deterministic inference promise
-  it with ``num_splits = 1``, so a case with ``num_splits == 1`` makes a difference a failure on a backend that
-  takes a split count; otherwise it is reported, not failed);
+  it with ``num_splits = 1``, so a case with ``num_splits == 1`` makes a difference a failure on a backend whose
+  every call takes the split count, :meth:`~attnfast.base.Backend.pins_splits` from the adapter's declared
+  ``batch_invariance_via``; on a kernel without that argument (SDPA, flex, torch-flash, FlashMLA) it is
+  reported, not failed);
 * ``splits``: ``num_splits`` 1, 2 and 3 and the kernel's own heuristic (never promised: the report shows which
   split counts change the bits).
 
@@ -30,10 +32,9 @@ from attnref import AttnResult
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from .assemble import assemble
+from .assemble import assemble, assemble_refusal
 from .bitwise import diff_rows
 from .composed import ComposedRun
-from .replay import pins_splits
 
 __all__ = ["INVARIANCE", "Invariance", "InvarianceRun", "Variant", "variants"]
 
@@ -75,7 +76,8 @@ def variants(case: AttentionCase) -> list[Variant]:
         return [make("first run", own), make("second run", own)]
     if case.invariance == "batch":
         others = own[1:]
-        cut = tuple((r, max(case.requests[r][0] if case.causal else 0, kv // 2)) for r, kv in others)
+        # half the keys, but no fewer than a causal request's queries (unless it had fewer to begin with)
+        cut = tuple((r, min(kv, max(case.requests[r][0] if case.causal else 0, kv // 2))) for r, kv in others)
         return [
             make("in batch (first)", own),
             make("alone", own[:1]),
@@ -88,10 +90,14 @@ def variants(case: AttentionCase) -> list[Variant]:
     raise ValueError(f"invariance must be one of run, batch, splits; got {case.invariance!r}")
 
 
-def _promised(case: AttentionCase, backend: Backend, device: str) -> bool:
+def _promised(case: AttentionCase, backend: Backend) -> bool:
+    """``run``: always; ``batch``: ``num_splits == 1`` and every variant's call takes it (the adapter's
+    declaration, :meth:`~attnfast.base.Backend.pins_splits`); ``splits``: never."""
     if case.invariance == "run":
         return True
-    return case.invariance == "batch" and case.num_splits == 1 and pins_splits(case, backend, device)
+    if case.invariance != "batch" or case.num_splits != 1:
+        return False
+    return all(backend.pins_splits(v.case) for v in variants(case))
 
 
 class InvarianceRun(ComposedRun):
@@ -111,7 +117,7 @@ class InvarianceRun(ComposedRun):
 
     def promised(self) -> bool:
         """Whether a difference fails the case (else it is reported in ``extra["invariance"]`` only)."""
-        return _promised(self.case, self.backend, self.device)
+        return _promised(self.case, self.backend)
 
     def run(self) -> KernelOutput:
         results, built = [], {}
@@ -152,6 +158,10 @@ class Invariance:
     """The composition that judges an invariance case (``conformance.verdict.check.composition_of``)."""
 
     name = "invariance"
+
+    def refuses(self, case: AttentionCase) -> str:
+        """What no backend can run as variants (:func:`~conformance.graphs.assemble.assemble_refusal`)."""
+        return assemble_refusal(case)
 
     def supports(self, case: AttentionCase, backend: Backend, device: str) -> Support:
         for v in variants(case):
