@@ -230,6 +230,9 @@ class FA4Backend(Backend):
     #: seed 004's padded-V path (vLLM pads V for kernels without its head-dim pair); the backward of
     #: flash_attn_varlen_func and its ``deterministic`` argument.
     accepts = frozenset({"v_pad", "graph", "backward", "bwd_deterministic"})
+    #: ``flash_attn.cute.flash_attn_varlen_func(..., num_splits=1, ...)`` (sm_90 takes 1 only: the ``splits``
+    #: refusal)
+    batch_invariance_via = "num_splits"
 
     def version(self) -> str:
         return package_version("flash-attn-4")

@@ -241,6 +241,7 @@ class _SdpaBase(Backend):
         {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "cp"}
         | {"backward", "bwd_deterministic"}  # attnfast.sdpa_backward
     )
+    batch_invariance_via: ClassVar[str | None] = None  # aten::scaled_dot_product_attention has no split count
     #: whether the backward learns the sinks (an fp32, unshifted sink column: sdpa-cpu)
     _learns_sinks: ClassVar[bool] = False
 

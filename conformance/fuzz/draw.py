@@ -50,6 +50,7 @@ from typing import Any
 from conformance.cases import space
 from conformance.cases.case import AttentionCase
 from conformance.cases.sweep import BATCHES, MASKS, MLA_DIMS, MLA_SCALE
+from conformance.graphs.assemble import assemble_refusal
 
 __all__ = ["DRAWN_AXES", "P_INVARIANCE", "Draw", "DrawLimits", "WORK_PER_TOKEN2", "draw", "stream"]
 
@@ -412,9 +413,11 @@ def draw(seed: int, index: int, limits: DrawLimits = DrawLimits()) -> Draw:
     invariant = _invariance(random.Random(f"attnconf-fuzz-invariance:{seed}:{index}"), fields)
     if invariant is not None:
         try:
-            case = AttentionCase(**invariant)
+            made = AttentionCase(**invariant)
         except ValueError:
-            pass  # the case model refuses this invariance with these fields: the plain case stays
+            made = None  # the case model refuses this invariance with these fields: the plain case stays
+        if made is not None and not assemble_refusal(made):  # nor one every backend would refuse
+            case = made
     problems = space.violations(space.classify(case))
     if problems:
         return Draw(index, None, "case space: " + "; ".join(problems), frozen_levels)

@@ -17,7 +17,22 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.engines.calls import allocate_cache, cu_seqlens
 
-__all__ = ["assemble"]
+__all__ = ["assemble", "assemble_refusal"]
+
+
+def assemble_refusal(case: AttentionCase) -> str:
+    """Why :func:`assemble` cannot build batches of ``case`` (``""`` when it can): the inputs it does not cut per
+    request.  What the invariance compositions refuse up front (kernel level and engines'), so such a case is
+    unsupported, not an error."""
+    carried = [
+        (case.quant != "none", "quantized inputs (quant)"),
+        (case.append, "the new keys of an append (k_new, v_new)"),
+        (case.cp_world > 1, "context-parallel totals (cp_tot_seqused_k)"),
+    ]
+    missing = [what for cut, what in carried if cut]
+    if missing:
+        return f"invariance: its batches are assembled from q, k, v only; {', '.join(missing)} are not cut per request"
+    return ""
 
 
 def assemble(
@@ -27,7 +42,11 @@ def assemble(
 
     ``kv_len`` may be shorter than the request's own (its first keys are kept); ``q_len``, when given, may be
     shorter than the request's own (its first queries are kept; else all of them).  For a causal request
-    ``kv_len`` must stay >= ``q_len``."""
+    ``kv_len`` must stay >= ``q_len``.  ``ValueError`` for a case
+    :func:`assemble_refusal` refuses."""
+    refused = assemble_refusal(case)
+    if refused:
+        raise ValueError(refused)
     cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
     reqs, qs, qvs, ks, vs = [], [], [], [], []
     for r, kv, *rest in picks:

@@ -6,8 +6,10 @@ same bits if the kernel keeps the promise:
 * ``run``: the same call twice (run-to-run determinism; promised by every forward kernel here);
 * ``batch``: request 0 alone, inside its batch, at the batch's last position, and beside the other requests cut
   to half their keys (batch invariance: vLLM's batch-invariant mode and SGLang's deterministic inference promise
-  it with ``num_splits = 1``, so a case with ``num_splits == 1`` makes a difference a failure on a backend that
-  takes a split count; otherwise it is reported, not failed);
+  it with ``num_splits = 1``, so a case with ``num_splits == 1`` makes a difference a failure on a backend whose
+  every call takes the split count, :meth:`~attnfast.base.Backend.pins_splits` from the adapter's declared
+  ``batch_invariance_via``; on a kernel without that argument (SDPA, flex, torch-flash, FlashMLA) it is
+  reported, not failed);
 * ``neighbour``: request 0 beside its neighbour (request 1), alone, and beside the neighbour cut to 1, 9, 10, 64,
   65, 128 and 129 query tokens (those below its own; each cut keeps the neighbour's first queries and as many fewer
   keys, a shorter prompt of the same tokens): the neighbour grows by one token and by one tile, and turns from
@@ -36,10 +38,9 @@ from attnref import AttnResult
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from .assemble import assemble
+from .assemble import assemble, assemble_refusal
 from .bitwise import diff_rows
 from .composed import ComposedRun
-from .replay import pins_splits
 
 __all__ = ["INVARIANCE", "Invariance", "InvarianceRun", "Variant", "variants"]
 
@@ -111,11 +112,14 @@ def _queries(n: int) -> str:
     return "1 query" if n == 1 else f"{n} queries"
 
 
-def _promised(case: AttentionCase, backend: Backend, device: str) -> bool:
+def _promised(case: AttentionCase, backend: Backend) -> bool:
+    """``run``: always; ``batch`` and ``neighbour``: ``num_splits == 1`` and every variant's call takes it (the
+    adapter's declaration, :meth:`~attnfast.base.Backend.pins_splits`); ``splits``: never."""
     if case.invariance == "run":
         return True
-    batch = case.invariance in ("batch", "neighbour")
-    return batch and case.num_splits == 1 and pins_splits(case, backend, device)
+    if case.invariance not in ("batch", "neighbour") or case.num_splits != 1:
+        return False
+    return all(backend.pins_splits(v.case) for v in variants(case))
 
 
 class InvarianceRun(ComposedRun):
@@ -135,7 +139,7 @@ class InvarianceRun(ComposedRun):
 
     def promised(self) -> bool:
         """Whether a difference fails the case (else it is reported in ``extra["invariance"]`` only)."""
-        return _promised(self.case, self.backend, self.device)
+        return _promised(self.case, self.backend)
 
     def run(self) -> KernelOutput:
         results, built = [], {}
@@ -176,6 +180,10 @@ class Invariance:
     """The composition that judges an invariance case (``conformance.verdict.check.composition_of``)."""
 
     name = "invariance"
+
+    def refuses(self, case: AttentionCase) -> str:
+        """What no backend can run as variants (:func:`~conformance.graphs.assemble.assemble_refusal`)."""
+        return assemble_refusal(case)
 
     def supports(self, case: AttentionCase, backend: Backend, device: str) -> Support:
         for v in variants(case):

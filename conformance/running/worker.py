@@ -248,7 +248,7 @@ class _Worker:
         """Call the backend's kernel once on the case's inputs, unjudged (the ``compile`` op)."""
         from conformance.cases.case import AttentionCase
         from conformance.cases.inputs import make_inputs
-        from conformance.verdict.check import composition_of, sync
+        from conformance.verdict.check import composition_of, declared_support, sync
 
         spec, device, seed = req["backend"], req.get("device", "cpu"), int(req.get("seed", 0))
         case = AttentionCase.from_json(req["case"])
@@ -258,9 +258,7 @@ class _Worker:
         try:
             backend = self.backend(spec)
             composition = composition_of(case)
-            support = (
-                backend.supports(case, device) if composition is None else composition.supports(case, backend, device)
-            )
+            support = declared_support(case, backend, device)
             if not support:
                 out["error"] = f"unsupported: {support.reason}"
                 return out

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from attnfast.base import Backend, KernelOutput
+from attnfast.base import Backend, KernelOutput, Support
 from attnref import AttnResult
 
 from conformance.verdict.baseline import baseline
@@ -40,6 +40,7 @@ __all__ = [
     "check_backend",
     "compare",
     "composition_of",
+    "declared_support",
     "prepare_context",
     "refusal",
     "repro_command",
@@ -73,7 +74,8 @@ def composition_of(case: AttentionCase) -> Any:
     engine's invariance run, :mod:`conformance.engines.invariance`), the graph replay
     (``case.graph``, :mod:`conformance.graphs.replay`), the invariance run (``case.invariance``,
     :mod:`conformance.graphs.invariance`), the backward pass (``case.backward``, :mod:`conformance.backward`), or
-    None for a single call.  Each has ``supports(case, backend,
+    None for a single call.  Each has ``refuses(case)`` (its own declaration: why it cannot compose the case on any
+    backend, ``""`` when it can; :func:`refusal` reads it first), ``supports(case, backend,
     device)``, ``prepare(case, inputs, backend, device)``, ``reference`` and ``baseline``; the callable
     ``prepare`` returns may carry ``notes``, ``extra`` (record fields) and ``problems`` (failures beyond the
     numerical verdict, e.g. a replay that differs bitwise from its eager call)."""
@@ -202,8 +204,6 @@ def _available(backend: Backend) -> Any:
     refusal with its message."""
     cached = getattr(backend, "_attnconf_available", None)
     if cached is None:
-        from attnfast.base import Support
-
         try:
             cached = backend.is_available()
         except Exception as exc:  # noqa: BLE001 - a broken probe is a reason, not a crash of the sweep
@@ -215,10 +215,22 @@ def _available(backend: Backend) -> Any:
     return cached
 
 
+def declared_support(case: AttentionCase, backend: Backend, device: str) -> Support:
+    """What the declarations say about running ``case`` on ``backend``: the composition's own refusal first
+    (:func:`composition_of`'s ``refuses``, the same on every backend), then the composition's ``supports`` (or, for
+    a single call, the backend's).  From the case alone; raises what a broken ``supports`` raises."""
+    composition = composition_of(case)
+    if composition is None:
+        return backend.supports(case, device)
+    declined = composition.refuses(case)
+    return Support(False, declined) if declined else composition.supports(case, backend, device)
+
+
 def refusal(
     case: AttentionCase, backend: Backend, device: str, seed: int = 0, *, was_available: bool = False
 ) -> CheckResult | None:
-    """The record of ``backend`` on ``case`` when it does not run it: UNSUPPORTED with its declared reason, or with
+    """The record of ``backend`` on ``case`` when it does not run it: UNSUPPORTED with the declared reason (the
+    composition's own, :func:`composition_of`'s ``refuses``, then the backend's), or with
     ``not available here: ...`` when the case is supported but the kernel cannot run on this machine
     (:meth:`~attnfast.base.Backend.is_available`: its package is not installed, no device), or ERROR when
     ``supports`` itself raised; None when it runs the case.  Decided from the case alone, before any
@@ -230,7 +242,7 @@ def refusal(
     t_start = time.perf_counter()
     engine = composition_of(case)
     try:
-        support = backend.supports(case, device) if engine is None else engine.supports(case, backend, device)
+        support = declared_support(case, backend, device)
     except Exception as exc:
         status, reason = Status.ERROR, f"supports() raised {_exc_line(exc)}"
     else:

@@ -125,10 +125,26 @@ CASES = [
         "fa3-vllm",
         "0.24.0",
         "with num_splits = 1 at head dim 64 (causal; paged or contiguous)",
-        c(requests=((1, 3000), (129, 1100)), num_heads=14, num_kv_heads=2, head_dim=64, causal=True, num_splits=1,
-          invariance="neighbour", **P16),  # fmt: skip
-        c(requests=((64, 3000), (129, 1100)), num_heads=14, num_kv_heads=2, head_dim=64, causal=True, num_splits=1,
-          invariance="neighbour", **P16),  # fmt: skip
+        c(
+            requests=((1, 3000), (129, 1100)),
+            num_heads=14,
+            num_kv_heads=2,
+            head_dim=64,
+            causal=True,
+            num_splits=1,
+            invariance="neighbour",
+            **P16,
+        ),  # fmt: skip
+        c(
+            requests=((64, 3000), (129, 1100)),
+            num_heads=14,
+            num_kv_heads=2,
+            head_dim=64,
+            causal=True,
+            num_splits=1,
+            invariance="neighbour",
+            **P16,
+        ),  # fmt: skip
     ),
     # FA2's issue 895, through either entry point; the neighbour has sq < sk
     (
