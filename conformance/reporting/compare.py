@@ -103,9 +103,12 @@ class Comparison:
     #: families present in one file only (e.g. a one-backend run compared with a full run): counts
     families_only_old: dict[str, int] = field(default_factory=dict)
     families_only_new: dict[str, int] = field(default_factory=dict)
-    #: checked pairs whose max error and LSE error are equal in both runs (bit-identical numerics, in practice)
+    #: checked pairs whose outputs are the same bits (:func:`numbers_moved`: by the output digest where both records
+    #: carry one, else by equal max error and LSE error)
     identical_errors: int = 0
     compared_errors: int = 0
+    #: of the checked pairs, those both of whose records carry an output digest (compared bit for bit)
+    digest_compared: int = 0
     duplicates: int = 0
     margin: float = 0.0
     margin_auto: bool = True
@@ -180,11 +183,21 @@ def variant_of(r: CheckResult) -> dict | None:
     return v if isinstance(v, dict) and v else None
 
 
+def _digest(r: CheckResult) -> str | None:
+    d = r.extra.get("digest") if isinstance(r.extra, dict) else None
+    return d if isinstance(d, str) and d else None
+
+
 def numbers_moved(p: Pair) -> bool | None:
-    """Whether the pair's max error or LSE error differs between the files (None: one side has no numbers)."""
+    """Whether the pair's output changed between the files: by the output digests (``extra["digest"]``:
+    :func:`conformance.verdict.check.output_digest`) when both records carry one, else by their max error and LSE
+    error (two kernels that both round right can share those with other bits); None when one side has no numbers."""
     so, sn = p.old.stats, p.new.stats
     if so is None or sn is None:
         return None
+    do, dn = _digest(p.old), _digest(p.new)
+    if do is not None and dn is not None:
+        return do != dn
     return not (so.max_abs == sn.max_abs and so.lse_max_abs == sn.lse_max_abs)
 
 
@@ -271,7 +284,8 @@ def compare_results(
         so, sn = p.old.stats, p.new.stats
         if so is not None and sn is not None:
             cmp.compared_errors += 1
-            cmp.identical_errors += so.max_abs == sn.max_abs and so.lse_max_abs == sn.lse_max_abs
+            cmp.identical_errors += not numbers_moved(p)
+            cmp.digest_compared += _digest(p.old) is not None and _digest(p.new) is not None
     for p in pairs:
         vo, vn = variant_of(p.old), variant_of(p.new)
         if vo is not None and vn is not None and vo != vn:

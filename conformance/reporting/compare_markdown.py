@@ -69,10 +69,16 @@ def render_markdown(cmp: Comparison) -> str:
         if n:
             out.append(f"{NONFINITE_PASS}: {n} record(s) of the {side} file.")
     if cmp.compared_errors:
+        by_stats = cmp.compared_errors - cmp.digest_compared
+        how = (
+            f"{cmp.digest_compared} by their output digests (the same bits), {by_stats} by their max error and LSE "
+            "error only (records without a digest: the same numbers, not proven the same bits)"
+            if by_stats
+            else "every one by its output digest (the same bits)"
+        )
         out.append(
-            f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs have the same "
-            "max error and LSE error (identical outputs, in practice); "
-            f"{cmp.compared_errors - cmp.identical_errors} changed."
+            f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs are unchanged, "
+            f"{how}; {cmp.compared_errors - cmp.identical_errors} changed."
         )
     for label, counts in (("old", cmp.families_only_old), ("new", cmp.families_only_new)):
         if counts:

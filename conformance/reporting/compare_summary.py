@@ -134,7 +134,11 @@ def to_json(cmp: Comparison) -> dict[str, object]:
         "capability_gained": categories["capability_gained"],
         "ratio_fixes": categories["ratio_fixes"],
         "variant_changes": categories["variant_changes"],
-        "numerics": {"compared": cmp.compared_errors, "identical": cmp.identical_errors},
+        "numerics": {
+            "compared": cmp.compared_errors,
+            "identical": cmp.identical_errors,
+            "by_digest": cmp.digest_compared,
+        },
         "rules": {
             "ratio_threshold": cmp.ratio_threshold,
             "ratio_floor": cmp.ratio_floor,

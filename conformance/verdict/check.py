@@ -226,6 +226,37 @@ def declared_support(case: AttentionCase, backend: Backend, device: str) -> Supp
     return Support(False, declined) if declined else composition.supports(case, backend, device)
 
 
+#: ``output_digest``'s weights cycle with this period (a prime: a permutation of the bits changes the digest)
+_DIGEST_PERIOD = 1_000_003
+#: words per chunk of ``output_digest``
+_DIGEST_CHUNK = 1 << 24
+
+
+def output_digest(result: KernelOutput) -> str:
+    """A fingerprint of the kernel's output and LSE bits, for telling identical outputs from equal error
+    statistics (two kernels that both round right give the same max error with other bits).  Computed on the
+    output's device with integer arithmetic only (the same on every device and reduction order): the bits as int16
+    words ``v``, and ``sum(v)`` and ``sum(v * w)`` with weights ``w = i mod 1000003 + 1``, summed in chunks of
+    2^24 words (each term is below 2^35, so a chunk cannot overflow int64; the chunks add up as Python integers,
+    and a chunk's int64 temporaries stay at 128 MiB whatever the output's size).  Hex, ``out:lse`` (``-`` for no
+    LSE)."""
+
+    def one(t: torch.Tensor | None) -> str:
+        if t is None:
+            return "-"
+        flat = t.detach().contiguous().view(-1)
+        words = flat.view(torch.int16) if flat.element_size() % 2 == 0 else flat
+        total = weighted = 0
+        for start in range(0, words.numel(), _DIGEST_CHUNK):
+            v = words[start : start + _DIGEST_CHUNK].to(torch.int64)
+            w = torch.arange(start, start + v.numel(), device=v.device, dtype=torch.int64) % _DIGEST_PERIOD + 1
+            total += int(v.sum())
+            weighted += int((v * w).sum())
+        return f"{total & (2**64 - 1):x}.{weighted & (2**64 - 1):x}.{words.numel()}"
+
+    return f"{one(result.out)}:{one(result.lse)}"
+
+
 def refusal(
     case: AttentionCase, backend: Backend, device: str, seed: int = 0, *, was_available: bool = False
 ) -> CheckResult | None:
@@ -344,6 +375,7 @@ def check_backend(
     problem = _shape_problem(ctx, result)
     if problem:
         return finish(Status.FAIL, problem)
+    extra["digest"] = output_digest(result)
     t0 = time.perf_counter()
     stats, details, base_nonfinite = compare_details(ctx.ref, ctx.base, result, tol)
     clock["verdict"] = time.perf_counter() - t0

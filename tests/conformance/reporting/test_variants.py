@@ -154,3 +154,52 @@ def test_report_and_compare_cli_show_variants(tmp_path: Path):
     out = tmp_path / "cmp.json"
     assert main(["compare", str(old), str(new), "--json", str(out)]) == 0
     assert json.loads(out.read_text())["counts"]["variant_changes"] == 1
+
+
+# ------------------------------------------------------------------------------------------------ output digests
+def test_output_digest_tells_bits_apart_where_error_statistics_cannot():
+    """Before: compare called a pair unchanged when its max error and LSE error were equal; two kernels that both
+    round right share those with other bits (smoke on sdpa-cuda against its efficient-only variant: 135 of 135
+    'identical' on the H100).  The digest of the output's bits decides where both records carry one."""
+    from attnfast.base import KernelOutput
+    from conformance.verdict.check import output_digest
+
+    out = torch.randn(7, 3, 8).to(torch.bfloat16)
+    lse = torch.randn(3, 7)
+    d = output_digest(KernelOutput(out, lse))
+    assert d == output_digest(KernelOutput(out.clone(), lse.clone()))
+    bumped = out.clone()
+    bumped[3, 1, 2] = torch.nextafter(bumped[3, 1, 2].float(), torch.tensor(9.0)).to(torch.bfloat16)
+    if torch.equal(bumped, out):  # the bf16 step: move by one bf16 ulp
+        bumped.view(torch.int16)[3, 1, 2] += 1
+    assert output_digest(KernelOutput(bumped, lse)) != d
+    swapped = out.clone()
+    swapped[[0, 1]] = out[[1, 0]]
+    assert not torch.equal(swapped, out) and output_digest(KernelOutput(swapped, lse)) != d  # a permutation
+    assert output_digest(KernelOutput(out, None)).endswith(":-")
+    assert output_digest(KernelOutput(out.float(), lse)) != output_digest(KernelOutput(out, lse))
+    r = check_backend(prepare_context(CASE, 0, "cpu"), get_backend("sdpa-cpu"))
+    assert r.extra["digest"] == check_backend(prepare_context(CASE, 0, "cpu"), get_backend("sdpa-cpu")).extra["digest"]
+
+    a, b = rec("x", None), rec("x", None)  # equal statistics
+    a = dataclasses.replace(a, extra={"digest": "1.2.3:-"})
+    same = compare_results([a], [dataclasses.replace(b, extra={"digest": "1.2.3:-"})])
+    other = compare_results([a], [dataclasses.replace(b, extra={"digest": "1.2.4:-"})])
+    legacy = compare_results([a], [b])  # no digest on one side: by the statistics
+    assert (same.identical_errors, same.digest_compared) == (1, 1)
+    assert (other.identical_errors, other.digest_compared) == (0, 1)
+    assert (legacy.identical_errors, legacy.digest_compared) == (1, 0)
+    assert "0 of 1 pairs checked in both runs are unchanged, every one by its output digest" in render_markdown(other)
+    assert "1 by their max error and LSE error only" in render_markdown(legacy)
+    assert to_json(other)["numerics"] == {"compared": 1, "identical": 0, "by_digest": 1}
+
+
+def test_output_digest_is_the_same_in_chunks(monkeypatch):
+    """Chunking bounds the temporaries; it does not change the digest."""
+    from attnfast.base import KernelOutput
+    from conformance.verdict import check
+
+    out = KernelOutput(torch.randn(33, 5, 7), torch.randn(5, 33))
+    whole = check.output_digest(out)
+    monkeypatch.setattr(check, "_DIGEST_CHUNK", 10)
+    assert check.output_digest(out) == whole
