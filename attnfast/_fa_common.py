@@ -71,12 +71,20 @@ class KernelCall:
         kwargs: the keyword arguments, every tensor already converted and on the device.
         finish: turns the entry point's raw return value into a :class:`KernelOutput`.
         notes: translation facts worth showing when a case fails (e.g. the ALiBi LSE correction).
+        variant: what an adapter knows of the kernel variant beyond the arguments (FA4: its compile key and
+            key tile); :attr:`PreparedKernel.variant` adds the arguments that select one.
     """
 
     entry: str
     kwargs: Mapping[str, Any]
     finish: Callable[[Any], KernelOutput]
     notes: tuple[str, ...] = field(default=())
+    variant: Mapping[str, Any] = field(default_factory=dict)
+
+
+#: Keyword arguments that select a kernel variant, recorded by :attr:`PreparedKernel.variant` when passed (a
+#: tensor argument as ``True``: given, its values are the kernel's runtime data).
+VARIANT_ARGS = ("num_splits", "pack_gqa", "scheduler_metadata", "tile_scheduler_metadata", "block_table", "page_table")
 
 
 class PreparedKernel:
@@ -96,6 +104,19 @@ class PreparedKernel:
     def notes(self) -> tuple[str, ...]:
         """Translation facts the record carries (``extra["notes"]``), e.g. a dtype conversion."""
         return self.call.notes
+
+    @property
+    def variant(self) -> dict[str, Any]:
+        """The kernel variant this call selects, for the record's ``extra["variant"]``: the entry point, the
+        variant-selecting arguments passed (:data:`VARIANT_ARGS`) and the adapter's own facts
+        (:attr:`KernelCall.variant`).  JSON scalars only."""
+        out: dict[str, Any] = {"entry": self.call.entry}
+        for name in VARIANT_ARGS:
+            value = self.call.kwargs.get(name)
+            if value is not None:
+                out[name] = value if isinstance(value, (bool, int, float, str)) else True
+        out.update(self.call.variant)
+        return out
 
     def kernel(self) -> Any:
         return self._fn(**self.call.kwargs)

@@ -120,6 +120,11 @@ class Backend(abc.ABC):
     refused: ClassVar[dict[str, str]] = {}
     #: opt-in features (``OPT_IN_FEATURES``) this backend handles; every other opt-in feature is refused.
     accepts: ClassVar[frozenset[str]] = frozenset()
+    #: the kernel argument through which the kernel promises batch invariance: ``"num_splits"`` when its call
+    #: passes the case's split count (pinned to 1, a request's output does not depend on the rest of its batch:
+    #: vLLM's batch-invariant mode, SGLang's deterministic inference); None when the kernel takes no such
+    #: argument, so the batch variance it shows is reported, not failed (:meth:`pins_splits`).
+    batch_invariance_via: ClassVar[str | None] = None
 
     def refusals(self) -> dict[str, str]:
         """``refused`` plus every opt-in feature not in ``accepts`` (with :data:`NOT_DECLARED`)."""
@@ -151,9 +156,22 @@ class Backend(abc.ABC):
             case = case.padded_v_call()
         return refuse_features(case, refused)
 
+    def pins_splits(self, case: AttentionCase) -> bool:
+        """Whether the kernel call of ``case`` passes the case's ``num_splits`` (the argument
+        :attr:`batch_invariance_via` declares), so the split count is the case's and not the kernel's heuristic:
+        declared and ``num_splits`` set.  What the invariance and graph verdicts read to decide what the kernel
+        promised (:mod:`conformance.graphs.invariance`); an adapter whose entry points do not all take the argument
+        narrows it to those that do (FA2)."""
+        return self.batch_invariance_via == "num_splits" and case.num_splits is not None
+
     @abc.abstractmethod
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
-        """Translate the case; return a callable running only the kernel."""
+        """Translate the case; return a callable running only the kernel.
+
+        The callable may carry ``variant``, a dict of JSON scalars naming the kernel variant that ran (the entry
+        point, the arguments that select a variant, what the kernel's own dispatcher picked: SDPA's backend,
+        FA4's compile key and tile); the verdict reads it after the call into the record's ``extra["variant"]``,
+        which the report groups by and ``attnconf compare`` diffs."""
 
     def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
         """The graph-safe call of CUDA-graph mode (the opt-in feature ``graph``; :mod:`conformance.graphs`).

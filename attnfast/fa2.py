@@ -201,9 +201,16 @@ class FA2Backend(Backend):
     #: seed 004's path for FA2: V zero-padded to the qk head dim, output stripped; the backward of
     #: flash_attn_varlen_func and its ``deterministic`` argument.
     accepts = frozenset({"v_pad", "graph", "backward", "bwd_deterministic"})
+    #: ``flash_attn_with_kvcache(..., num_splits=0, ...)`` (2.8.3); ``flash_attn_varlen_func`` takes none, hence
+    #: :meth:`pins_splits`.
+    batch_invariance_via = "num_splits"
 
     def version(self) -> str:
         return package_version("flash-attn", "flash_attn")
+
+    def pins_splits(self, case: AttentionCase) -> bool:
+        """Only ``flash_attn_with_kvcache`` takes ``num_splits`` (:func:`fa2_entry`)."""
+        return super().pins_splits(case) and fa2_entry(case) == KVCACHE
 
     def is_available(self) -> Support:
         try:

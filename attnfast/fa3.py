@@ -150,6 +150,9 @@ class FA3Backend(Backend):
         "sinks": "upstream FA3 (hopper/flash_attn_interface.py) has no attention-sink argument",
         "fp32": "FA3 takes fp16, bf16 and fp8 e4m3 inputs only",
     }
+    #: both entry points take ``num_splits`` (``hopper/flash_attn_interface.py``: ``flash_attn_varlen_func``,
+    #: ``flash_attn_with_kvcache``)
+    batch_invariance_via = "num_splits"
 
     def version(self) -> str:
         return package_version("flash_attn_3", "flash-attn-3")

@@ -220,6 +220,9 @@ class FA3VllmBackend(Backend):
     family = "vllm-flash-attn-3"
     description = "vLLM's FA3 fork (vllm.vllm_flash_attn, fa_version=3): varlen + paged, fp8, q_v, s_aux"
     accepts = frozenset({"fp8_e4m3", "descale_head", "qv", "v_pad", "sched_meta", "cp", "graph"})
+    #: ``vllm.vllm_flash_attn.flash_attn_varlen_func(..., num_splits=0, ...)`` (vLLM 0.24.0), what vLLM's
+    #: batch-invariant mode pins to 1
+    batch_invariance_via = "num_splits"
     refused = {
         "alibi": "'Alibi is not supported in FA3' (the wrapper's assertion, measured)",
         "append": "by the wrapper: flash_attn_varlen_func passes no new keys (k_new/v_new = None); vLLM writes "

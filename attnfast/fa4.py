@@ -39,6 +39,8 @@ score_mod (soft-cap) or learnable-sink backward; SM100/110 at (256, 256) has no 
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 from conformance.cases.case import AttentionCase
@@ -228,6 +230,9 @@ class FA4Backend(Backend):
     #: seed 004's padded-V path (vLLM pads V for kernels without its head-dim pair); the backward of
     #: flash_attn_varlen_func and its ``deterministic`` argument.
     accepts = frozenset({"v_pad", "graph", "backward", "bwd_deterministic"})
+    #: ``flash_attn.cute.flash_attn_varlen_func(..., num_splits=1, ...)`` (sm_90 takes 1 only: the ``splits``
+    #: refusal)
+    batch_invariance_via = "num_splits"
 
     def version(self) -> str:
         return package_version("flash-attn-4")
@@ -254,7 +259,8 @@ class FA4Backend(Backend):
             return prepare_padded_v(self.prepare, case, inputs)
         from flash_attn.cute import flash_attn_varlen_func
 
-        return PreparedKernel(flash_attn_varlen_func, fa4_plan(case, inputs))
+        call = fa4_plan(case, inputs)
+        return PreparedKernel(flash_attn_varlen_func, dataclasses.replace(call, variant=fa4_variant(case)))
 
     def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> GraphKernel:
         """The bucket's call: ``fa4_plan`` already passes the live ``seqused_k`` buffer and the block table."""
@@ -288,6 +294,15 @@ class FA4Backend(Backend):
     def compile_key(self, case: AttentionCase) -> tuple[Any, ...]:
         """FA4's forward compile key for ``case``, approximated from the case (:func:`fa4_compile_key`)."""
         return fa4_compile_key(case)
+
+
+def fa4_variant(case: AttentionCase) -> dict[str, Any]:
+    """The compiled kernel FA4 runs for ``case`` (:func:`fa4_compile_key`, joined by ``|``) and its sm_90 key
+    tile (:func:`fa4_sm90_tile_n`; a paged cache of another page size takes the non-TMA loader)."""
+    return {
+        "compile_key": "|".join(str(x) for x in fa4_compile_key(case)),
+        "tile_n": fa4_sm90_tile_n(case.padded_v_call()),
+    }
 
 
 def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:

@@ -112,6 +112,9 @@ class FlashMLABackend(Backend):
     family = "flashmla"
     description = "FlashMLA flash_mla_with_kvcache: MLA absorbed decode, 576-wide paged cache (page 64)"
     accepts = frozenset({"qv", "graph"})
+    #: ``flash_mla_with_kvcache`` has a ``num_splits`` parameter, but the dense path must be given None (the
+    #: tile scheduler chooses the splits): nothing pins them
+    batch_invariance_via = None
     _DENSE = "FlashMLA's dense decode (flash_mla_with_kvcache without indices) has no"
     refused = {
         "window": f"{_DENSE} window argument",

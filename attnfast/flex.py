@@ -170,6 +170,8 @@ class FlexCpuBackend(Backend):
     accepts: ClassVar[frozenset[str]] = frozenset(
         {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "cp", "graph"}
     )
+    #: ``flex_attention`` takes no split count
+    batch_invariance_via: ClassVar[str | None] = None
 
     def __init__(self, max_score_elems: int = 1 << 24) -> None:
         if max_score_elems < 1:

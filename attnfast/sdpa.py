@@ -1,5 +1,8 @@
 """torch ``scaled_dot_product_attention`` (SDPA) adapters: math on CPU, fused backends on CUDA.
 
+Size: one kernel family's adapter: its call plans, limits table, refusals and the reading of which backend SDPA
+dispatched each call to, all SDPA's quirks in one place.
+
 SDPA has no varlen, paged or sink support, and its ``is_causal`` is aligned to the *top left*.
 The translation, per request (one SDPA call each, ``(1, h, sq, d)`` views of the packed tensors):
 
@@ -238,6 +241,7 @@ class _SdpaBase(Backend):
         {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "cp"}
         | {"backward", "bwd_deterministic"}  # attnfast.sdpa_backward
     )
+    batch_invariance_via: ClassVar[str | None] = None  # aten::scaled_dot_product_attention has no split count
     #: whether the backward learns the sinks (an fp32, unshifted sink column: sdpa-cpu)
     _learns_sinks: ClassVar[bool] = False
 
@@ -321,6 +325,7 @@ class _SdpaBase(Backend):
             if call is not None:
                 calls.append(call)
         total_q, dtype, device = case.total_q, case.torch_dtype, inputs.q.device
+        chosen = sdpa_choices(calls)
 
         def run() -> KernelOutput:
             out = torch.zeros(total_q, h, dv, dtype=dtype, device=device)
@@ -332,7 +337,51 @@ class _SdpaBase(Backend):
                 out[c.q0 : c.q0 + c.sq] = o
             return KernelOutput(out, lse)
 
+        run.variant = {"sdpa": chosen}  # type: ignore[attr-defined]  # the record's extra["variant"]
         return run
+
+
+def sdpa_choices(calls: list[_Prepared]) -> str:
+    """Which SDPA backend runs each call, as torch's own dispatcher picks it (``torch._fused_sdp_choice`` under
+    the call's ``sdpa_kernel`` selection): ``"FLASH_ATTENTION"`` when every call takes one, else each name with
+    its count (``"CUDNN_ATTENTION x2, FLASH_ATTENTION x1"``); ``""`` for no call, ``"unknown (...)"`` when torch
+    cannot tell."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = {int(getattr(m, "value", m)): n for n, m in SDPBackend.__members__.items()}
+    counts: dict[str, int] = {}
+    try:
+        for c in calls:
+            if _is_causal_bias(c.kwargs.get("attn_mask")):
+                name = _lower_right_choice(c)
+            else:
+                with sdpa_kernel(c.backends):
+                    idx = torch._fused_sdp_choice(c.q, c.k, c.v, **c.kwargs)
+                name = names.get(int(idx), str(idx))
+            counts[name] = counts.get(name, 0) + 1
+    except Exception as exc:  # informational only: the call itself still runs and is judged
+        return f"unknown ({type(exc).__name__}: {exc})"[:200]
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{n} x{k}" for n, k in sorted(counts.items()))
+
+
+def _is_causal_bias(mask: Any) -> bool:
+    from torch.nn.attention.bias import CausalBias
+
+    return isinstance(mask, CausalBias)
+
+
+def _lower_right_choice(c: _Prepared) -> str:
+    """The kernel a ``causal_lower_right`` mask runs: ``CausalBias._dispatch`` (torch/nn/attention/bias.py) takes
+    flash where ``can_use_flash_attention`` allows it, else the efficient kernel where it can, else math; it
+    reads no ``sdpa_kernel`` selection."""
+    from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
+
+    params = SDPAParams(c.q, c.k, c.v, None, 0.0, False, bool(c.kwargs.get("enable_gqa", False)))
+    if can_use_flash_attention(params):
+        return "FLASH_ATTENTION"
+    return "EFFICIENT_ATTENTION" if can_use_efficient_attention(params) else "MATH"
 
 
 class SdpaCpuBackend(_SdpaBase):

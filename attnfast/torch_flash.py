@@ -105,6 +105,9 @@ class TorchFlashBackend(Backend):
 
     #: the op's autograd formula; deterministic through torch.use_deterministic_algorithms (module docstring).
     accepts = frozenset({"backward", "bwd_deterministic"})
+    #: the call passes no split count: ``aten::_flash_attention_forward`` of torch 2.11 (the GPU machine's) has none
+    #: (2.13's schema adds ``num_splits``, which the adapter does not pass)
+    batch_invariance_via = None
 
     def version(self) -> str:
         return torch.__version__

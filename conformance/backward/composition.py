@@ -151,6 +151,11 @@ class Backward:
 
     name = "backward"
 
+    def refuses(self, case: AttentionCase) -> str:
+        """Nothing: the case model keeps a backward case to what the training call takes
+        (:mod:`conformance.cases.backward_fields`)."""
+        return ""
+
     def supports(self, case: AttentionCase, backend: Backend, device: str) -> Support:
         refused = backend.refusals()
         needed = ("backward", "bwd_deterministic") if case.deterministic else ("backward",)

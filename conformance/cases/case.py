@@ -175,6 +175,8 @@ class AttentionCase(CaseDerived):
             yield (
                 f"v_padded needs head_dim_v < head_dim (V is zero-padded to head_dim), got {self.dv}, {self.head_dim}"
             )
+        if self.v_padded and self.qv:
+            yield "v_padded cannot be combined with qv (qv is scored against V at head_dim_v; its padded call has none)"
 
     def _cp_problems(self):
         if self.cp_world < 1 or not 0 <= self.cp_rank < self.cp_world:

@@ -64,6 +64,7 @@ FEATURES: dict[str, str] = {
     "inv_run": "invariance: the same call twice, bitwise",
     "inv_batch": "invariance: a request alone, in a batch, at another position, beside other lengths, bitwise",
     "inv_splits": "invariance: num_splits 1 vs pinned values vs the heuristic, bitwise",
+    "inv_neighbour": "invariance: a request beside a neighbour that grows by one token and one tile, bitwise",
     "backward": "the backward pass: dQ, dK, dV (and d sinks) of the call, each judged against reference gradients",
     "bwd_deterministic": "the backward run with the kernel's deterministic option, gradients bitwise run to run",
 }

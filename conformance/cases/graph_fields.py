@@ -18,6 +18,8 @@ INVARIANCES: dict[str, str] = {
     "run": "the same call twice",
     "batch": "a request alone, inside the batch, at another position, and beside requests of other lengths",
     "splits": "num_splits 1, pinned values (2, 3) and the kernel's own heuristic",
+    "neighbour": "request 0 beside request 1, alone, and beside request 1 cut to 1, 9, 10, 64, 65, 128 and 129 "
+    "query tokens (the neighbour grows by one token and by one tile, and turns from decode to prefill)",
 }
 
 
@@ -36,6 +38,13 @@ def graph_problems(case: Any) -> Iterator[str]:
             yield "invariance 'splits' is kernel level: an engine sets its own split count (engines: run, batch)"
         if case.invariance == "batch" and case.batch < 2:
             yield f"invariance 'batch' needs at least 2 requests, got {case.batch}"
+        if case.invariance == "neighbour":
+            if case.engine:
+                yield "invariance 'neighbour' is kernel level: an engine builds its own batches (engines: run, batch)"
+            if case.batch != 2:
+                yield f"invariance 'neighbour' needs exactly 2 requests (target, then neighbour), got {case.batch}"
+            elif case.requests[1][0] < 2:
+                yield "invariance 'neighbour' needs a neighbour (requests[1]) of at least 2 query tokens to cut"
         if case.invariance == "splits" and case.num_splits is not None:
             yield "invariance 'splits' chooses num_splits itself: leave num_splits None"
 

@@ -151,7 +151,19 @@ class Engine(abc.ABC):
         layer output ``(total_q, h, dv)`` and its LSE ``(h, total_q)``, or None where the engine has none."""
 
     def check(self, case: AttentionCase) -> None:
-        """Raise ``ValueError`` if ``case`` is not one this engine can replay (unknown scenario, ...)."""
+        """Raise ``ValueError`` if ``case`` is not one this engine can replay (unknown scenario, a field its
+        scenario fixes set otherwise, ...): the engine's declaration of what it replays (:meth:`refuses`).
+        Everything the engine's ``plan`` and ``forward`` would refuse for a case's fields belongs here."""
+
+    def refuses(self, case: AttentionCase) -> str:
+        """Why this engine does not replay ``case`` (``""`` when it does): :meth:`check`'s message.  Read up front,
+        from the case alone (:func:`conformance.verdict.check.refusal`), so such a case is unsupported with that
+        reason on every backend, not an error."""
+        try:
+            self.check(case)
+        except ValueError as exc:
+            return f"engine {self.name}: {exc}"
+        return ""
 
     def reference(self, case: AttentionCase, inputs: CaseInputs) -> AttnResult:
         """The whole layer computed directly over the full KV (fp32; fp64 for fp32 inputs)."""

@@ -15,8 +15,9 @@ Request 0's rows are compared bitwise (:func:`conformance.graphs.bitwise.diff_ro
 ``extra["invariance"]`` in the kernel level's shape (the report's matrix shows them in the row ``engine <name>``,
 ``engine <name>, num_splits = 1`` for the batch-invariant / deterministic configurations).  A difference fails the
 case when the engine promises it: always for ``run``; for ``batch`` when the case pins ``num_splits = 1`` (vLLM
-V1's batch-invariant mode, SGLang's deterministic inference) and the backend takes a split count in every call
-the engine makes (:func:`conformance.graphs.replay.pins_splits`); otherwise it is reported, not failed.  Every
+V1's batch-invariant mode, SGLang's deterministic inference) and the backend's call takes the split count in every
+call the engine makes (:meth:`attnfast.base.Backend.pins_splits`, the adapter's declared ``batch_invariance_via``);
+otherwise it is reported, not failed.  Every
 variant is also judged numerically: the composition's output is the variants' layer outputs one after the other,
 its reference the engine's reference of each variant (:meth:`Engine.reference`).
 
@@ -35,9 +36,8 @@ from attnfast.base import Backend, KernelOutput, Support
 from attnref import AttnResult
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
-from conformance.graphs.assemble import assemble
+from conformance.graphs.assemble import assemble, assemble_refusal
 from conformance.graphs.invariance import InvarianceRun, Variant, variants
-from conformance.graphs.replay import pins_splits
 
 from .base import Engine
 
@@ -71,18 +71,18 @@ class EngineInvarianceRun(InvarianceRun):
         return out
 
     def promised(self) -> bool:
-        return promised(self.engine, self.case, self.backend, self.device)
+        return promised(self.engine, self.case, self.backend)
 
 
-def promised(engine: Engine, case: AttentionCase, backend: Backend, device: str) -> bool:
-    """``run``: always; ``batch``: ``num_splits == 1`` and the backend takes a split count in every planned call."""
+def promised(engine: Engine, case: AttentionCase, backend: Backend) -> bool:
+    """``run``: always; ``batch``: ``num_splits == 1`` and the backend's call takes it in every planned call (the
+    adapter's declaration, :meth:`~attnfast.base.Backend.pins_splits`)."""
     if case.invariance == "run":
         return True
     if case.invariance != "batch" or case.num_splits != 1:
         return False
-    # no mutate: the calls' own invariance field is never read (pins_splits probes each call with invariance="")
-    calls = engine.plan(case.replace(invariance=""))  # pragma: no mutate
-    return bool(calls) and all(pins_splits(c, backend, device) for _, c in calls)
+    calls = engine.plan(case.replace(invariance=""))
+    return bool(calls) and all(backend.pins_splits(c) for _, c in calls)
 
 
 class EngineInvariance:
@@ -93,6 +93,23 @@ class EngineInvariance:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.seed = engine.seed
+
+    def refuses(self, case: AttentionCase) -> str:
+        """What no backend can run: a kind other than :data:`KINDS`, variants :func:`assemble` cannot build, or a
+        variant the engine does not replay (:meth:`Engine.refuses`)."""
+        if case.invariance not in KINDS:
+            return (
+                f"invariance must be one of {list(KINDS)} for an engine case (the engine sets its own split count), "
+                f"got {case.invariance!r}"
+            )
+        refused = assemble_refusal(case)
+        if refused:
+            return refused
+        for v in variants(case):
+            refused = self.engine.refuses(v.case)
+            if refused:
+                return f"{v.label}: {refused}"
+        return ""
 
     def supports(self, case: AttentionCase, backend: Backend, device: str) -> Support:
         _check_kind(case)

@@ -105,6 +105,8 @@ class MergeStates(Engine):
             raise ValueError(f"scenario must be one of {sorted(_SCENARIOS)} for engine merge, got {case.scenario!r}")
         if not case.causal or case.paged or case.has_window or case.quant != "none" or case.qv:
             raise ValueError("engine merge replays causal contiguous attention without window, quantization or qv")
+        if case.alibi or case.sinks:  # each part's positions start at 0, and each part would count the sink
+            raise ValueError("engine merge replays attention without ALiBi or sinks (its parts pass neither)")
 
     def _split(self, case: AttentionCase) -> list[int]:
         """Keys of each request that go to the unmasked part (all before every row's diagonal)."""

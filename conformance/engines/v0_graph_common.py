@@ -76,6 +76,8 @@ def check_graph_case(case: AttentionCase, sc: GraphScenario, label: str) -> None
         raise ValueError(f"{label} graph decode: causal over the NHD cache, block_size a multiple of 16, graph_fill 1")
     if case.quant != "none" or case.alibi or case.has_window or case.sinks or case.num_splits is not None:
         raise ValueError(f"{label} graph scenarios replay plain 16-bit decode (no quant, ALiBi, window, sinks, splits)")
+    if case.dv != case.head_dim or case.qv or case.chunk is not None:
+        raise ValueError(f"{label} graph scenarios share one K/V head dim (head_dim_v unset), no qv or chunk")
 
 
 def bucket_width(case: AttentionCase) -> int:

@@ -17,6 +17,13 @@ A draw has two stages:
    levels up to 1024, window extents and chunk sizes around the sequence lengths, soft-caps, scales from 0.001
    to 2 (the default ``head_dim ** -0.5`` passed explicitly too) and split counts up to 64.
 
+3. **Invariance.**  From a generator of its own (so the drawn fields above are the same with or without it), a
+   draw with at least two requests becomes an invariance case with probability :data:`P_INVARIANCE`: ``run``,
+   ``batch`` or ``neighbour`` (two requests: the target and a neighbour of at least two query tokens; a longer
+   batch keeps its first two), with ``num_splits`` pinned to 1 half the time when the draw left it to the kernel
+   (the batch-invariant promise).  Where the case model refuses the invariance with the drawn fields (a graph, a
+   quantized cache, context parallelism, ...), the draw stays the plain case.
+
 The case is then checked by the case model (:class:`~conformance.cases.case.AttentionCase` validation) and by
 the space's constraints on its classified point; a draw either fails is *rejected*: returned with its reason,
 never run, and counted by the campaign.  Sizes stay affordable: ``max_tokens`` bounds the summed q and kv
@@ -43,8 +50,12 @@ from typing import Any
 from conformance.cases import space
 from conformance.cases.case import AttentionCase
 from conformance.cases.sweep import BATCHES, MASKS, MLA_DIMS, MLA_SCALE
+from conformance.graphs.assemble import assemble_refusal
 
-__all__ = ["DRAWN_AXES", "Draw", "DrawLimits", "WORK_PER_TOKEN2", "draw", "stream"]
+__all__ = ["DRAWN_AXES", "P_INVARIANCE", "Draw", "DrawLimits", "WORK_PER_TOKEN2", "draw", "stream"]
+
+#: Probability that a draw of two or more requests is made an invariance case (stage 3 of the module docstring).
+P_INVARIANCE = 0.15
 
 #: ``max_work = max_tokens**2 * WORK_PER_TOKEN2``: a prefill of ``max_tokens`` with h * (d + dv) = 128
 #: (e.g. 1 head of d = 64).  Measured on 2 CPU cores: inputs + reference + baseline of a work of 2**25
@@ -374,6 +385,21 @@ def work_of(requests: list[tuple[int, int]], h: int, dims: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- draws
+def _invariance(rng: random.Random, fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The fields of the draw made an invariance case, or None (stage 3 of the module docstring)."""
+    requests = fields["requests"]
+    if len(requests) < 2 or rng.random() >= P_INVARIANCE:
+        return None
+    kinds = ["run", "batch"] + (["neighbour", "neighbour"] if requests[1][0] >= 2 else [])
+    kind = rng.choice(kinds)
+    changed = dict(fields, invariance=kind)
+    if kind == "neighbour":
+        changed["requests"] = tuple(requests[:2])
+    if fields["num_splits"] is None and kind != "run" and rng.random() < 0.5:
+        changed["num_splits"] = 1
+    return changed
+
+
 def draw(seed: int, index: int, limits: DrawLimits = DrawLimits()) -> Draw:
     """Draw ``index`` of the stream of ``seed`` (depends on nothing else)."""
     rng = random.Random(f"attnconf-fuzz:{seed}:{index}")
@@ -384,6 +410,14 @@ def draw(seed: int, index: int, limits: DrawLimits = DrawLimits()) -> Draw:
         case = AttentionCase(**fields)
     except ValueError as exc:
         return Draw(index, None, f"case model: {exc}", frozen_levels)
+    invariant = _invariance(random.Random(f"attnconf-fuzz-invariance:{seed}:{index}"), fields)
+    if invariant is not None:
+        try:
+            made = AttentionCase(**invariant)
+        except ValueError:
+            made = None  # the case model refuses this invariance with these fields: the plain case stays
+        if made is not None and not assemble_refusal(made):  # nor one every backend would refuse
+            case = made
     problems = space.violations(space.classify(case))
     if problems:
         return Draw(index, None, "case space: " + "; ".join(problems), frozen_levels)

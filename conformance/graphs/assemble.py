@@ -17,26 +17,49 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.engines.calls import allocate_cache, cu_seqlens
 
-__all__ = ["assemble"]
+__all__ = ["assemble", "assemble_refusal"]
+
+
+def assemble_refusal(case: AttentionCase) -> str:
+    """Why :func:`assemble` cannot build batches of ``case`` (``""`` when it can): the inputs it does not cut per
+    request.  What the invariance compositions refuse up front (kernel level and engines'), so such a case is
+    unsupported, not an error."""
+    carried = [
+        (case.quant != "none", "quantized inputs (quant)"),
+        (case.append, "the new keys of an append (k_new, v_new)"),
+        (case.cp_world > 1, "context-parallel totals (cp_tot_seqused_k)"),
+    ]
+    missing = [what for cut, what in carried if cut]
+    if missing:
+        return f"invariance: its batches are assembled from q, k, v only; {', '.join(missing)} are not cut per request"
+    return ""
 
 
 def assemble(
-    case: AttentionCase, inputs: CaseInputs, picks: Sequence[tuple[int, int]], seed: int = 0
+    case: AttentionCase, inputs: CaseInputs, picks: Sequence[tuple[int, ...]], seed: int = 0
 ) -> tuple[AttentionCase, CaseInputs]:
-    """The call of requests ``picks`` = ``[(index into case.requests, kv_len), ...]`` in that order.
+    """The call of requests ``picks`` = ``[(index into case.requests, kv_len[, q_len]), ...]`` in that order.
 
-    ``kv_len`` may be shorter than the request's own (its first keys are kept; its queries stay the same); for a
-    causal request it must stay >= its ``q_len``."""
+    ``kv_len`` may be shorter than the request's own (its first keys are kept); ``q_len``, when given, may be
+    shorter than the request's own (its first queries are kept; else all of them).  For a causal request
+    ``kv_len`` must stay >= ``q_len``.  ``ValueError`` for a case
+    :func:`assemble_refusal` refuses."""
+    refused = assemble_refusal(case)
+    if refused:
+        raise ValueError(refused)
     cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
     reqs, qs, qvs, ks, vs = [], [], [], [], []
-    for r, kv in picks:
-        q_len, own = case.requests[r]
+    for r, kv, *rest in picks:
+        own_q, own = case.requests[r]
+        q_len = rest[0] if rest else own_q
         if not 0 <= kv <= own:
             raise ValueError(f"picks: kv_len {kv} of requests[{r}] must be in [0, {own}]")
+        if not 0 <= q_len <= own_q:
+            raise ValueError(f"picks: q_len {q_len} of requests[{r}] must be in [0, {own_q}]")
         reqs.append((q_len, kv))
-        qs.append(inputs.q[cu_q[r] : cu_q[r + 1]])
+        qs.append(inputs.q[cu_q[r] : cu_q[r] + q_len])
         if inputs.qv is not None:
-            qvs.append(inputs.qv[cu_q[r] : cu_q[r + 1]])
+            qvs.append(inputs.qv[cu_q[r] : cu_q[r] + q_len])
         ks.append(inputs.k[cu_k[r] : cu_k[r] + kv])
         vs.append(inputs.v[cu_k[r] : cu_k[r] + kv])
     call = case.replace(requests=tuple(reqs), invariance="", batch_name="")

@@ -31,10 +31,21 @@ from attnref import write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-__all__ = ["Bucket", "GraphBuffers", "DECOY_SCALE"]
+__all__ = ["Bucket", "GraphBuffers", "DECOY_SCALE", "bucket_refusal"]
 
 #: Magnitude of the decoy blocks' values: a kernel reading one changes its output far beyond any tolerance.
 DECOY_SCALE = 100.0
+
+
+def bucket_refusal(case: AttentionCase) -> str:
+    """Why the bucket buffers cannot hold ``case`` (``""`` when they can): what the graph composition refuses up
+    front (:meth:`conformance.graphs.replay.GraphReplay.refuses`), so such a case is unsupported, not an error."""
+    if case.qv and case.kv_layout == "HND":
+        return (
+            "graph: an MLA (qv) bucket is NHD only (FlashMLA's layout: one [c_kv | k_rope] cache whose V and K are "
+            "views of it)"
+        )
+    return ""
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,9 @@ class GraphBuffers:
     def allocate(cls, case: AttentionCase, source: CaseInputs, seed: int) -> "GraphBuffers":
         """Buffers for ``case``'s bucket, with ``source``'s dtypes, per-layer tensors (sinks, ALiBi slopes) and
         device; the decoy blocks and every unused slot start at large random values."""
+        refused = bucket_refusal(case)
+        if refused:
+            raise ValueError(refused)
         bucket = Bucket.of(case)
         gen = torch.Generator().manual_seed(seed * 7919 + 17)
         dev, dt = source.device, case.torch_dtype
@@ -136,8 +150,6 @@ class GraphBuffers:
         else:
             k_cache, v_cache = noise(blocks, bs, hk, d), noise(blocks, bs, hk, dv)
         if case.kv_layout == "HND":
-            if mla_cache is not None:
-                raise ValueError("graph: an MLA (qv) bucket is NHD only (FlashMLA's layout)")
             k_cache, v_cache = k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
         i32 = dict(dtype=torch.int32, device=dev)
         inputs = CaseInputs(

@@ -6,8 +6,16 @@ same bits if the kernel keeps the promise:
 * ``run``: the same call twice (run-to-run determinism; promised by every forward kernel here);
 * ``batch``: request 0 alone, inside its batch, at the batch's last position, and beside the other requests cut
   to half their keys (batch invariance: vLLM's batch-invariant mode and SGLang's deterministic inference promise
-  it with ``num_splits = 1``, so a case with ``num_splits == 1`` makes a difference a failure on a backend that
-  takes a split count; otherwise it is reported, not failed);
+  it with ``num_splits = 1``, so a case with ``num_splits == 1`` makes a difference a failure on a backend whose
+  every call takes the split count, :meth:`~attnfast.base.Backend.pins_splits` from the adapter's declared
+  ``batch_invariance_via``; on a kernel without that argument (SDPA, flex, torch-flash, FlashMLA) it is
+  reported, not failed);
+* ``neighbour``: request 0 beside its neighbour (request 1), alone, and beside the neighbour cut to 1, 9, 10, 64,
+  65, 128 and 129 query tokens (those below its own; each cut keeps the neighbour's first queries and as many fewer
+  keys, a shorter prompt of the same tokens): the neighbour grows by one token and by one tile, and turns from
+  decode to prefill, which is where a kernel that picks its tiles, GQA packing or scheduler from the batch's
+  longest request breaks batch invariance (vLLM issue #51902: an FA3 decode row changed when an unrelated
+  prefill grew from 9 to 10 tokens at ``num_splits = 1``).  Promised as ``batch`` is;
 * ``splits``: ``num_splits`` 1, 2 and 3 and the kernel's own heuristic (never promised: the report shows which
   split counts change the bits).
 
@@ -30,15 +38,17 @@ from attnref import AttnResult
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from .assemble import assemble
+from .assemble import assemble, assemble_refusal
 from .bitwise import diff_rows
 from .composed import ComposedRun
-from .replay import pins_splits
 
 __all__ = ["INVARIANCE", "Invariance", "InvarianceRun", "Variant", "variants"]
 
 #: pinned split counts the ``splits`` invariance tries beside 1 and the heuristic.
 PINNED_SPLITS = (2, 3)
+#: query counts the ``neighbour`` invariance cuts the neighbour to (those below its own): decode, then one token
+#: across 9 -> 10 (vLLM #51902) and one across each tile edge of 64 and 128 query rows.
+NEIGHBOUR_QUERIES = (1, 9, 10, 64, 65, 128, 129)
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,8 @@ class Variant:
 
     label: str
     case: AttentionCase
-    picks: tuple[tuple[int, int], ...]
+    #: (request index, kv_len[, q_len]) per request of the call (:func:`conformance.graphs.assemble.assemble`)
+    picks: tuple[tuple[int, ...], ...]
     target_row: int
 
     @property
@@ -57,7 +68,7 @@ class Variant:
 
     @property
     def target_index(self) -> int:
-        return [r for r, _ in self.picks].index(0)
+        return [p[0] for p in self.picks].index(0)
 
 
 def variants(case: AttentionCase) -> list[Variant]:
@@ -65,33 +76,50 @@ def variants(case: AttentionCase) -> list[Variant]:
     own = tuple((r, kv) for r, (_, kv) in enumerate(case.requests))
     plain = case.replace(invariance="")
 
-    def make(label: str, picks: tuple[tuple[int, int], ...], **changes: Any) -> Variant:
-        reqs = tuple((case.requests[r][0], kv) for r, kv in picks)
+    def make(label: str, picks: tuple[tuple[int, ...], ...], **changes: Any) -> Variant:
+        reqs = tuple((p[2] if len(p) > 2 else case.requests[p[0]][0], p[1]) for p in picks)
         call = plain.replace(requests=reqs, **changes)
-        row = sum(call.q_lens[: [r for r, _ in picks].index(0)])
+        row = sum(call.q_lens[: [p[0] for p in picks].index(0)])
         return Variant(label, call, picks, row)
 
     if case.invariance == "run":
         return [make("first run", own), make("second run", own)]
     if case.invariance == "batch":
         others = own[1:]
-        cut = tuple((r, max(case.requests[r][0] if case.causal else 0, kv // 2)) for r, kv in others)
+        # half the keys; a causal request keeps at least its q_len of them (never more than it has: sq > sk)
+        cut = tuple((r, min(kv, max(case.requests[r][0] if case.causal else 0, kv // 2))) for r, kv in others)
         return [
             make("in batch (first)", own),
             make("alone", own[:1]),
             make("in batch (last)", others + own[:1]),
             make("beside shorter requests", own[:1] + cut),
         ]
+    if case.invariance == "neighbour":
+        (nq, nkv) = case.requests[1]
+        cuts = [q for q in NEIGHBOUR_QUERIES if q < nq]
+        return [
+            make(f"beside a neighbour of {_queries(nq)}", own),
+            make("alone", own[:1]),
+            *(make(f"beside a neighbour of {_queries(q)}", (own[0], (1, max(0, nkv - (nq - q)), q))) for q in cuts),
+        ]
     if case.invariance == "splits":
         out = [make("heuristic (num_splits None)", own), make("num_splits 1", own, num_splits=1)]
         return out + [make(f"num_splits {n}", own, num_splits=n) for n in PINNED_SPLITS]
-    raise ValueError(f"invariance must be one of run, batch, splits; got {case.invariance!r}")
+    raise ValueError(f"invariance must be one of run, batch, neighbour, splits; got {case.invariance!r}")
 
 
-def _promised(case: AttentionCase, backend: Backend, device: str) -> bool:
+def _queries(n: int) -> str:
+    return "1 query" if n == 1 else f"{n} queries"
+
+
+def _promised(case: AttentionCase, backend: Backend) -> bool:
+    """``run``: always; ``batch`` and ``neighbour``: ``num_splits == 1`` and every variant's call takes it (the
+    adapter's declaration, :meth:`~attnfast.base.Backend.pins_splits`); ``splits``: never."""
     if case.invariance == "run":
         return True
-    return case.invariance == "batch" and case.num_splits == 1 and pins_splits(case, backend, device)
+    if case.invariance not in ("batch", "neighbour") or case.num_splits != 1:
+        return False
+    return all(backend.pins_splits(v.case) for v in variants(case))
 
 
 class InvarianceRun(ComposedRun):
@@ -111,7 +139,7 @@ class InvarianceRun(ComposedRun):
 
     def promised(self) -> bool:
         """Whether a difference fails the case (else it is reported in ``extra["invariance"]`` only)."""
-        return _promised(self.case, self.backend, self.device)
+        return _promised(self.case, self.backend)
 
     def run(self) -> KernelOutput:
         results, built = [], {}
@@ -152,6 +180,10 @@ class Invariance:
     """The composition that judges an invariance case (``conformance.verdict.check.composition_of``)."""
 
     name = "invariance"
+
+    def refuses(self, case: AttentionCase) -> str:
+        """What no backend can run as variants (:func:`~conformance.graphs.assemble.assemble_refusal`)."""
+        return assemble_refusal(case)
 
     def supports(self, case: AttentionCase, backend: Backend, device: str) -> Support:
         for v in variants(case):

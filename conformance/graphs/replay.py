@@ -22,8 +22,9 @@ Beside the numerical verdict, each replay is compared **bitwise** with
 * the batch's ordinary eager call (its own case: real key counts and ``max_seqlen_k``), what an engine without
   graphs runs: the *graph vs eager* invariance.  Kernels may legitimately differ here (a split heuristic that
   reads ``max_seqlen_k`` or the batch size); with ``num_splits`` pinned by the case (vLLM's batch-invariant
-  mode, SGLang's deterministic inference) they promise not to, and a difference is a failure (on a backend that
-  takes a split count at all: :func:`pins_splits`).
+  mode, SGLang's deterministic inference) they promise not to, and a difference is a failure (on a backend whose
+  call takes the split count: :meth:`~attnfast.base.Backend.pins_splits`, read from the adapter's
+  ``batch_invariance_via``).
 
 On a CPU device nothing is captured: the replays run the graph-safe call eagerly on the buffers, which still
 checks the buffer logic (padding, stale table entries, live key counts) with the CPU backends; the record's
@@ -41,11 +42,11 @@ from attnref import AttnResult
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-from .buffers import GraphBuffers
+from .buffers import GraphBuffers, bucket_refusal
 from .captured import CapturedCall
 from .composed import ComposedRun
 
-__all__ = ["GRAPH", "GraphReplay", "GraphRun", "pins_splits"]
+__all__ = ["GRAPH", "GraphReplay", "GraphRun"]
 
 
 @dataclass
@@ -64,7 +65,7 @@ class GraphRun(ComposedRun):
             f"bucket: {bucket.batch} requests x {bucket.q_len} queries, {bucket.width} pages of {bucket.block_size} "
             f"(capacity {bucket.capacity} keys), padded requests at seqused_k = {bucket.fill}"
         )
-        pinned = case.num_splits if pins_splits(case, backend, self.device) else None
+        pinned = case.num_splits if backend.pins_splits(bucket.call_case(case)) else None
         # the eager forward is prepared afresh for every batch, as an engine's eager step would be (a plan kept from
         # an earlier batch is the stale-metadata bug, e.g. FlashMLA's sched_meta reused)
         captured = CapturedCall.kernel(
@@ -84,19 +85,14 @@ class GraphRun(ComposedRun):
         return KernelOutput(torch.cat(outs), lse)
 
 
-def pins_splits(case: AttentionCase, backend: Backend, device: str) -> bool:
-    """Whether ``case`` pins the split count on ``backend``: ``num_splits`` set, and the backend takes a split
-    count (it supports the same call with ``num_splits = 2``); a kernel without the argument has nothing pinned."""
-    if case.num_splits is None:
-        return False
-    probe = case.replace(num_splits=2, graph=(), graph_fill=0, invariance="", requests=case.requests[:1])
-    return bool(backend.supports(probe, device))
-
-
 class GraphReplay:
     """The composition that judges a graph case (what :mod:`conformance.verdict.check` uses for ``case.graph``)."""
 
     name = "graph"
+
+    def refuses(self, case: AttentionCase) -> str:
+        """What no backend can run through a bucket (:func:`~conformance.graphs.buffers.bucket_refusal`)."""
+        return bucket_refusal(case)
 
     def supports(self, case: AttentionCase, backend: Backend, device: str) -> Support:
         """The backend must declare ``graph`` and take the bucket's call and every batch's own call."""

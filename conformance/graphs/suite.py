@@ -13,7 +13,10 @@ batch of other lengths, and one request alone.  The configurations are those of 
   sharded over tensor parallelism 8; FlashMLA and FA3 ``qv``).
 
 Invariance cases (:mod:`conformance.graphs.invariance`): run to run, batch composition (with ``num_splits`` left
-to the kernel and pinned to 1) and split count, for a GQA decode batch, a mixed prefill + decode batch and MLA.
+to the kernel and pinned to 1) and split count, for a GQA decode batch, a mixed prefill + decode batch and MLA;
+and a growing neighbour (``neighbour``, ``num_splits`` pinned to 1) at every head dim FA3 compiles a template for
+(64, 96, 128, 192, 256; ``hopper/generate_kernels.py`` of flash-attention), a decode and a 64-token prefill target
+over 3,000 keys (enough for the split heuristic to split), pages of 64 and 16 and contiguous keys.
 
 An engine author adds their own buckets by building cases like these (``graph`` = the batch sizes of the
 replays, capture first; ``graph_fill`` = their padded ``seq_lens`` value) and running them with
@@ -26,7 +29,10 @@ from collections.abc import Sequence
 
 from conformance.cases.case import AttentionCase
 
-__all__ = ["DEFAULT_BATCHES", "graph_cases", "graphs_suite", "invariance_cases", "small_cases"]
+__all__ = ["DEFAULT_BATCHES", "graph_cases", "graphs_suite", "invariance_cases", "neighbour_cases", "small_cases"]
+
+#: The head dims FA3 (hopper/) compiles a forward template for; a split or tile heuristic may differ at each.
+TEMPLATE_HEAD_DIMS = (64, 96, 128, 192, 256)
 
 #: DeepSeek V3's 128 query heads (config.json ``num_attention_heads``) at tensor parallelism 8.
 MLA_HEADS = 128 // 8
@@ -98,6 +104,33 @@ def invariance_cases() -> list[AttentionCase]:
     return out
 
 
+def neighbour_cases() -> list[AttentionCase]:
+    """``neighbour`` invariance with ``num_splits`` pinned to 1 (the batch-invariant promise): a decode and a 64-token
+    prefill target of 3,000 keys beside a 129-token prefill of 1,100 keys, at every FA3 template head dim over pages
+    of 64; at head dim 64 (vLLM #51902's 14 query / 2 KV heads) also over pages of 16 and contiguous keys."""
+    out = []
+    layouts = {
+        64: (dict(kv_layout="NHD", block_size=64), dict(kv_layout="NHD", block_size=16), dict()),
+    }
+    for d in TEMPLATE_HEAD_DIMS:
+        heads = dict(num_heads=14, num_kv_heads=2) if d == 64 else dict(num_heads=32, num_kv_heads=8)
+        for layout in layouts.get(d, (dict(kv_layout="NHD", block_size=64),)):
+            for target in ((1, 3000), (64, 3000)):
+                out.append(
+                    AttentionCase(
+                        (target, (129, 1100)),
+                        invariance="neighbour",
+                        num_splits=1,
+                        head_dim=d,
+                        dtype="bf16",
+                        causal=True,
+                        **heads,
+                        **layout,
+                    )
+                )
+    return out
+
+
 def small_cases() -> list[AttentionCase]:
     """A few small graph and invariance cases for suites ``smoke`` and ``default`` (every feature there): a decode
     bucket replayed for smaller, longer and padded batches, with and without a pinned split count, a verify
@@ -114,9 +147,10 @@ def small_cases() -> list[AttentionCase]:
         AttentionCase(decode, invariance="run", batch_name="invsmall", **gqa),
         AttentionCase(decode, invariance="batch", num_splits=1, batch_name="invsmall", **gqa),
         AttentionCase(decode[:2], invariance="splits", batch_name="invsmall", **gqa),
+        AttentionCase(((1, 300), (17, 40)), invariance="neighbour", num_splits=1, batch_name="invsmall", **gqa),
     ]
 
 
 def graphs_suite() -> list[AttentionCase]:
-    """Suite ``graphs``: the graph cases, then the invariance cases."""
-    return graph_cases() + invariance_cases()
+    """Suite ``graphs``: the graph cases, then the invariance cases, then the growing-neighbour cases."""
+    return graph_cases() + invariance_cases() + neighbour_cases()

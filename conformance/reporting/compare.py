@@ -17,6 +17,10 @@ Records are joined by (case id, backend family), so ``fa2`` 2.8.3 in the old fil
   (at least 2 %), so a noisy machine needs a bigger step before anything is flagged;
   improvements symmetrically (new p80 < old p20 / (1 + margin));
 * capability changes (supported <-> unsupported) and cases present in only one file;
+* kernel variant changes (not a regression by themselves): pairs whose record names the kernel variant that ran
+  (``extra["variant"]``: SDPA's chosen backend, FA4's compile key, the variant-selecting arguments) in both files
+  and the two differ, each with whether its numbers moved (:func:`numbers_moved`): "same numbers, another
+  kernel", or "the regression came with a new dispatch";
 * gradient regressions of backward cases (:mod:`conformance.backward.diff`): each of dQ, dK, dV, d sinks by the
   error-ratio rule above, and gradient numbers one run has and the other lacks (fail closed).
 
@@ -50,7 +54,16 @@ from conformance.exits import Exit
 from conformance.records import CheckResult, Header, judged_results, Status
 from conformance.reporting.compare_inputs import CompareRefused, check_inputs
 
-__all__ = ["MAX_ROWS", "CompareRefused", "Comparison", "Pair", "compare_files", "compare_results"]
+__all__ = [
+    "MAX_ROWS",
+    "CompareRefused",
+    "Comparison",
+    "Pair",
+    "compare_files",
+    "compare_results",
+    "numbers_moved",
+    "variant_of",
+]
 
 Key = tuple[str, str]
 MAX_ROWS = 200  # per section of the Markdown summary; the counts are always complete
@@ -90,9 +103,12 @@ class Comparison:
     #: families present in one file only (e.g. a one-backend run compared with a full run): counts
     families_only_old: dict[str, int] = field(default_factory=dict)
     families_only_new: dict[str, int] = field(default_factory=dict)
-    #: checked pairs whose max error and LSE error are equal in both runs (bit-identical numerics, in practice)
+    #: checked pairs whose outputs are the same bits (:func:`numbers_moved`: by the output digest where both records
+    #: carry one, else by equal max error and LSE error)
     identical_errors: int = 0
     compared_errors: int = 0
+    #: of the checked pairs, those both of whose records carry an output digest (compared bit for bit)
+    digest_compared: int = 0
     duplicates: int = 0
     margin: float = 0.0
     margin_auto: bool = True
@@ -118,6 +134,8 @@ class Comparison:
     nonfinite_passes: dict[str, int] = field(default_factory=dict)
     #: what reading the files noted (a newer writer's schema, duplicates dropped), ``PATH: note``
     file_notes: list[str] = field(default_factory=list)
+    #: pairs whose kernel variant (``extra["variant"]``) is recorded in both files and differs
+    variant_changes: list[Pair] = field(default_factory=list)
 
     @property
     def exit_status(self) -> int:
@@ -157,6 +175,30 @@ def _index(results: list[CheckResult]) -> tuple[dict[Key, CheckResult], int]:
         dup += key in out
         out[key] = r  # the last record wins, as in reports
     return out, dup
+
+
+def variant_of(r: CheckResult) -> dict | None:
+    """The kernel variant a record names (``extra["variant"]``), or None (an older record, a composition)."""
+    v = r.extra.get("variant") if isinstance(r.extra, dict) else None
+    return v if isinstance(v, dict) and v else None
+
+
+def _digest(r: CheckResult) -> str | None:
+    d = r.extra.get("digest") if isinstance(r.extra, dict) else None
+    return d if isinstance(d, str) and d else None
+
+
+def numbers_moved(p: Pair) -> bool | None:
+    """Whether the pair's output changed between the files: by the output digests (``extra["digest"]``:
+    :func:`conformance.verdict.check.output_digest`) when both records carry one, else by their max error and LSE
+    error (two kernels that both round right can share those with other bits); None when one side has no numbers."""
+    so, sn = p.old.stats, p.new.stats
+    if so is None or sn is None:
+        return None
+    do, dn = _digest(p.old), _digest(p.new)
+    if do is not None and dn is not None:
+        return do != dn
+    return not (so.max_abs == sn.max_abs and so.lse_max_abs == sn.lse_max_abs)
 
 
 def _nan(x: object) -> bool:
@@ -242,8 +284,12 @@ def compare_results(
         so, sn = p.old.stats, p.new.stats
         if so is not None and sn is not None:
             cmp.compared_errors += 1
-            cmp.identical_errors += so.max_abs == sn.max_abs and so.lse_max_abs == sn.lse_max_abs
+            cmp.identical_errors += not numbers_moved(p)
+            cmp.digest_compared += _digest(p.old) is not None and _digest(p.new) is not None
     for p in pairs:
+        vo, vn = variant_of(p.old), variant_of(p.new)
+        if vo is not None and vn is not None and vo != vn:
+            cmp.variant_changes.append(p)
         o, n = p.old.status, p.new.status
         if not o.is_problem and n.is_problem:
             cmp.new_failures.append(p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 from conformance.records import CheckResult, NONFINITE_PASS
-from conformance.reporting.compare import MAX_ROWS, Comparison, Pair, _family
+from conformance.reporting.compare import MAX_ROWS, Comparison, Pair, _family, numbers_moved, variant_of
 
 __all__ = ["render_markdown"]
 
@@ -69,10 +69,16 @@ def render_markdown(cmp: Comparison) -> str:
         if n:
             out.append(f"{NONFINITE_PASS}: {n} record(s) of the {side} file.")
     if cmp.compared_errors:
+        by_stats = cmp.compared_errors - cmp.digest_compared
+        how = (
+            f"{cmp.digest_compared} by their output digests (the same bits), {by_stats} by their max error and LSE "
+            "error only (records without a digest: the same numbers, not proven the same bits)"
+            if by_stats
+            else "every one by its output digest (the same bits)"
+        )
         out.append(
-            f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs have the same "
-            "max error and LSE error (identical outputs, in practice); "
-            f"{cmp.compared_errors - cmp.identical_errors} changed."
+            f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs are unchanged, "
+            f"{how}; {cmp.compared_errors - cmp.identical_errors} changed."
         )
     for label, counts in (("old", cmp.families_only_old), ("new", cmp.families_only_new)):
         if counts:
@@ -96,6 +102,7 @@ def render_markdown(cmp: Comparison) -> str:
         ("performance improvements", cmp.perf_improvements),
         ("capabilities gained", cmp.capability_gained),
         ("error ratio no longer NaN", cmp.ratio_fixes),
+        ("kernel variant changed", cmp.variant_changes),
     ]
     out += ["", "| change | count |", "|---|---|"] + [f"| {name} | {len(items)} |" for name, items in counts]
 
@@ -174,9 +181,30 @@ def render_markdown(cmp: Comparison) -> str:
         "| family | case | old ratio | new ratio | new status |",
         lambda p: f"| {p.key[1]} | {p.key[0]} | {_ratio(p.old)} | {_ratio(p.new)} | {p.new.status.value} |",
     )
+    section(
+        "Kernel variant changed (not a regression by itself)",
+        cmp.variant_changes,
+        "| family | case | old variant | new variant | numbers | new status |",
+        lambda p: (
+            f"| {p.key[1]} | {p.key[0]} | {_cell(_variant(p.old))} | {_cell(_variant(p.new))} | "
+            f"{_moved(p)} | {p.new.status.value} |"
+        ),
+    )
     section("Only in the old file", cmp.only_old, "| family | case |", lambda k: f"| {k[1]} | {k[0]} |")
     section("Only in the new file", cmp.only_new, "| family | case |", lambda k: f"| {k[1]} | {k[0]} |")
     return "\n".join(out) + "\n"
+
+
+def _variant(r) -> str:
+    """A variant as ``key=value`` pairs, keys sorted."""
+    return ", ".join(f"{k}={v}" for k, v in sorted((variant_of(r) or {}).items()))
+
+
+def _moved(p: Pair) -> str:
+    moved = numbers_moved(p)
+    if moved is None:
+        return "not compared"
+    return f"moved (ratio {_ratio(p.old)} -> {_ratio(p.new)})" if moved else "same"
 
 
 def _perf_row(p: Pair, slowdown: float) -> str:

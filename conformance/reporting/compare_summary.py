@@ -17,10 +17,7 @@ Every list is complete (the Markdown summary caps its tables).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from conformance.reporting.compare import Comparison, Pair
+from conformance.reporting.compare import Comparison, Pair, numbers_moved, variant_of
 
 __all__ = ["SCHEMA", "refusal_json", "to_json"]
 
@@ -37,6 +34,15 @@ def _pair_json(p: Pair) -> dict[str, object]:
         "new_ratio": p.new.stats.error_ratio if p.new.stats is not None else None,
         "reason": " ".join(p.new.reason.split())[:300],
         "repro": p.new.repro,
+    }
+
+
+def _variant_json(p: Pair) -> dict[str, object]:
+    return {
+        **_pair_json(p),
+        "old_variant": variant_of(p.old),
+        "new_variant": variant_of(p.new),
+        "numbers_moved": numbers_moved(p),
     }
 
 
@@ -78,6 +84,7 @@ def to_json(cmp: Comparison) -> dict[str, object]:
         "perf_improvements": [_perf_json(p, x) for p, x in cmp.perf_improvements],
         "capability_gained": [_pair_json(p) for p in cmp.capability_gained],
         "ratio_fixes": [_pair_json(p) for p in cmp.ratio_fixes],
+        "variant_changes": [_variant_json(p) for p in cmp.variant_changes],
     }
     return {
         "schema": SCHEMA,
@@ -126,7 +133,12 @@ def to_json(cmp: Comparison) -> dict[str, object]:
         "perf_improvements": categories["perf_improvements"],
         "capability_gained": categories["capability_gained"],
         "ratio_fixes": categories["ratio_fixes"],
-        "numerics": {"compared": cmp.compared_errors, "identical": cmp.identical_errors},
+        "variant_changes": categories["variant_changes"],
+        "numerics": {
+            "compared": cmp.compared_errors,
+            "identical": cmp.identical_errors,
+            "by_digest": cmp.digest_compared,
+        },
         "rules": {
             "ratio_threshold": cmp.ratio_threshold,
             "ratio_floor": cmp.ratio_floor,

@@ -26,7 +26,7 @@ from conformance.records import CheckResult, Status
 __all__ = ["COLUMNS", "invariance_sections"]
 
 #: The matrix's columns, in order.
-COLUMNS = ("run", "batch", "splits", "graph = eager", "graph vs own call")
+COLUMNS = ("run", "batch", "neighbour", "splits", "graph = eager", "graph vs own call")
 
 
 def _mode(case: dict[str, Any]) -> str:

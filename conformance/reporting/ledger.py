@@ -7,6 +7,8 @@
     reason = "non-TMA paged loader, d80/d96 without a mask: wrong output"
     evidence = ["reports/<run>.jsonl.gz: ...", "https://github.com/<owner>/<repo>/issues/<n>"]
     statuses = ["fail"]               # optional, default ["fail"]; any of fail/error/crash/timeout
+    messages = { error = "illegal memory access" }  # optional: per listed status, what the record's reason must
+                                      # contain (a string or a list of them, any one will do)
     versions = ">=4.0.0b36"           # optional: PEP 440 specifiers the record's version must meet
     flaky = false                     # optional: true when the bug does not show on every run
     partial = "why"                   # optional: the bug shows on some cases of the predicate only, by a rule
@@ -21,7 +23,12 @@ is still read, but only with ``glob_reason = "..."`` saying why no predicate can
 ``when`` or a ``pattern``.  Field names are checked when the file loads (``attnconf ledger fields``).
 
 A result is *known* when an entry of its backend matches its case, its version is in the entry's ``versions``
-and the entry lists its status; a problem no entry explains is *unexpected*.  A pass of a case an entry
+and the entry lists its status (with one of the entry's ``messages`` for that status in its reason, where the entry
+gives any); a problem no entry explains is *unexpected*.  A harness error (a reason starting ``harness error``:
+the inputs or the reference failed, :mod:`conformance.running.pairs`) is never the kernel's, so no entry explains
+it.  A problem of a case an entry matches at a version in range, in a status or with a message the entry does not
+list, is unexpected too (its cause may show that way, but nobody has shown it: widen the entry, with evidence), and
+:attr:`LedgerVerdict.unlisted` names the entry.  A pass of a case an entry
 matches at a version in range is an *unexpected pass* (the bug may be fixed: narrow ``versions`` or drop the
 entry) unless the entry says ``flaky = true`` or ``partial = "..."`` (the predicate is the envelope of the
 cause: every failure inside it is of that cause, but not every case inside it fails); a pass at a version past
@@ -63,8 +70,10 @@ __all__ = [
 ]
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "ledgers"
-_KEYS = {"pattern", "glob_reason", "when", "versions", "reason", "evidence", "statuses", "flaky", "partial"}
+_KEYS = {"pattern", "glob_reason", "when", "versions", "reason", "evidence", "statuses", "messages", "flaky", "partial"}
 _PROBLEMS = [s.value for s in Status if s.is_problem]
+#: how a harness error's reason starts (conformance/running/pairs.py): the inputs or reference failed, not the kernel
+HARNESS_ERROR = "harness error"
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,8 @@ class LedgerEntry:
     glob_reason: str = ""
     #: the bug shows on some cases of the predicate only (the rule inside it unknown): why; passes prove nothing
     partial: str = ""
+    #: per listed status, the messages one of which the record's reason must contain (a status absent: any reason)
+    messages: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def claims_passes(self) -> bool:
@@ -130,9 +141,18 @@ class LedgerEntry:
         """Same backend, the case matches, and the record's version is in range (or unknown)."""
         return self.matches_record_case(result) and self.version_side(result.version) in ("in", "unknown")
 
+    def lists(self, result: CheckResult) -> bool:
+        """Whether the entry expects ``result``'s status and message, whatever its case: the status is listed, the
+        reason contains one of the entry's messages for it (when the entry gives any), and it is no harness error."""
+        status, reason = result.status.value, result.reason or ""
+        if status not in self.statuses or reason.startswith(HARNESS_ERROR):
+            return False
+        wanted = dict(self.messages).get(status)
+        return wanted is None or any(m in reason for m in wanted)
+
     def explains(self, result: CheckResult) -> bool:
-        """Matches, and the result's status is one this entry expects."""
-        return self.matches(result) and result.status.value in self.statuses
+        """Matches, and the result's status and message are ones this entry expects (:meth:`lists`)."""
+        return self.matches(result) and self.lists(result)
 
 
 @dataclass
@@ -146,6 +166,9 @@ class LedgerVerdict:
     stale: list[LedgerEntry] = field(default_factory=list)
     #: passes of a case an entry matches, at a version past its range: fixed in ``result.version``
     fixed: list[tuple[CheckResult, LedgerEntry]] = field(default_factory=list)
+    #: problems (also in ``unexpected``) of a case an entry matches at a version in range, in a status or with a
+    #: message that entry does not list, harness errors left out: (record, the first such entry)
+    unlisted: list[tuple[CheckResult, LedgerEntry]] = field(default_factory=list)
 
 
 @lru_cache(maxsize=1)
@@ -180,7 +203,8 @@ class Ledger:
         results: Iterable[CheckResult],
         suite_case_ids: Callable[[], Iterable[str | AttentionCase]] | None = None,
     ) -> LedgerVerdict:
-        """Known and unexpected problems, unexpected passes, fixed defects, stale entries (of backends that ran).
+        """Known and unexpected problems (those of an entry's case in a status or with a message it does not list
+        named in ``unlisted``), unexpected passes, fixed defects, stale entries (of backends that ran).
 
         ``suite_case_ids`` returns every case the harness can generate, as ids or cases (called only when some
         entry matched no result; :func:`builtin_suite_cases` gives the cases): an entry matching one of them is
@@ -205,9 +229,11 @@ class Ledger:
                     matching.append((e, e.version_side(r.version)))
             in_range = [e for e, side in matching if side in ("in", "unknown")]
             if r.status.is_problem:
-                entry = next((e for e in in_range if r.status.value in e.statuses), None)
+                entry = next((e for e in in_range if e.lists(r)), None)
                 if entry is None:
                     verdict.unexpected.append(r)
+                    if in_range and not (r.reason or "").startswith(HARNESS_ERROR):
+                        verdict.unlisted.append((r, in_range[0]))
                 else:
                     verdict.known.append((r, entry))
             elif r.status is Status.PASS:
@@ -238,6 +264,18 @@ def _strings(where: str, key: str, raw: Any) -> tuple[str, ...]:
     if not values or not all(isinstance(v, str) and v.strip() for v in values):
         raise ValueError(f"{where}: '{key}' must be a non-empty string or a list of them, got {raw!r}")
     return values
+
+
+def _messages(where: str, raw: Any, statuses: tuple[str, ...]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(
+            f"{where}: 'messages' must be a table of status = message (or a list of them), such as "
+            f'messages = {{ error = "illegal memory access" }}, got {raw!r}'
+        )
+    unlisted = [s for s in raw if s not in statuses]
+    if unlisted:
+        raise ValueError(f"{where}: messages for {unlisted}, a status the entry does not list ({list(statuses)})")
+    return tuple((status, _strings(where, f"messages.{status}", value)) for status, value in raw.items())
 
 
 def _entry(backend: str, raw: Any, source: str, where: str) -> LedgerEntry:
@@ -276,8 +314,20 @@ def _entry(backend: str, raw: Any, source: str, where: str) -> LedgerEntry:
         raise ValueError(f"{where}: 'partial' must say why passes inside the predicate prove nothing, got {partial!r}")
     if partial and predicate is None:
         raise ValueError(f"{where}: 'partial' needs 'when' (the envelope of the cause)")
+    messages = _messages(where, raw["messages"], statuses) if "messages" in raw else ()
     return LedgerEntry(
-        backend, patterns, raw["reason"], evidence, statuses, source, flaky, predicate, versions, glob_reason, partial
+        backend,
+        patterns,
+        raw["reason"],
+        evidence,
+        statuses,
+        source,
+        flaky,
+        predicate,
+        versions,
+        glob_reason,
+        partial,
+        messages,
     )
 
 

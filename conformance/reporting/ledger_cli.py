@@ -1,14 +1,15 @@
 """``attnconf ledger``: check the known-failure ledger against results files, list the fields a predicate may test.
 
 ``attnconf ledger audit FILES... [--json] [--ledger-dir DIR] [--strict]`` prints, per entry, the problems it
-explains, the passes it claims and the passes past its version range (fixed), and per backend the problems no
-entry explains, grouped by signature.  ``attnconf ledger fields`` lists the predicate fields.
+explains, the passes it claims, the passes past its version range (fixed) and the problems of its cases in a status
+or with a message it does not list (UNLISTED: unexplained), and per backend the other problems no entry explains,
+grouped by signature.  ``attnconf ledger fields`` lists the predicate fields.
 
 Exit status: 0; 1 when a non-flaky entry claims a pass (its predicate is too wide, or the bug is fixed), or with
-``--strict`` when a problem is unexplained; 2 for a malformed ledger, or a missing, unreadable or empty results file,
-one with lines that are not records (unless ``--allow-skipped``), or one recording a (case, backend) pair twice
-(unless ``--drop-duplicates``).  What reading a file noted (a newer writer's schema, duplicates dropped) goes to
-stderr, one line per file and note.
+``--strict`` when a problem is unexplained (an unlisted one too); 2 for a malformed ledger, or a missing,
+unreadable or empty results file, one with lines that are not records (unless ``--allow-skipped``), or one
+recording a (case, backend) pair twice (unless ``--drop-duplicates``).  What reading a file noted (a newer
+writer's schema, duplicates dropped) goes to stderr, one line per file and note.
 """
 
 from __future__ import annotations
@@ -26,11 +27,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "ledger",
         help="audit the known-failure ledger against results files; list the predicate fields",
-        description="Exit status: 0; 1 when an entry claims a pass (or, with --strict, a problem is unexplained); "
+        description="Exit status: 0; 1 when an entry claims a pass (or, with --strict, a problem is unexplained, "
+        "one of an entry's cases in a status or with a message the entry does not list included); "
         "2 for a malformed ledger or an unreadable or empty results file.",
     )
     sub = p.add_subparsers(dest="ledger_command", required=True)
-    a = sub.add_parser("audit", help="per entry: problems explained, passes claimed; per backend: what is unexplained")
+    a = sub.add_parser(
+        "audit",
+        help="per entry: problems explained, passes claimed, problems in a status or with a message it does not "
+        "list; per backend: what is unexplained",
+    )
     a.add_argument("results", nargs="+", type=Path, help="results files (.jsonl or .jsonl.gz; fuzz campaigns too)")
     a.add_argument(
         "--ledger-dir",
@@ -39,7 +45,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "or holding a malformed ledger",
     )
     a.add_argument("--json", action="store_true", help="print the audit as one JSON object")
-    a.add_argument("--strict", action="store_true", help="exit 1 when any problem is unexplained too")
+    a.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 when any problem is unexplained too, an entry's cause in a status (or with a message) the entry "
+        "does not list included",
+    )
     a.add_argument(
         "--allow-skipped",
         action="store_true",
@@ -77,6 +88,11 @@ def _print(result, out) -> None:
         f"{result.explained} explained, {result.unexplained_count} unexplained; "
         f"passes claimed by non-flaky entries: {result.passes_claimed}\n"
     )
+    if result.unlisted_count:
+        w(
+            f"  {result.unlisted_count} of the unexplained are an entry's cases in a status or with a message the "
+            "entry does not list (UNLISTED below: widen the entry with evidence, or it is another cause)\n"
+        )
     if result.nonfinite_passes:
         from conformance.records import NONFINITE_PASS
 
@@ -90,11 +106,20 @@ def _print(result, out) -> None:
         flag = " [flaky]" if e.entry.flaky else " [partial]" if e.entry.partial else ""
         w(
             f"  {e.entry.source}{flag}: explains {e.explained} records ({len(e.explained_cases)} cases), "
-            f"claims {len(e.passes_claimed)} passes, flaky or partial passes {e.flaky_passes}, fixed {len(e.fixed)}\n"
+            f"claims {len(e.passes_claimed)} passes, flaky or partial passes {e.flaky_passes}, fixed {len(e.fixed)}, "
+            f"unlisted {len(e.unlisted)}\n"
             f"      {e.entry.reason}\n"
         )
         for f, r in e.passes_claimed[:5]:
             w(f"      CLAIMS PASS {r.case_id} ({r.version}, {f})\n")
+        listed = ", ".join(s + "".join(f" '{m}'" for m in dict(e.entry.messages).get(s, ())) for s in e.entry.statuses)
+        for status, message, records in e.unlisted_groups():
+            f, r = records[0]
+            cases = len({x.case_id for _, x in records})
+            w(
+                f"      UNLISTED {status} ({len(records)} records, {cases} cases; the entry lists {listed}): "
+                f"{message}\n           e.g. {r.case_id} ({r.version}, {f})\n"
+            )
         for f, r in e.fixed[:3]:
             w(f"      fixed in {r.version}: {r.case_id} ({f})\n")
     for e in result.stale:

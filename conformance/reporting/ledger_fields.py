@@ -9,7 +9,8 @@ prints the list.  Three kinds:
 * generic derived values (``dv``, ``paged``, ``rows_without_keys``, ...);
 * what a kernel makes of the case, computed by the adapter module's own helpers so the ledger and the adapter
   cannot disagree: ``fa4_sm90_tile_n`` / ``fa4_sm90_paged_loader`` (:mod:`attnfast.fa4`), ``fa2_entry`` /
-  ``fa2_window_misread`` (:mod:`attnfast.fa2`, :mod:`attnfast._fa_common`), ``fa3_hdim_template``.
+  ``fa2_window_misread`` (:mod:`attnfast.fa2`, :mod:`attnfast._fa_common`), ``fa3_hdim_template``,
+  ``fa3_one_mma_wg_switch`` (vLLM's FA3 fork's kernel choice, read from its source).
 
 A value is ``None`` where it does not apply (``block_size`` of a contiguous case, ``scale`` left to the kernel).
 """
@@ -184,6 +185,45 @@ def _fa3_hdim_template(case: AttentionCase) -> int:
     return next((t for t in (64, 96, 128, 192) if d <= t), 256)
 
 
+def _fa3_one_mma_wg(call: AttentionCase) -> bool:
+    """Whether FA3's sm_90 forward runs the call on one MMA warpgroup (a 64-row query tile): ``use_one_mma_wg`` of
+    vLLM's fork (hopper/heuristics.h): head dim 128 and ``max_seqlen_q`` times the packed GQA group at most 64 (a
+    varlen call packs the group whenever it has one)."""
+    return call.head_dim == 128 and max(call.q_lens) * (call.num_heads // call.num_kv_heads) <= 64
+
+
+def _fa3_one_mma_wg_switch(case: AttentionCase) -> bool:
+    """Whether the calls of a batch-invariance case (conformance.graphs.invariance.variants: request 0 alone, in
+    its batch, ...) fall on both sides of :func:`_fa3_one_mma_wg`, so FA3 runs two different kernels on request 0."""
+    if case.invariance not in ("batch", "neighbour"):
+        return False
+    from conformance.graphs.invariance import variants
+
+    return len({_fa3_one_mma_wg(v.case) for v in variants(case)}) > 1
+
+
+def _fa3_group_rows_switch(case: AttentionCase) -> bool:
+    """Whether the calls of a batch or neighbour invariance fall on both sides of ``max_seqlen_q x GQA group <= 64``
+    (the packed query rows of the longest request fit one 64-row tile), at any head dim: measured to decide FA3's
+    d64 batch invariance (a neighbour growing from 9 to 10 query tokens at group 7)."""
+    if case.invariance not in ("batch", "neighbour"):
+        return False
+    from conformance.graphs.invariance import variants
+
+    group = case.num_heads // case.num_kv_heads
+    return len({max(v.case.q_lens) * group <= 64 for v in variants(case)}) > 1
+
+
+def _invariance_max_q_len_varies(case: AttentionCase) -> bool:
+    """Whether the calls of an invariance case (conformance.graphs.invariance.variants) differ in their longest
+    q_len (a batch invariance whose request 0 is shorter than the batch's longest query)."""
+    if not case.invariance:
+        return False
+    from conformance.graphs.invariance import variants
+
+    return len({max(v.case.q_lens) for v in variants(case)}) > 1
+
+
 def _own(name: str, kind: str, help: str, nullable: bool = False) -> Field:
     return Field(kind, help, lambda c: getattr(c, name), nullable)
 
@@ -264,6 +304,12 @@ FIELDS: dict[str, Field] = {
         "largest T in 128, 64, ..., 1 with an aligned T-row query tile of one request (cut at its end) seeing no key",
         _keyless_query_tile,
     ),
+    "invariance_max_q_len_varies": Field(
+        "bool",
+        "the calls of an invariance case differ in their longest q_len (request 0 alone shorter than its batch's "
+        "longest query)",
+        _invariance_max_q_len_varies,
+    ),
     "rows_without_keys": Field(
         "int", "query rows the mask leaves no key (kv_len 0, windows, causal sq > sk)", _rows_without_keys
     ),
@@ -284,6 +330,18 @@ FIELDS: dict[str, Field] = {
         "bool",
         "some 128-row query tile of FA3 (128 / group rows with a packed GQA group) sees no key (fitted to the records)",
         _fa3_keyless_m_block,
+    ),
+    "fa3_one_mma_wg_switch": Field(
+        "bool",
+        "batch invariance whose calls (request 0 alone, in its batch) fall on both sides of FA3's one-MMA-warpgroup "
+        "rule (head dim 128, max_seqlen_q x GQA group <= 64): two different kernels for request 0",
+        _fa3_one_mma_wg_switch,
+    ),
+    "fa3_group_rows_switch": Field(
+        "bool",
+        "batch or neighbour invariance whose calls fall on both sides of max_seqlen_q x GQA group <= 64 (the longest "
+        "request's packed query rows in one 64-row tile), any head dim",
+        _fa3_group_rows_switch,
     ),
     "fa3_hdim_template": Field(
         "int", "FA3's head-dim template: 64, 96, 128, 192 or 256 (round_up_headdim)", _fa3_hdim_template

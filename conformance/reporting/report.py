@@ -35,6 +35,7 @@ from conformance.running.env import refused_features
 from conformance.reporting.backward_perf import backward_perf_rows, is_backward_timing
 from conformance.reporting.engine_table import engine_sections
 from conformance.reporting.invariance_table import invariance_sections
+from conformance.reporting.variant_table import variant_sections
 from conformance.backward.table import backward_section
 from conformance.reporting.model_table import model_sections
 from conformance.reporting.fuzz_table import fuzz_findings
@@ -342,6 +343,7 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
         "engines": engine_sections(results, backends),
         "models": model_sections(results, backends, [(r.case_id, r.backend) for r, _ in verdict.known]),
         "invariance": invariance_sections(results, list(backends)),
+        "variants": variant_sections(results, list(backends)),
         "backward": backward_section(results, list(backends)),
         "fuzz": fuzz_findings(runs.sources),
         "cap_backends": cap_backends,

@@ -233,8 +233,11 @@ class _Pair:
     request: dict[str, Any]
 
 
-def _units(config: RunConfig, cases: list[AttentionCase], todo: set[tuple[str, str]]) -> list[list[_Pair]]:
-    """The pairs still to run, grouped by case (cases outer, backends inner)."""
+def _units(
+    config: RunConfig, cases: list[AttentionCase], todo: set[tuple[str, str]], available: frozenset[str] = frozenset()
+) -> list[list[_Pair]]:
+    """The pairs still to run, grouped by case (cases outer, backends inner); ``available``: the specs the run's
+    describe step found available (a worker that finds one unavailable later records an error, not a refusal)."""
     units = []
     for case in cases:
         case_json = case.to_json()
@@ -249,6 +252,7 @@ def _units(config: RunConfig, cases: list[AttentionCase], todo: set[tuple[str, s
                         "backend": spec,
                         "seed": config.seed,
                         "device": config.device,
+                        "available": spec in available,
                         "tol": list(config.tol),
                         "tol_file": config.tol_file,
                         "time": config.time,

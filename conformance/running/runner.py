@@ -191,7 +191,7 @@ def _run(config: RunConfig) -> RunSummary:
             print(f"attnconf run: moved the existing {config.out} to {backup}", file=sys.stderr)
         pairs = [(c, s) for c in cases for s in config.backends]
         todo = {(c.id, s) for c, s in pairs if (c.id, infos[s]["name"]) not in done}
-        units = _units(config, cases, todo)
+        units = _units(config, cases, todo, frozenset(s for s in config.backends if infos[s].get("available") == "yes"))
         names = {s: infos[s]["name"] for s in config.backends}
         units, unit_cost = schedule_units(units, names, measured, config.schedule)
         workers = min(len(placements), len(units))

@@ -23,7 +23,7 @@ Requests and replies (one JSON object per line):
   where the backend has none or refuses the case (the parent's compile-affinity scheduling);
 * ``{"op": "load", "backends": [spec...]}`` -> ``{"ok": true, "errors": {...}}``: import the
   adapters now, so a fresh worker's imports do not count against the first case's timeout;
-* ``{"op": "check", "case": {...}, "backend": spec, "seed": n, "device": d, "tol": [...],
+* ``{"op": "check", "case": {...}, "backend": spec, "seed": n, "device": d, "available": bool, "tol": [...],
   "tol_file": path|null, "time": bool}`` -> ``{"ok": true, "result": CheckResult JSON}``, or
   ``{"ok": false, "error": text}`` when the harness itself (inputs, reference) failed;
 * ``{"op": "compile", "case": {...}, "backend": spec, "seed": n, "device": d}`` -> ``{"ok": true,
@@ -191,7 +191,13 @@ class _Worker:
             # A backend that refuses the case is answered from the case alone: a case no backend runs never
             # costs inputs, a reference or a baseline.
             t0 = time.perf_counter()
-            refused = refusal(AttentionCase.from_json(req["case"]), self.backend(req["backend"]), device, seed)
+            refused = refusal(
+                AttentionCase.from_json(req["case"]),
+                self.backend(req["backend"]),
+                device,
+                seed,
+                was_available=bool(req.get("available")),
+            )
             if refused is not None:
                 phases["check_s"] = time.perf_counter() - t0
                 return {"ok": True, "result": refused.to_json(), "phases": phases}
@@ -242,7 +248,7 @@ class _Worker:
         """Call the backend's kernel once on the case's inputs, unjudged (the ``compile`` op)."""
         from conformance.cases.case import AttentionCase
         from conformance.cases.inputs import make_inputs
-        from conformance.verdict.check import composition_of, sync
+        from conformance.verdict.check import composition_of, declared_support, sync
 
         spec, device, seed = req["backend"], req.get("device", "cpu"), int(req.get("seed", 0))
         case = AttentionCase.from_json(req["case"])
@@ -252,9 +258,7 @@ class _Worker:
         try:
             backend = self.backend(spec)
             composition = composition_of(case)
-            support = (
-                backend.supports(case, device) if composition is None else composition.supports(case, backend, device)
-            )
+            support = declared_support(case, backend, device)
             if not support:
                 out["error"] = f"unsupported: {support.reason}"
                 return out

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from attnfast.base import Backend, KernelOutput
+from attnfast.base import Backend, KernelOutput, Support
 from attnref import AttnResult
 
 from conformance.verdict.baseline import baseline
@@ -40,6 +40,7 @@ __all__ = [
     "check_backend",
     "compare",
     "composition_of",
+    "declared_support",
     "prepare_context",
     "refusal",
     "repro_command",
@@ -73,7 +74,8 @@ def composition_of(case: AttentionCase) -> Any:
     engine's invariance run, :mod:`conformance.engines.invariance`), the graph replay
     (``case.graph``, :mod:`conformance.graphs.replay`), the invariance run (``case.invariance``,
     :mod:`conformance.graphs.invariance`), the backward pass (``case.backward``, :mod:`conformance.backward`), or
-    None for a single call.  Each has ``supports(case, backend,
+    None for a single call.  Each has ``refuses(case)`` (its own declaration: why it cannot compose the case on any
+    backend, ``""`` when it can; :func:`refusal` reads it first), ``supports(case, backend,
     device)``, ``prepare(case, inputs, backend, device)``, ``reference`` and ``baseline``; the callable
     ``prepare`` returns may carry ``notes``, ``extra`` (record fields) and ``problems`` (failures beyond the
     numerical verdict, e.g. a replay that differs bitwise from its eager call)."""
@@ -202,8 +204,6 @@ def _available(backend: Backend) -> Any:
     refusal with its message."""
     cached = getattr(backend, "_attnconf_available", None)
     if cached is None:
-        from attnfast.base import Support
-
         try:
             cached = backend.is_available()
         except Exception as exc:  # noqa: BLE001 - a broken probe is a reason, not a crash of the sweep
@@ -215,16 +215,65 @@ def _available(backend: Backend) -> Any:
     return cached
 
 
-def refusal(case: AttentionCase, backend: Backend, device: str, seed: int = 0) -> CheckResult | None:
-    """The record of ``backend`` on ``case`` when it does not run it: UNSUPPORTED with its declared reason, or with
+def declared_support(case: AttentionCase, backend: Backend, device: str) -> Support:
+    """What the declarations say about running ``case`` on ``backend``: the composition's own refusal first
+    (:func:`composition_of`'s ``refuses``, the same on every backend), then the composition's ``supports`` (or, for
+    a single call, the backend's).  From the case alone; raises what a broken ``supports`` raises."""
+    composition = composition_of(case)
+    if composition is None:
+        return backend.supports(case, device)
+    declined = composition.refuses(case)
+    return Support(False, declined) if declined else composition.supports(case, backend, device)
+
+
+#: ``output_digest``'s weights cycle with this period (a prime: a permutation of the bits changes the digest)
+_DIGEST_PERIOD = 1_000_003
+#: words per chunk of ``output_digest``
+_DIGEST_CHUNK = 1 << 24
+
+
+def output_digest(result: KernelOutput) -> str:
+    """A fingerprint of the kernel's output and LSE bits, for telling identical outputs from equal error
+    statistics (two kernels that both round right give the same max error with other bits).  Computed on the
+    output's device with integer arithmetic only (the same on every device and reduction order): the bits as int16
+    words ``v``, and ``sum(v)`` and ``sum(v * w)`` with weights ``w = i mod 1000003 + 1``, summed in chunks of
+    2^24 words (each term is below 2^35, so a chunk cannot overflow int64; the chunks add up as Python integers,
+    and a chunk's int64 temporaries stay at 128 MiB whatever the output's size).  Hex, ``out:lse`` (``-`` for no
+    LSE)."""
+
+    def one(t: torch.Tensor | None) -> str:
+        if t is None:
+            return "-"
+        flat = t.detach().contiguous().view(-1)
+        words = flat.view(torch.int16) if flat.element_size() % 2 == 0 else flat
+        total = weighted = 0
+        for start in range(0, words.numel(), _DIGEST_CHUNK):
+            v = words[start : start + _DIGEST_CHUNK].to(torch.int64)
+            w = torch.arange(start, start + v.numel(), device=v.device, dtype=torch.int64) % _DIGEST_PERIOD + 1
+            total += int(v.sum())
+            weighted += int((v * w).sum())
+        return f"{total & (2**64 - 1):x}.{weighted & (2**64 - 1):x}.{words.numel()}"
+
+    return f"{one(result.out)}:{one(result.lse)}"
+
+
+def refusal(
+    case: AttentionCase, backend: Backend, device: str, seed: int = 0, *, was_available: bool = False
+) -> CheckResult | None:
+    """The record of ``backend`` on ``case`` when it does not run it: UNSUPPORTED with the declared reason (the
+    composition's own, :func:`composition_of`'s ``refuses``, then the backend's), or with
     ``not available here: ...`` when the case is supported but the kernel cannot run on this machine
     (:meth:`~attnfast.base.Backend.is_available`: its package is not installed, no device), or ERROR when
     ``supports`` itself raised; None when it runs the case.  Decided from the case alone, before any
-    tensor exists, so a case no backend runs costs no inputs, reference or baseline (the worker asks this first)."""
+    tensor exists, so a case no backend runs costs no inputs, reference or baseline (the worker asks this first).
+
+    ``was_available``: the run found the backend available when it began (``attnconf run``'s describe step); if
+    this process now finds it unavailable, the machine changed under the run (a lost or faulted GPU refuses new
+    workers), and the record is an ERROR saying so, never an UNSUPPORTED that would read as a refusal."""
     t_start = time.perf_counter()
     engine = composition_of(case)
     try:
-        support = backend.supports(case, device) if engine is None else engine.supports(case, backend, device)
+        support = declared_support(case, backend, device)
     except Exception as exc:
         status, reason = Status.ERROR, f"supports() raised {_exc_line(exc)}"
     else:
@@ -232,7 +281,12 @@ def refusal(case: AttentionCase, backend: Backend, device: str, seed: int = 0) -
             available = _available(backend)
             if available:
                 return None
-            status, reason = Status.UNSUPPORTED, f"not available here: {available.reason or 'no reason given'}"
+            why = available.reason or "no reason given"
+            if was_available:
+                status = Status.ERROR
+                reason = f"not available in this worker, though it was when the run began (a lost device?): {why}"
+            else:
+                status, reason = Status.UNSUPPORTED, f"not available here: {why}"
         else:
             status, reason = Status.UNSUPPORTED, support.reason or "refused without a reason"
     return _result(
@@ -310,6 +364,9 @@ def check_backend(
         notes = list(getattr(fn, "notes", None) or ())  # read after the call: an engine lists the calls it made
         if notes:
             extra["notes"] = notes
+        variant = getattr(fn, "variant", None)  # the kernel variant that ran (attnfast.base: Backend.prepare)
+        if variant:
+            extra["variant"] = dict(variant)
     except Exception as exc:
         return finish(Status.ERROR, _exc_line(exc))
     if not isinstance(result, KernelOutput):
@@ -318,6 +375,7 @@ def check_backend(
     problem = _shape_problem(ctx, result)
     if problem:
         return finish(Status.FAIL, problem)
+    extra["digest"] = output_digest(result)
     t0 = time.perf_counter()
     stats, details, base_nonfinite = compare_details(ctx.ref, ctx.base, result, tol)
     clock["verdict"] = time.perf_counter() - t0

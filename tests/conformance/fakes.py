@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from attnfast.base import Backend, KernelOutput, Support
+from attnfast.base import OK, Backend, KernelOutput, Support
 from attnref import AttnOptions, Numerics, Window, attention_paged, attention_varlen, write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
@@ -115,6 +115,8 @@ class ExactBackend(Backend):
     family: ClassVar[str] = "fake"
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     description: ClassVar[str] = "test fake: fp32 reference cast to the case dtype"
+    #: a kernel that takes a split count (and computes the same whatever it is): pinned, it promises batch invariance
+    batch_invariance_via: ClassVar[str | None] = "num_splits"
 
     def options(self, case: AttentionCase) -> AttnOptions:
         """The options the fake kernel computes with (bug backends change them)."""
@@ -259,6 +261,20 @@ class NotInstalledBackend(ExactBackend):
 
     def is_available(self) -> Support:
         return Support(False, "planted: fake_kernel_pkg is not importable")
+
+
+class LostDeviceBackend(ExactBackend):
+    """Available when first asked in a process (the run's describe step), unavailable from then on: a GPU that
+    faulted under the run and refuses new work.  Its pairs must not read as refusals."""
+
+    name = "fake-lost-device"
+    description = "test fake: device lost after the run began"
+    devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
+    asked = 0
+
+    def is_available(self) -> Support:
+        type(self).asked += 1
+        return OK if type(self).asked == 1 else Support(False, "planted: the device was lost")
 
 
 class CudaOnlyBackend(ExactBackend):
@@ -740,3 +756,122 @@ class SleepBySizeBackend(ExactBackend):
 
 
 __all__ += ["JIT_CACHE_ENV", "JIT_COMPILE_ENV", "SLEEP_RATE_ENV", "JitBackend", "SleepBySizeBackend"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A registered adapter's declarations with a stand-in kernel: the compositions' code paths of a GPU adapter, on CPU.
+
+
+def contract_problems(case: AttentionCase, inputs: CaseInputs) -> list[str]:
+    """What ``inputs`` lack that the kernel contract (:mod:`attnfast.base`, :class:`CaseInputs`) gives a kernel
+    of ``case``: the tensors its fields say an adapter reads, in the shapes it reads them."""
+    from conformance.cases.inputs import cp_totals
+
+    out = []
+    rows, h, d, dv = case.total_q, case.num_heads, case.head_dim, case.dv
+    if tuple(inputs.q.shape) != (rows, h, d):
+        out.append(f"q has shape {tuple(inputs.q.shape)}, the call's (total_q, h, d) is {(rows, h, d)}")
+    if tuple(inputs.cu_seqlens_q.shape) != (case.batch + 1,) or tuple(inputs.seqlens_k.shape) != (case.batch,):
+        out.append(f"cu_seqlens_q / seqlens_k do not hold the call's {case.batch} requests")
+    if case.paged:
+        table = inputs.block_table
+        if inputs.k_cache is None or inputs.v_cache is None or table is None or table.shape[0] != case.batch:
+            out.append("a paged call without its caches or a block table row per request")
+    elif int(inputs.cu_seqlens_k[-1]) != inputs.k.shape[0] or inputs.k.shape[0] != inputs.v.shape[0]:
+        out.append("contiguous k / v do not hold the keys cu_seqlens_k counts")
+    wanted = [
+        (case.append, ("k_new", "v_new"), "an append"),
+        (case.qv, ("qv",), "qv"),
+        (case.quant != "none", ("quant",), "a quantized case"),
+        (case.alibi, ("alibi_slopes",), "alibi"),
+        (case.sinks, ("sinks",), "sinks"),
+        (case.backward, ("dout",), "a backward case"),
+    ]
+    for needed, names, what in wanted:
+        if needed and any(getattr(inputs, n) is None for n in names):
+            out.append(f"{what} without {' / '.join(names)}")
+    if case.qv and inputs.qv is not None and tuple(inputs.qv.shape) != (rows, h, dv):
+        out.append(f"qv has shape {tuple(inputs.qv.shape)}, the call's (total_q, h, dv) is {(rows, h, dv)}")
+    try:
+        cp_totals(inputs, case)
+    except ValueError as exc:
+        out.append(str(exc))
+    return out
+
+
+class DeclaredBackend(Backend):
+    """``real``'s declarations (its ``supports`` as on its own device, its refusals, its ``batch_invariance_via``
+    and ``pins_splits``) with a stand-in kernel that runs on CPU: every entry point (``prepare``, ``prepare_graph``,
+    ``prepare_backward``) checks the kernel contract of what it is handed (:func:`contract_problems`,
+    ``AssertionError`` naming the gap) and returns zeros of the reference's shapes.  So a composition reaches, on
+    CPU, every code path it takes for a GPU adapter; an ERROR record of it is the composition's (or a contract it
+    broke), never the kernel's.  FA3-family shape limits are those of an H100 (``compute_capability`` (9, 0): set
+    ``cc`` to None for the adapter's no-device answer)."""
+
+    family: ClassVar[str] = "fake"
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    description: ClassVar[str] = "test fake: a registered adapter's declarations, a zero kernel checking its inputs"
+
+    def __init__(self, real: Backend, cc: tuple[int, int] | None = (9, 0)) -> None:
+        self.real, self.cc = real, cc
+        self.name = f"declared-{real.name}"  # type: ignore[misc]
+        self.batch_invariance_via = real.batch_invariance_via  # type: ignore[misc]
+
+    def refusals(self) -> dict[str, str]:
+        return self.real.refusals()
+
+    def supports(self, case: AttentionCase, device: str) -> Support:
+        if device.split(":")[0] not in self.devices:
+            return Support(False, f"runs on cpu, not {device}")
+        import importlib
+        from unittest import mock
+
+        own = self.real.devices[0]
+        patches = []
+        for module in ("attnfast.fa3", "attnfast.fa3_vllm", "attnfast.fa4"):
+            mod = importlib.import_module(module)
+            patches.append(mock.patch.object(mod, "compute_capability", lambda device="cuda": self.cc))
+        for p in patches:
+            p.start()
+        try:
+            return self.real.supports(case, own)
+        finally:
+            for p in patches:
+                p.stop()
+
+    def pins_splits(self, case: AttentionCase) -> bool:
+        return self.real.pins_splits(case)
+
+    def _zeros(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        problems = contract_problems(case, inputs)
+
+        def run() -> KernelOutput:
+            if problems:
+                raise AssertionError(f"kernel contract: {'; '.join(problems)}")
+            dev = inputs.q.device
+            out = torch.zeros(case.total_q, case.num_heads, case.dv, dtype=case.torch_dtype, device=dev)
+            return KernelOutput(out, torch.zeros(case.num_heads, case.total_q, device=dev))
+
+        return run
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        return self._zeros(case, inputs)
+
+    def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        return self._zeros(case, inputs)
+
+    def prepare_backward(self, case: AttentionCase, inputs: CaseInputs):
+        from attnfast.base import GradOutput
+
+        forward = self._zeros(case, inputs)
+
+        def run() -> GradOutput:
+            res = forward()
+            zeros = torch.zeros_like
+            return GradOutput(res.out, res.lse, zeros(inputs.q), zeros(inputs.k), zeros(inputs.v))
+
+        run.backward_only = None  # type: ignore[attr-defined]
+        return run
+
+
+__all__ += ["DeclaredBackend", "contract_problems"]

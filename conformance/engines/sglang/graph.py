@@ -49,7 +49,6 @@ from conformance.cases.inputs import CaseInputs
 from conformance.graphs.buffers import DECOY_SCALE
 from conformance.graphs.captured import CapturedCall, live_rows
 from conformance.graphs.composed import ComposedRun
-from conformance.graphs.replay import pins_splits
 
 from ..base import call_inputs
 from ..calls import hand_out_blocks, prefix_sums, token_slots
@@ -197,7 +196,7 @@ class SGLangGraphRun(ComposedRun):
             f"requests at seq_lens = {FILL_VALUE} (get_cuda_graph_seq_len_fill_value)"
         )
         self.notes += [f"{c.label}: {backend.name} {c.case.summary()}" for c in calls]
-        pinned = case.num_splits if pins_splits(calls[0].case, backend, self.device) else None
+        pinned = case.num_splits if all(backend.pins_splits(c.case) for c in calls) else None
         captured = CapturedCall(
             make,
             lambda requests: self._own(calls, ins, len(requests), len(requests) * ql, qbuf, pool),

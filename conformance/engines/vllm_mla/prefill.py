@@ -89,6 +89,8 @@ class VllmMLAPrefill(Engine):
             raise ValueError(f"requests must be scenario {case.scenario!r}'s {[(r.new, r.kv) for r in reqs]}")
         if not case.causal or case.paged or case.has_window or case.quant != "none" or case.qv:
             raise ValueError(f"engine {self.name} replays causal contiguous MLA prefill (no window, quant or qv)")
+        if case.alibi or case.sinks:  # DeepSeek's MLA has neither, and the chunks' calls pass neither
+            raise ValueError(f"engine {self.name} replays MLA prefill without ALiBi or sinks (its calls pass neither)")
 
     # ------------------------------------------------------------------ metadata (vLLM's chunked_context)
     def _chunks(self, case: AttentionCase) -> list[list[tuple[int, int]]]:

@@ -202,7 +202,7 @@ class VllmV1FlashAttention(VllmV1Runner):
                     f"request {b} shares a {sc.shared_prefix}-token prompt but holds {sc.requests[b].kv} keys"
                 )
         if problems:
-            raise ValueError(f"engine {self.name} scenario {case.scenario}: " + "; ".join(problems))
+            raise ValueError(f"scenario {case.scenario}: " + "; ".join(problems))
 
     # ------------------------------------------------------------------ the shared prompt (reference and forward)
     def layer_inputs(self, case: AttentionCase, inputs: CaseInputs) -> CaseInputs:

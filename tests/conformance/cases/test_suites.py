@@ -17,6 +17,7 @@ SIZES = {
     "graphs": (20, 100),
     "limits": (300, 1000),
     "training": (30, 60),
+    "peer-fa2-kvcache": (10368, 10368),
 }
 
 
@@ -57,3 +58,27 @@ def test_cases_round_trip_through_json() -> None:
 def test_unknown_suite_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="suite must be one of"):
         get_suite("nope")
+
+
+def test_peer_fa2_kvcache_is_flash_attentions_own_grid():
+    """Every combination of test_flash_attn_kvcache's expressible parameters (v2.8.3), none refused by the case
+    model, each mapped as the test builds it."""
+    import itertools
+
+    cases = get_suite("peer-fa2-kvcache")
+    # 9 (seqlen_q, seqlen_k) x 6 d x 2 paged x 2 causal x 2 local x 2 alibi x 2 new_kv x 3 mha x 2 num_splits
+    assert len(cases) == 9 * 6 * 2 * 2 * 2 * 2 * 2 * 3 * 2
+    assert {c.head_dim for c in cases} == {32, 59, 64, 80, 128, 256} and {c.dtype for c in cases} == {"fp16"}
+    assert {(c.num_heads, c.num_kv_heads) for c in cases} == {(6, 6), (6, 1), (6, 3)}
+    assert {c.num_splits for c in cases} == {1, None} and {c.block_size for c in cases} == {None, 256}
+    for c in cases:
+        assert c.batch == 2 and len(set(c.q_lens)) == 1
+        sq = c.q_lens[0]
+        if c.append:  # seqlen_new == seqlen_q new keys after a cache of 0 .. seqlen_k - seqlen_q
+            assert all(sq <= k for k in c.kv_lens)
+        else:
+            assert all(k >= 1 for k in c.kv_lens)
+        if c.causal and c.window != (None, None):
+            assert c.window[1] == 0  # causal sets the right side to 0
+    pairs = {(c.q_lens[0], max(c.kv_lens)) for c in itertools.islice(cases, 0, None, 97)}
+    assert all(k <= 20000 for _, k in pairs)  # the 128k pairs are left out (module docstring)

@@ -15,7 +15,6 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.suites import get_suite
 from conformance.engines import get_engine
 from conformance.engines.invariance import EngineInvariance, promised
-from conformance.graphs.replay import pins_splits
 from conformance.records import Status
 from conformance.reporting.invariance_table import invariance_sections
 from conformance.verdict.check import check_backend, composition_of, prepare_context
@@ -84,10 +83,11 @@ class AutotunedNonDeterministic(ExactBackend):
 
 
 class BatchDependentNoSplits(BatchDependent):
-    """The same, on a kernel without a split-count argument: nothing is pinned, so nothing is promised."""
+    """The same, on a kernel without a split-count argument (it supports every split count the case names, as SDPA
+    does, by ignoring it): nothing is pinned, so nothing is promised."""
 
     name: ClassVar[str] = "fake-batch-dependent-no-splits"
-    refused: ClassVar[dict[str, str]] = {"splits": "no num_splits argument"}
+    batch_invariance_via: ClassVar[str | None] = None
 
 
 class BatchDependentSplitsInDecodeOnly(BatchDependent):
@@ -96,10 +96,8 @@ class BatchDependentSplitsInDecodeOnly(BatchDependent):
 
     name: ClassVar[str] = "fake-batch-dependent-decode-splits"
 
-    def supports(self, case, device):
-        if case.num_splits not in (None, 1) and max(case.q_lens) > 1:
-            return Support(False, "prefill takes no split count")
-        return super().supports(case, device)
+    def pins_splits(self, case):  # as FA2: only its decode entry takes num_splits
+        return max(case.q_lens) <= 1 and super().pins_splits(case)
 
 
 class WrongAlone(ExactBackend):
@@ -154,7 +152,8 @@ def test_every_invariance_scenario_passes_and_keeps_its_invariance_on_sdpa_cpu(c
     assert r.status is Status.PASS, r.reason
     inv = r.extra["invariance"]
     assert inv["kind"] == case.invariance and inv["kept"] is True
-    assert inv["promised"] is (case.invariance == "run" or case.scenario in PROMISED[case.engine])
+    # SDPA takes no split count (batch_invariance_via None): even the batch-invariant scenarios promise run only
+    assert inv["promised"] is (case.invariance == "run")
     labels = {"run": ["second run"], "batch": ["alone", "in batch (last)", "beside shorter requests"]}
     assert [p["b"] for p in inv["pairs"]] == labels[case.invariance]
     assert r.extra["engine"]["engine"] == case.engine and r.extra["engine"]["scenario"] == case.scenario
@@ -202,10 +201,11 @@ def test_batch_invariance_is_promised_only_when_every_call_of_the_step_pins_its_
     case = _case("vllm_v1_fa", "inv_batch_invariant_mixed")
     engine, backend = get_engine("vllm_v1_fa"), BatchDependentSplitsInDecodeOnly()
     labels = [label for label, _ in engine.plan(case.replace(invariance=""))]
-    assert [pins_splits(c, backend, "cpu") for _, c in engine.plan(case.replace(invariance=""))] == [False, True]
+    calls = engine.plan(case.replace(invariance="", num_splits=1))
+    assert [backend.pins_splits(c) for _, c in calls] == [False, True]
     assert labels == ["prefill (varlen, paged)", "decode (paged kvcache)"]
-    assert promised(engine, case, backend, "cpu") is False
-    assert promised(engine, case, BatchDependent(), "cpu") is True  # every call pins it
+    assert promised(engine, case, backend) is False
+    assert promised(engine, case, BatchDependent()) is True  # every call pins it
     r = _verdict(case, backend)
     assert r.status is Status.PASS, r.reason
     assert r.extra["invariance"]["promised"] is False and r.extra["invariance"]["kept"] is False
@@ -219,8 +219,8 @@ def test_batch_invariance_is_not_promised_for_a_step_without_calls():
             return []
 
     case = _case("vllm_v1_fa", "inv_batch_invariant_decode")
-    assert promised(NoCalls(), case, ExactBackend(), "cpu") is False  # type: ignore[arg-type]
-    assert promised(NoCalls(), case.replace(invariance="run"), ExactBackend(), "cpu") is True  # type: ignore[arg-type]
+    assert promised(NoCalls(), case, ExactBackend()) is False  # type: ignore[arg-type]
+    assert promised(NoCalls(), case.replace(invariance="run"), ExactBackend()) is True  # type: ignore[arg-type]
 
 
 def test_a_nondeterministic_kernel_fails_the_run_scenarios():
@@ -276,7 +276,7 @@ def test_an_engine_invariance_refuses_a_kind_it_cannot_replay(kind):
 def test_a_case_without_an_invariance_promises_nothing_even_with_num_splits_1():
     case = _case("vllm_v1_fa", "inv_batch_invariant_decode")
     assert case.num_splits == 1
-    assert promised(get_engine("vllm_v1_fa"), case.replace(invariance=""), ExactBackend(), "cpu") is False
+    assert promised(get_engine("vllm_v1_fa"), case.replace(invariance=""), ExactBackend()) is False
 
 
 class Reporting:

@@ -137,3 +137,35 @@ def test_a_wide_off_level_draw_shrinks():
     m = res.case
     assert res.result.status is Status.FAIL and same_failure(first, res.result)
     assert m.num_heads <= 6 and 1 < m.num_kv_heads < m.num_heads and m.batch == 1
+
+
+def test_draws_become_every_invariance_kind_without_changing_their_other_fields():
+    """Stage 3: some draws are invariance cases (the growing neighbour included, often with num_splits pinned to 1,
+    the batch-invariant promise); the fields drawn before stay those of the plain draw."""
+    import dataclasses
+    import itertools
+
+    import conformance.fuzz.draw as draw_module
+
+    kinds = defaultdict(int)
+    for d in itertools.islice(stream(7, DrawLimits(max_tokens=2048)), 400):
+        if d.case is None or not d.case.invariance:
+            continue
+        kinds[(d.case.invariance, d.case.num_splits == 1)] += 1
+        inv = d.case
+        plain = draw_module.P_INVARIANCE
+        try:
+            draw_module.P_INVARIANCE = 0.0
+            base = draw(7, d.index, DrawLimits(max_tokens=2048)).case
+        finally:
+            draw_module.P_INVARIANCE = plain
+        assert base is not None and not base.invariance
+        same = {"invariance", "num_splits", "requests"}
+        assert {f.name: getattr(inv, f.name) for f in dataclasses.fields(inv) if f.name not in same} == {
+            f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.name not in same
+        }
+        assert inv.requests == base.requests[: len(inv.requests)]
+        if inv.invariance == "neighbour":
+            assert inv.batch == 2 and inv.requests[1][0] >= 2
+    assert {k for k, _ in kinds} == {"run", "batch", "neighbour"}
+    assert kinds[("neighbour", True)] > 0

@@ -230,6 +230,6 @@ def test_batch_invariance_is_a_failure_only_when_promised():
 def test_graphs_suite_holds_graph_and_invariance_cases():
     cases = graphs_suite()
     kinds = {f for c in cases for f in c.features() if f == "graph" or f.startswith("inv_")}
-    assert kinds == {"graph", "inv_run", "inv_batch", "inv_splits"}
+    assert kinds == {"graph", "inv_run", "inv_batch", "inv_splits", "inv_neighbour"}
     assert len({c.id for c in cases}) == len(cases)
     assert any(c.scheduler_metadata and c.graph for c in cases) and any(c.qv and c.graph for c in cases)

@@ -86,7 +86,7 @@ def test_batch_variants_place_request_0_and_cut_the_others_to_half_their_keys():
 def test_an_unknown_invariance_is_refused_naming_the_kinds():
     case = AttentionCase(((1, 30),), **GQA)
     object.__setattr__(case, "invariance", "often")
-    with pytest.raises(ValueError, match=r"^invariance must be one of run, batch, splits; got 'often'$"):
+    with pytest.raises(ValueError, match=r"^invariance must be one of run, batch, neighbour, splits; got 'often'$"):
         variants(case)
 
 

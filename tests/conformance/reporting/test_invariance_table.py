@@ -45,9 +45,10 @@ def test_cells_modes_and_notes():
     m = invariance_sections(records, ["k", "other"])
     assert m["columns"] == list(COLUMNS)
     rows = {(r["backend"], r["mode"]): [c and c["text"] for c in r["cells"]] for r in m["rows"]}
-    assert rows[("k", "default")] == ["kept 1/1", None, "n/a", "kept 1/1", "broken 1/1"]
-    assert rows[("k", "num_splits = 1")] == [None, "broken 1/1, FAIL 1", None, None, None]
-    assert rows[("k", "engine sglang_fa")] == [None, None, None, "kept 1/1", "kept 1/1"]
+    # columns: run, batch, neighbour, splits, graph = eager, graph vs own call
+    assert rows[("k", "default")] == ["kept 1/1", None, None, "n/a", "kept 1/1", "broken 1/1"]
+    assert rows[("k", "num_splits = 1")] == [None, "broken 1/1, FAIL 1", None, None, None, None]
+    assert rows[("k", "engine sglang_fa")] == [None, None, None, None, "kept 1/1", "kept 1/1"]
     assert not any(b == "other" for b, _ in rows)
     assert any("'alone' vs 'in batch': 1 rows" in n for n in m["notes"])
     assert any("graph vs own call" in n and "replay 0: 2 rows" in n for n in m["notes"])
@@ -58,5 +59,5 @@ def test_no_matrix_without_such_records_and_missing_comparisons_are_not_a_pass()
     bare = _rec("k", {"graph": [1]}, extra={"graph": {"replays": [{"vs_eager": _eq()}]}})
     m = invariance_sections([bare], ["k"])
     cells = m["rows"][0]["cells"]
-    assert cells[3]["text"] == "kept 1/1" and cells[4]["text"] == "n/a"
-    assert "no vs_plain comparison" in cells[4]["reason"]
+    assert cells[4]["text"] == "kept 1/1" and cells[5]["text"] == "n/a"
+    assert "no vs_plain comparison" in cells[5]["reason"]

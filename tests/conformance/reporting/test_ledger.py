@@ -260,3 +260,56 @@ def test_a_ledger_directory_that_cannot_be_used_is_refused_in_one_line_naming_th
         load_ledger_dir(bad)
     assert err.value.path == str(bad) and "kern.toml" in err.value.reason
     assert str(LedgerDirError("d", "why")) == "--ledger-dir d: why"
+
+
+# ------------------------------------------------------------------ statuses and messages (issue 31)
+def test_a_problem_of_an_entrys_case_in_a_status_it_does_not_list_names_the_entry(tmp_path: Path) -> None:
+    """Not explained (unexpected), and ``unlisted`` names the entry; a harness error is neither the entry's nor
+    unlisted: the inputs or the reference failed, not the kernel."""
+    import dataclasses
+
+    (tmp_path / "kern.toml").write_text('[[failure]]\npattern = "*_pg_*"\nglob_reason = "g"\nreason = "loader"\n')
+    ledger = load_ledger(tmp_path)
+    harness = "harness error (inputs or reference), not the kernel: AcceleratorError: illegal instruction"
+    results = [
+        result("a_pg_1", "kern", "fail"),
+        dataclasses.replace(result("a_pg_2", "kern", "error"), reason="CUDA error: an illegal memory access"),
+        result("b_win_3", "kern", "error"),  # no entry's case
+        dataclasses.replace(result("a_pg_4", "kern", "fail"), reason=harness),  # no harness error is the kernel's
+        result("a_pg_5", "kern", "timeout"),
+    ]
+    verdict = ledger.classify(results)
+    assert [r.case_id for r, _ in verdict.known] == ["a_pg_1"]
+    assert [r.case_id for r in verdict.unexpected] == ["a_pg_2", "b_win_3", "a_pg_4", "a_pg_5"]
+    assert [(r.case_id, e.reason) for r, e in verdict.unlisted] == [("a_pg_2", "loader"), ("a_pg_5", "loader")]
+    assert ledger.explain(results[0]) is not None and ledger.explain(results[3]) is None
+
+
+@pytest.mark.parametrize(
+    "messages, error",
+    [
+        ('"illegal memory access"', "must be a table of status = message"),
+        ("{}", "must be a table of status = message"),
+        ('{ crash = "SIGSEGV" }', "messages for ['crash'], a status the entry does not list"),
+        ("{ error = [] }", "messages.error"),
+        ('{ error = [""] }', "messages.error"),
+        ("{ error = 3 }", "messages.error"),
+    ],
+)
+def test_malformed_messages_name_the_file_entry_and_key(tmp_path: Path, messages: str, error: str) -> None:
+    (tmp_path / "kern.toml").write_text(
+        f'[[failure]]\npattern = "*"\nglob_reason = "g"\nreason = "r"\nstatuses = ["fail", "error"]\n'
+        f"messages = {messages}\n"
+    )
+    with pytest.raises(ValueError, match="kern.toml failure\\[0\\]") as info:
+        load_ledger(tmp_path)
+    assert error in str(info.value)
+
+
+def test_messages_are_read_per_status(tmp_path: Path) -> None:
+    (tmp_path / "kern.toml").write_text(
+        '[[failure]]\npattern = "*"\nglob_reason = "g"\nreason = "r"\nstatuses = ["fail", "error"]\n'
+        'messages = { error = ["illegal memory access", "misaligned address"] }\n'
+    )
+    (entry,) = load_ledger(tmp_path).entries
+    assert entry.messages == (("error", ("illegal memory access", "misaligned address")),)

@@ -1,6 +1,7 @@
-"""``attnconf ledger audit``: per entry explained / claimed passes, unexplained problems grouped by signature, and
-its exit codes (0; 1 when an entry claims a pass or, with --strict, a problem is unexplained; 2 for a malformed
-ledger or a missing, empty or garbled results file); ``attnconf ledger fields``."""
+"""``attnconf ledger audit``: per entry explained / claimed passes / problems of its cases in a status or with a
+message it does not list (unlisted), unexplained problems grouped by signature, and its exit codes (0; 1 when an
+entry claims a pass or, with --strict, a problem is unexplained; 2 for a malformed ledger or a missing, empty or
+garbled results file); ``attnconf ledger fields``."""
 
 from __future__ import annotations
 
@@ -182,6 +183,91 @@ def test_audit_json_states_each_entry_in_full(tmp_path: Path, ledger_dir: Path, 
         "passes_claimed": [{"file": str(runs), "case_id": claimed.id, "version": "1.5"}],
         "flaky_passes": 0,
         "fixed": [{"file": str(runs), "case_id": fixed.id, "version": "2.0"}],
+        "statuses": ["fail"],
+        "messages": {},
+        "unlisted": [],
     }
     assert loader["source"].endswith("kern.toml[0]") and flaky["source"].endswith("kern.toml[1]")
     assert (flaky["flaky"], flaky["flaky_passes"], flaky["explained"], flaky["files"]) == (True, 1, 0, {})
+
+
+# ------------------------------------------------------------------ a known cause in a status its entry does not list
+def write_reasons(path: Path, records: list[tuple[AttentionCase, str, str]]) -> Path:
+    """Like :func:`write`, with each record's reason given: (case, status, reason), version 1.0."""
+    append_record(path, Header(suite="fuzz", backends={"kern": {"version": "1.0"}}, env={}))
+    for c, status, reason in records:
+        append_record(path, CheckResult(c.id, "kern", "fam", Status(status), c.to_json(), version="1.0", reason=reason))
+    return path
+
+
+IMA = "AcceleratorError: CUDA error: an illegal memory access was encountered"
+
+
+def test_a_cause_in_a_status_its_entry_does_not_list_is_unlisted_and_fails_strict(
+    tmp_path: Path, ledger_dir: Path, capsys
+) -> None:
+    """Issue 31: the d80 entry lists fail only; an error of its case is not explained, is named under the entry with
+    its status and message (not as a new problem of no entry), and fails --strict."""
+    runs = write_reasons(
+        tmp_path / "u.jsonl",
+        [
+            (case(), "fail", "max_error: too far"),
+            (case(requests=((3, 50),)), "error", IMA),  # the entry's case, a status it does not list
+            (case(requests=((4, 60),)), "crash", "worker killed by SIGSEGV"),  # and another
+            (case(head_dim=64), "error", IMA),  # no entry's case: a plain unexplained problem
+        ],
+    )
+    argv = ("audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites")
+    code, out, _ = run(capsys, *argv)
+    assert code == 0  # an unexplained problem fails only --strict
+    assert "4 records: 4 problems, 1 explained, 3 unexplained" in out
+    assert "2 of the unexplained are an entry's cases in a status or with a message the entry does not list" in out
+    assert "kern.toml[0]: explains 1 records (1 cases), claims 0 passes" in out and "unlisted 2" in out
+    assert "UNLISTED error (1 records, 1 cases; the entry lists fail): AcceleratorError: CUDA error: an illegal" in out
+    assert "UNLISTED crash (1 records, 1 cases; the entry lists fail): worker killed by SIGSEGV" in out
+    groups = out.split("unexplained problems, by backend and signature:")[1]
+    assert "1 records,   1 cases | error | paged NHD | plain | AcceleratorError" in groups
+    assert groups.count(" records, ") == 1 and "_d64_" in groups  # the unlisted ones are not listed twice
+    code, out, _ = run(capsys, *argv, "--json")
+    data = json.loads(out)
+    assert (data["unexplained"], data["unlisted"], data["explained"]) == (3, 2, 1)
+    (first, _) = data["entries"]
+    assert [(u["status"], u["reason"][:16]) for u in first["unlisted"]] == [
+        ("error", "AcceleratorError"),
+        ("crash", "worker killed by"),
+    ]
+    assert [g["records"] for g in data["unexplained_groups"]] == [1]
+    code, _, _ = run(capsys, *argv, "--strict")
+    assert code == 1
+
+
+def test_an_entry_explains_an_error_only_with_its_message(tmp_path: Path, ledger_dir: Path, capsys) -> None:
+    """messages = { error = ... }: the kernel's message explains an error of the entry's case; another message (an
+    adapter's shape error, say) is unlisted; a harness error (inputs or reference) is never the kernel's."""
+    (ledger_dir / "kern.toml").write_text(
+        LEDGER.replace(
+            'versions = ">=1.0"',
+            'versions = ">=1.0"\nstatuses = ["fail", "error"]\n'
+            'messages = { error = ["illegal memory access", "misaligned address"] }',
+        )  # fmt: skip
+    )
+    runs = write_reasons(
+        tmp_path / "m.jsonl",
+        [
+            (case(), "error", IMA),
+            (case(requests=((3, 50),)), "error", "AcceleratorError: CUDA error: misaligned address"),
+            (case(requests=((4, 60),)), "error", "RuntimeError: shape '[1, 3, 1, 16]' is invalid"),
+            (case(requests=((5, 70),)), "error", "harness error (inputs or reference), not the kernel: " + IMA),
+            (case(requests=((6, 80),)), "fail", "max_error: too far"),  # no message for fail: any reason
+        ],
+    )
+    code, out, _ = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites", "--json")
+    data = json.loads(out)
+    assert (data["problems"], data["explained"], data["unexplained"], data["unlisted"]) == (5, 3, 2, 1)
+    (first, _) = data["entries"]
+    assert first["messages"] == {"error": ["illegal memory access", "misaligned address"]}
+    assert [u["reason"][:12] for u in first["unlisted"]] == ["RuntimeError"]
+    (group,) = data["unexplained_groups"]  # the harness error: a problem of no entry, in a group of its own
+    assert "harness error" in group["signature"]
+    code, out, _ = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites")
+    assert "the entry lists fail, error 'illegal memory access' 'misaligned address'" in out

@@ -200,6 +200,31 @@ def test_derived_fields_of_the_kernels() -> None:
     assert v(cp).value("rows_without_keys") == 0 and v(cp).value("keys_left_of_window") == 0
     assert v(case(requests=((10, 10),), window=(2, 0))).value("keys_left_of_window") == 7
 
+    # FA3's one-MMA-warpgroup rule (d128, max_seqlen_q x group <= 64) across a batch invariance's calls: a decode
+    # beside 200-token prefills switches (graphs' failing case), request 0 the longest or a d64 batch does not
+    inv = case(
+        requests=((1, 2000), (200, 200), (64, 600)), num_heads=32, num_kv_heads=8, head_dim=128, invariance="batch"
+    )
+    assert v(inv).value("fa3_one_mma_wg_switch")
+    assert not v(inv.replace(requests=((200, 200), (1, 2000), (64, 600)))).value("fa3_one_mma_wg_switch")
+    assert not v(inv.replace(head_dim=64)).value("fa3_one_mma_wg_switch")
+    assert not v(inv.replace(requests=((1, 300), (8, 8), (16, 40)))).value("fa3_one_mma_wg_switch")  # 16 x 4 <= 64
+    assert v(inv.replace(requests=((1, 300), (8, 8), (17, 40)))).value("fa3_one_mma_wg_switch")  # 17 x 4 > 64
+    assert not v(inv.replace(invariance="")).value("fa3_one_mma_wg_switch")
+    # the same rows rule at any head dim, for a neighbour too: group 7, the neighbour grows from 9 (63 rows) to 10 (70)
+    grow = case(requests=((1, 3000), (129, 1100)), num_heads=14, num_kv_heads=2, head_dim=64, invariance="neighbour")
+    assert v(grow).value("fa3_group_rows_switch") and v(grow).value("invariance_max_q_len_varies")
+    assert not v(grow.replace(requests=((64, 3000), (129, 1100)))).value("fa3_group_rows_switch")  # 64 x 7 > 64 always
+    assert v(inv.replace(head_dim=64)).value("fa3_group_rows_switch")
+    assert not v(inv.replace(requests=((1, 300), (8, 8), (16, 40)))).value("fa3_group_rows_switch")  # 16 x 4 <= 64
+    assert not v(grow.replace(invariance="run")).value("fa3_group_rows_switch")
+    # an invariance's calls differ in their longest q_len when request 0 is shorter than the batch's longest query
+    assert v(inv).value("invariance_max_q_len_varies") and v(inv.replace(head_dim=256)).value(
+        "invariance_max_q_len_varies"
+    )
+    assert not v(inv.replace(requests=((200, 200), (1, 2000)))).value("invariance_max_q_len_varies")
+    assert not v(inv.replace(invariance="")).value("invariance_max_q_len_varies")
+
 
 @pytest.mark.parametrize(
     "when, text",

@@ -304,7 +304,19 @@ ANY = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=6,
 )
-KEYS = ["reason", "when", "pattern", "glob_reason", "evidence", "statuses", "versions", "flaky", "partial", "x"]
+KEYS = [
+    "reason",
+    "when",
+    "pattern",
+    "glob_reason",
+    "evidence",
+    "statuses",
+    "messages",
+    "versions",
+    "flaky",
+    "partial",
+    "x",
+]
 
 
 @settings(max_examples=300, deadline=None)

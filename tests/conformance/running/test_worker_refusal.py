@@ -90,3 +90,39 @@ def test_a_worker_over_its_share_of_the_gpu_empties_its_cache_between_cases(monk
     w = worker_mod._Worker()
     state["reserved"] = int(80 * 2**30 * 0.9) - 1  # alone on the GPU (a bad value counts as 1)
     assert not w.trim_cuda_cache("cuda:0")
+
+
+def test_a_backend_lost_after_the_run_began_is_an_error_not_a_refusal(tmp_path) -> None:
+    """Before: a GPU that faulted and refused new workers turned every remaining pair into 'unsupported: not
+    available here' (1,054 pairs of an H100 probe, issue 31's ledger work): the run then judged less and said so
+    nowhere.  The run's describe step found the backend available, so a worker that does not is an error."""
+    from conformance.cli import main
+    from conformance.results_file import read_records
+    from tests.conformance.fakes import LostDeviceBackend
+
+    case = _case()
+    w = worker_mod._Worker()
+    LostDeviceBackend.asked = 1  # the describe step has asked already
+    plain = w.check(_request(case, f"{FAKES}:LostDeviceBackend"))["result"]
+    assert plain["status"] == Status.UNSUPPORTED.value  # not known to have been available: a refusal
+    w = worker_mod._Worker()
+    lost = w.check({**_request(case, f"{FAKES}:LostDeviceBackend"), "available": True})["result"]
+    assert lost["status"] == Status.ERROR.value
+    assert "not available in this worker, though it was when the run began" in lost["reason"]
+    assert "planted: the device was lost" in lost["reason"]
+    out = tmp_path / "r.jsonl"
+    args = ["run", "--backend", f"{FAKES}:LostDeviceBackend", "--device", "cpu", "--jobs", "1", "--no-progress"]
+    assert (
+        main(
+            [
+                *args,
+                "--case-json",
+                '{"requests": [[1, 4]], "head_dim": 16, "num_heads": 1, "num_kv_heads": 1}',
+                "--out",
+                str(out),
+            ]
+        )
+        == 1
+    )
+    _, (record,) = read_records(out)
+    assert record.status == Status.ERROR and "though it was when the run began" in record.reason
