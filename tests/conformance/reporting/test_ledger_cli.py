@@ -271,3 +271,51 @@ def test_an_entry_explains_an_error_only_with_its_message(tmp_path: Path, ledger
     assert "harness error" in group["signature"]
     code, out, _ = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites")
     assert "the entry lists fail, error 'illegal memory access' 'misaligned address'" in out
+
+
+def test_audit_json_states_the_run_and_each_unexplained_group_in_full(tmp_path: Path, ledger_dir: Path, capsys) -> None:
+    """``--json``'s top level and its unexplained groups, key by key (mutmut survivors of ``Audit.to_json`` and
+    ``Group.to_json``): what a CI job reads to tell a clean audit from one with new problems."""
+    reason = "max_error: |out-ref| 0.7 at (token 1, head 1, dim 0)"
+    a, b = case(head_dim=112, requests=((3, 30),)), case(head_dim=128, requests=((3, 30),))
+    runs = write_reasons(
+        tmp_path / "a.jsonl",
+        [
+            (case(), "fail", "max_error: too far"),
+            (a, "fail", reason),
+            (b, "fail", reason),
+            (case(head_dim=64), "pass", ""),
+        ],
+    )
+    code, out, _ = run(capsys, "audit", str(runs), "--ledger-dir", str(ledger_dir), "--no-suites", "--json")
+    assert code == 0  # not --strict
+    got = json.loads(out)
+    got.pop("entries")
+    assert got == {
+        "files": [str(runs)],
+        "records": 4,
+        "problems": 3,
+        "explained": 1,
+        "unexplained": 2,
+        "unlisted": 0,
+        "passes_claimed": 0,
+        "explained_at_unknown_version": 0,
+        "skipped_lines": {},
+        "nonfinite_passes": 0,
+        "duplicates_dropped": {},
+        "notes": [],
+        "stale": ["ledgers/kern.toml[1]"],  # the flaky entry matched nothing here
+        "unexplained_groups": [
+            {
+                "backend": "kern",
+                "signature": f"fail | paged NHD | plain | {reason}",
+                "records": 2,
+                "cases": 2,
+                "head_dims": [112, 128],
+                "examples": [
+                    {"file": str(runs), "case_id": a.id, "reason": reason},
+                    {"file": str(runs), "case_id": b.id, "reason": reason},
+                ],
+            }
+        ],
+    }
