@@ -319,3 +319,36 @@ def test_audit_json_states_the_run_and_each_unexplained_group_in_full(tmp_path: 
             }
         ],
     }
+
+
+def test_a_signature_names_status_layout_modes_keyless_rows_and_what_failed() -> None:
+    """The unexplained groups' key, part by part (mutmut survivors of ``signature`` and ``_first_line``)."""
+    import dataclasses
+
+    from conformance.records import ErrorStats
+    from conformance.reporting.ledger_audit import signature
+
+    def rec(c, status="fail", reason="", stats=None):
+        return CheckResult(c.id, "kern", "fam", Status(status), c.to_json(), reason=reason, stats=stats)
+
+    plain = case(kv_layout="contiguous", block_size=None)
+    assert (
+        signature(rec(plain, reason="RuntimeError: boom\n  at line 2"))
+        == "fail | contiguous | plain | RuntimeError: boom"
+    )
+    long = "x  y\t" + "z" * 80
+    assert signature(rec(plain, "error", long)) == "error | contiguous | plain | " + ("x y " + "z" * 80)[:60]
+    modes = case(causal=True, window=(4, 0), softcap=30.0, requests=((5, 3),))  # sq > sk: the top rows see no key
+    got = signature(rec(modes, reason="r"))
+    assert got == "fail | paged NHD | causal window softcap sq_gt_sk | keyless rows | r"
+    stats = ErrorStats(1.0, 1.0, 1.0, (0, 0, 0), 0.0, 9.0, 0.1, 0.1, 0.1, 1.0)
+    checked = rec(
+        case(),
+        reason="ignored when checks failed",
+        stats=dataclasses.replace(stats, failed_checks=["max_error", "lse"]),
+    )
+    assert signature(checked) == "fail | paged NHD | plain | max_error+lse"
+    nocase = CheckResult("x", "kern", "fam", Status.ERROR, {"requests": "bad"}, reason="E")
+    assert signature(nocase) == "error | no case | E"
+    engine = case(kv_layout="contiguous", block_size=None).replace(engine="vllm_v1_fa", scenario="prefill")
+    assert signature(rec(engine, reason="r")).startswith("fail | engine vllm_v1_fa | contiguous | ")
