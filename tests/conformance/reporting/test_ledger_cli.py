@@ -352,3 +352,33 @@ def test_a_signature_names_status_layout_modes_keyless_rows_and_what_failed() ->
     assert signature(nocase) == "error | no case | E"
     engine = case(kv_layout="contiguous", block_size=None).replace(engine="vllm_v1_fa", scenario="prefill")
     assert signature(rec(engine, reason="r")).startswith("fail | engine vllm_v1_fa | contiguous | ")
+
+
+def test_unlisted_records_are_stated_in_full_and_grouped_largest_first(tmp_path: Path, ledger_dir: Path) -> None:
+    """Each unlisted record's file, case, version, status and reason (cut at 200), and the groups the text output
+    shows: by status and the reason's first line, the largest first, then by status and message (mutmut survivors
+    of ``EntryAudit.to_json`` and ``unlisted_groups``)."""
+    from conformance.reporting.ledger import load_ledger_dir
+    from conformance.reporting.ledger_audit import audit
+
+    long = "E" * 250
+    runs = write_reasons(
+        tmp_path / "u.jsonl",
+        [
+            (case(requests=((3, 50),)), "error", "worker: one"),
+            (case(requests=((4, 60),)), "timeout", long),
+            (case(requests=((5, 70),)), "timeout", long),
+            (case(requests=((6, 80),)), "crash", "a crash"),
+        ],
+    )
+    result = audit(load_ledger_dir(ledger_dir), [runs], suites=False)
+    first = result.entries[0]
+    assert first.to_json()["unlisted"][1] == {
+        "file": str(runs),
+        "case_id": case(requests=((4, 60),)).id,
+        "version": "1.0",
+        "status": "timeout",
+        "reason": "E" * 200,
+    }
+    groups = [(s, m, len(rs)) for s, m, rs in first.unlisted_groups()]
+    assert groups == [("timeout", "E" * 60, 2), ("crash", "a crash", 1), ("error", "worker: one", 1)]
