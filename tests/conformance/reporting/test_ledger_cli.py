@@ -382,3 +382,23 @@ def test_unlisted_records_are_stated_in_full_and_grouped_largest_first(tmp_path:
     }
     groups = [(s, m, len(rs)) for s, m, rs in first.unlisted_groups()]
     assert groups == [("timeout", "E" * 60, 2), ("crash", "a crash", 1), ("error", "worker: one", 1)]
+
+
+def test_the_audit_adds_up_over_files_and_reads_files_without_a_header(tmp_path: Path, ledger_dir: Path) -> None:
+    """Counts accumulate over every file (records, problems, explained, per-entry files, explained records whose
+    version is not a PEP 440 one), and a file of records without a header line is read (mutmut survivors of
+    ``audit``'s accumulators and ``need_header=False``)."""
+    from conformance.reporting.ledger import load_ledger_dir
+    from conformance.reporting.ledger_audit import audit
+
+    one = write_reasons(tmp_path / "one.jsonl", [(case(), "fail", "r"), (case(requests=((3, 50),)), "fail", "r")])
+    bare = tmp_path / "bare.jsonl"  # records only: no header line
+    c = case(requests=((4, 60),))
+    append_record(bare, CheckResult(c.id, "kern", "fam", Status.FAIL, c.to_json(), version="not installed", reason="r"))
+    append_record(
+        bare, CheckResult(case(head_dim=64).id, "kern", "fam", Status.FAIL, case(head_dim=64).to_json(), reason="r")
+    )
+    result = audit(load_ledger_dir(ledger_dir), [one, bare], suites=False)
+    assert (result.records, result.problems, result.explained) == (4, 4, 3)
+    assert result.unknown_version == 1 and result.unexplained_count == 1
+    assert result.entries[0].to_json()["files"] == {str(bare): 1, str(one): 2}
