@@ -402,3 +402,16 @@ def test_the_audit_adds_up_over_files_and_reads_files_without_a_header(tmp_path:
     assert (result.records, result.problems, result.explained) == (4, 4, 3)
     assert result.unknown_version == 1 and result.unexplained_count == 1
     assert result.entries[0].to_json()["files"] == {str(bare): 1, str(one): 2}
+
+
+def test_an_unexplained_group_shows_three_examples_with_their_reasons_cut_at_200(tmp_path: Path) -> None:
+    """(mutmut survivors of ``Group.to_json``: the example count and the reason's cut)."""
+    from conformance.reporting.ledger import Ledger
+    from conformance.reporting.ledger_audit import audit
+
+    reason = "max_error: " + "x" * 300
+    runs = write_reasons(tmp_path / "g.jsonl", [(case(requests=((n, 40),)), "fail", reason) for n in (1, 2, 3, 4)])
+    (group,) = audit(Ledger([]), [runs], suites=False).unexplained
+    data = group.to_json()
+    assert data["records"] == 4 and data["cases"] == 4
+    assert [len(e["reason"]) for e in data["examples"]] == [200, 200, 200]
