@@ -14,7 +14,7 @@ from attnfast.registry import get_backend
 from attnfast.sdpa import sdpa_choices
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
-from conformance.records import CheckResult, ErrorStats, Status
+from conformance.records import CheckResult, Status
 from conformance.reporting.compare import compare_results, numbers_moved
 from conformance.reporting.compare_markdown import render_markdown
 from conformance.reporting.compare_summary import to_json
@@ -22,27 +22,15 @@ from conformance.reporting.variant_table import MAX_VARIANTS, variant_label, var
 from conformance.results_writer import append_record
 from conformance.verdict.check import check_backend, prepare_context
 from tests.conformance.reporting.test_compare import HEADER
+from tests.conformance.reporting.test_compare import rec as compare_rec
 
 CASE = AttentionCase(((3, 20), (4, 12)), num_heads=4, num_kv_heads=2, head_dim=16, dtype="bf16", causal=True)
 
 
 def rec(case_id: str, variant: dict | None, max_abs: float = 0.1, status: str = "pass") -> CheckResult:
-    stats = ErrorStats(
-        max_abs=max_abs,
-        max_rel=max_abs,
-        mean_abs=max_abs,
-        worst=(0, 0, 0),
-        mismatch_frac=0.0,
-        error_ratio=max_abs,
-        baseline_max_abs=1.0,
-        baseline_mean_abs=1.0,
-        allowed_max_abs=1.0,
-        cosine=1.0,
-    )
+    """test_compare's record of family ``k`` (every error statistic ``max_abs``), naming ``variant``."""
     extra = {} if variant is None else {"variant": variant}
-    return CheckResult(
-        case_id=case_id, backend="k-x", family="k", status=Status(status), case={}, stats=stats, extra=extra
-    )
+    return dataclasses.replace(compare_rec(case_id, status, family="k", ratio=max_abs), extra=extra)
 
 
 # ------------------------------------------------------------------------------------------------ adapters
