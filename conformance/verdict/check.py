@@ -241,20 +241,28 @@ def output_digest(result: KernelOutput) -> str:
     and a chunk's int64 temporaries stay at 128 MiB whatever the output's size).  Hex, ``out:lse`` (``-`` for no
     LSE)."""
 
-    def one(t: torch.Tensor | None) -> str:
-        if t is None:
-            return "-"
+    def sums(t: torch.Tensor) -> tuple[list[torch.Tensor], int]:
+        """Each chunk's ``sum(v)`` and ``sum(v * w)`` as 0-d int64 tensors (not read yet), and the word count."""
         flat = t.detach().contiguous().view(-1)
         words = flat.view(torch.int16) if flat.element_size() % 2 == 0 else flat
-        total = weighted = 0
+        parts = []
         for start in range(0, words.numel(), _DIGEST_CHUNK):
             v = words[start : start + _DIGEST_CHUNK].to(torch.int64)
             w = torch.arange(start, start + v.numel(), device=v.device, dtype=torch.int64) % _DIGEST_PERIOD + 1
-            total += int(v.sum())
-            weighted += int((v * w).sum())
-        return f"{total & (2**64 - 1):x}.{weighted & (2**64 - 1):x}.{words.numel()}"
+            parts += [v.sum(), (v * w).sum()]
+        return parts, words.numel()
 
-    return f"{one(result.out)}:{one(result.lse)}"
+    def text(parts: list[int], numel: int) -> str:
+        total, weighted = sum(parts[0::2]), sum(parts[1::2])
+        return f"{total & (2**64 - 1):x}.{weighted & (2**64 - 1):x}.{numel}"
+
+    # one host read per tensor (each waits for the device): the chunks' int64 sums stacked, added up in Python
+    out = [text(*_read_ints(*sums(t))) if t is not None else "-" for t in (result.out, result.lse)]
+    return ":".join(out)
+
+
+def _read_ints(parts: list[torch.Tensor], numel: int) -> tuple[list[int], int]:
+    return (torch.stack(parts).tolist() if parts else []), numel
 
 
 def refusal(

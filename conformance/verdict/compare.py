@@ -54,17 +54,28 @@ def _as_ref(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return on_device.to(ref.dtype)
 
 
-def _masked_max(x: torch.Tensor, keep: torch.Tensor) -> float:
-    return float(torch.where(keep, x, torch.zeros_like(x)).max()) if x.numel() else 0.0
+def _masked_max_t(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The largest of ``x`` where ``keep`` (0 where nothing is kept, or for an empty ``x``), as a 0-d tensor."""
+    return torch.where(keep, x, torch.zeros_like(x)).max() if x.numel() else x.new_zeros(())
+
+
+def _read(*values: torch.Tensor) -> list[float]:
+    """0-d tensors of one device as Python floats, in one host read (one wait for the device).  Exact: every value
+    is float32/float64 (widened to float64 without rounding) or an integer below 2^53."""
+    return torch.stack([v.to(torch.float64) for v in values]).tolist()
+
+
+def _cosine(dot: float, r_norm: float, o_norm: float) -> float:
+    if r_norm == 0:
+        return math.nan
+    return dot / (r_norm * o_norm) if o_norm else 0.0
 
 
 def cosine_similarity(o: torch.Tensor, r: torch.Tensor) -> float:
     """Cosine similarity of the flattened tensors in fp64 (fp32 sums lose the 1e-6 it must resolve); NaN if ref is 0."""
     o64, r64 = o.double().flatten(), r.double().flatten()
-    r_norm, o_norm = float(r64.norm()), float(o64.norm())
-    if r_norm == 0:
-        return math.nan
-    return float(o64 @ r64) / (r_norm * o_norm) if o_norm else 0.0
+    r_norm, o_norm, dot = _read(r64.norm(), o64.norm(), o64 @ r64)
+    return _cosine(dot, r_norm, o_norm)
 
 
 def compare_details(
@@ -88,25 +99,39 @@ def compare_details(
 
     berr = (_as_ref(base[0], r) - r).abs()
     bfin = torch.isfinite(berr)  # a non-finite baseline element must not widen the bound: left out
-    base_nonfinite = {"out": int((~bfin & torch.isfinite(r)).sum()), "lse": 0}
-    b_max = _masked_max(berr, bfin)
-    b_mean = float(torch.where(bfin, berr, 0.0).sum()) / max(n, 1)
+    # Two host reads for the statistics (each read waits for the GPU, and behind the other processes sharing it):
+    # the baseline's, which the bound needs, then the kernel's.  Each value is the reduction the text names.
+    base_out_nonfinite, b_max, b_sum = _read(
+        (~bfin & torch.isfinite(r)).sum(),
+        _masked_max_t(berr, bfin),
+        torch.where(bfin, berr, 0.0).sum(),
+    )
+    base_nonfinite = {"out": int(base_out_nonfinite), "lse": 0}
+    b_mean = b_sum / max(n, 1)
     finite = torch.isfinite(o)
     err = torch.where(finite, (o - r).abs(), math.inf)
     allowed_max = tol.factor * b_max + tol.atol
     allowed = allowed_max + tol.rtol * r.abs()
     ratio = err / allowed.clamp_min(torch.finfo(ct).tiny)
-    # no mutate: with n == 0 worst_flat is never read (worst is (-1, -1, -1) and max_error cannot fail)
-    worst_flat = int(ratio.argmax()) if n else 0  # pragma: no mutate
-    error_ratio = float(ratio.max()) if n else 0.0
-    over = int((ratio > 1).sum())
+    zero_rows = (r == 0).all(dim=-1)  # (total_q, h): fully masked rows, output exactly 0
+    row_err = err.amax(dim=-1) if dv else r.new_zeros(zero_rows.shape)
+    bad_rows = zero_rows & (row_err > tol.atol)
+    o64, r64 = o.double().flatten(), r.double().flatten()
+    kernel_stats = [bad_rows.sum(), r64.norm(), o64.norm(), o64 @ r64, (~finite & torch.isfinite(r)).sum()]
+    if n:  # the largest ratio, its index, the count over, the errors' max, mean and largest relative error
+        rel_err = err / r.abs().clamp_min(max(tol.atol, torch.finfo(ct).tiny))
+        kernel_stats += [ratio.argmax(), ratio.max(), (ratio > 1).sum(), err.max(), err.mean(), rel_err.max()]
+    read = _read(*kernel_stats)
+    rows_over, r_norm, o_norm, dot, nonfinite = read[0], read[1], read[2], read[3], int(read[4])
+    if n:
+        # no mutate: with n == 0 worst_flat is never read (worst is (-1, -1, -1) and max_error cannot fail)
+        worst_flat = int(read[5])  # pragma: no mutate
+        error_ratio, over, max_abs, mean_abs, max_rel = read[6], int(read[7]), read[8], read[9], read[10]
+    else:
+        worst_flat, error_ratio, over, max_abs, mean_abs, max_rel = 0, 0.0, 0, 0.0, 0.0, 0.0
     mismatch_frac = over / n if n else 0.0
-    max_abs = float(err.max()) if n else 0.0
-    mean_abs = float(err.mean()) if n else 0.0
-    max_rel = float((err / r.abs().clamp_min(max(tol.atol, torch.finfo(ct).tiny))).max()) if n else 0.0
-    nonfinite = int((~finite & torch.isfinite(r)).sum())
     # no mutate: the guard only saves work; cosine_similarity of an output with a NaN/Inf is NaN anyway (inf/inf, nan)
-    cosine = cosine_similarity(o, r) if not nonfinite else math.nan  # pragma: no mutate
+    cosine = _cosine(dot, r_norm, o_norm) if not nonfinite else math.nan  # pragma: no mutate
     mean_allowed = tol.mean_factor * b_mean + tol.mean_atol
 
     details: dict[str, str] = {}
@@ -134,13 +159,10 @@ def compare_details(
         details["cosine"] = f"cosine: similarity {cosine:.6f} < min_cosine {tol.min_cosine:g}"
 
     masked_notes: list[str] = []
-    zero_rows = (r == 0).all(dim=-1)  # (total_q, h): fully masked rows, output exactly 0
-    row_err = err.amax(dim=-1) if dv else r.new_zeros(zero_rows.shape)
-    bad_rows = zero_rows & (row_err > tol.atol)
-    if bool(bad_rows.any()):
+    if rows_over:
         t, hh = (int(x) for x in torch.nonzero(bad_rows)[0])
         masked_notes.append(
-            f"{int(bad_rows.sum())} fully masked rows not 0, first at (token {t}, head {hh}) "
+            f"{int(rows_over)} fully masked rows not 0, first at (token {t}, head {hh}) "
             f"with max|out| {float(row_err[t, hh]):.1e} > atol {tol.atol:.1e}"
         )
 
@@ -200,41 +222,47 @@ def _compare_lse(ref_lse: torch.Tensor, base_lse: torch.Tensor, kernel_lse: torc
     live = torch.isfinite(ref_lse)
     masked_note = ""
     bad_masked = ~live & (lk != ref_lse)  # the reference's only non-finite value is -inf
-    if bool(bad_masked.any()):
+    lb = _as_ref(base_lse, ref_lse)
+    b_err = (lb - ref_lse).abs()
+    # One host read for what the bound needs (the baseline's largest error), one for the kernel's statistics.
+    masked_bad, live_rows, b_max = _read(
+        bad_masked.sum(), live.sum(), _masked_max_t(b_err, live & torch.isfinite(b_err))
+    )
+    if masked_bad:
         first = int(torch.nonzero(bad_masked.flatten())[0])
         masked_note = (
-            f"{int(bad_masked.sum())} rows with reference LSE -inf have another kernel LSE, "
+            f"{int(masked_bad)} rows with reference LSE -inf have another kernel LSE, "
             f"first at {where_row(first)}: "
             f"{float(lk.flatten()[first])} (adapters must return -inf, SEMANTICS.md section 4)"
         )
-    if not bool(live.any()):
+    if not live_rows:
         return 0.0, tol.lse_atol, "", masked_note
-    lb = _as_ref(base_lse, ref_lse)
-    b_err = (lb - ref_lse).abs()
-    b_max = _masked_max(b_err, live & torch.isfinite(b_err))
     kernel_finite = torch.isfinite(lk)
     diff = torch.where(live, torch.where(kernel_finite, (lk - ref_lse).abs(), math.inf), 0.0)
     safe_ref = torch.where(live, ref_lse, 0.0)
     allowed = tol.lse_factor * b_max + tol.lse_atol + tol.lse_rtol * safe_ref.abs()
     ratio = diff / allowed.clamp_min(torch.finfo(ct).tiny)
-    max_abs = float(diff.max())
     nonfinite = live & ~kernel_finite
-    if bool(nonfinite.any()):  # fails even under an infinite lse_atol (inf / inf is no ratio)
+    flat_ratio = ratio.flatten()
+    w_t = flat_ratio.argmax()
+    max_abs, nonfinite_rows, w_f, allowed_w, ratio_w = _read(
+        diff.max(), nonfinite.sum(), w_t, allowed.flatten()[w_t], flat_ratio[w_t]
+    )
+    if nonfinite_rows:  # fails even under an infinite lse_atol (inf / inf is no ratio)
         w = int(torch.nonzero(nonfinite.flatten())[0])
         detail = (
-            f"lse: {int(nonfinite.sum())} NaN/Inf LSE where the reference is finite, first at {where_row(w)}: "
+            f"lse: {int(nonfinite_rows)} NaN/Inf LSE where the reference is finite, first at {where_row(w)}: "
             f"kernel {float(lk.flatten()[w])} vs reference {float(ref_lse.flatten()[w]):.6g}"
         )
         return max_abs, float(allowed.flatten()[w]), detail, masked_note
-    w = int(ratio.argmax())
-    allowed_w = float(allowed.flatten()[w])
+    w = int(w_f)
     detail = ""
-    if float(ratio.flatten()[w]) > 1:
+    if ratio_w > 1:
         detail = (
             f"lse: |lse-ref| {float(diff.flatten()[w]):.1e} at {where_row(w)} > allowed {allowed_w:.1e} "
             f"({tol.lse_factor:g} x baseline {b_max:.1e} + lse_atol {tol.lse_atol:.1e} "
             f"+ lse_rtol {tol.lse_rtol:g} x |lse| {float(safe_ref.flatten()[w].abs()):.1e}); "
             f"kernel {float(lk.flatten()[w]):.6g} vs reference {float(ref_lse.flatten()[w]):.6g}; "
-            f"{int((ratio > 1).sum())} of {int(live.sum())} rows over"
+            f"{int((ratio > 1).sum())} of {int(live_rows)} rows over"
         )
     return max_abs, allowed_w, detail, masked_note
