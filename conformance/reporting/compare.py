@@ -107,6 +107,8 @@ class Comparison:
     #: carry one, else by equal max error and LSE error)
     identical_errors: int = 0
     compared_errors: int = 0
+    #: the checked pairs whose outputs are not the same (the ``compared_errors - identical_errors``), in key order
+    numerics_changed: list[Pair] = field(default_factory=list)
     #: of the checked pairs, those both of whose records carry an output digest (compared bit for bit)
     digest_compared: int = 0
     duplicates: int = 0
@@ -284,7 +286,10 @@ def compare_results(
         so, sn = p.old.stats, p.new.stats
         if so is not None and sn is not None:
             cmp.compared_errors += 1
-            cmp.identical_errors += not numbers_moved(p)
+            moved = numbers_moved(p)
+            cmp.identical_errors += not moved
+            if moved:
+                cmp.numerics_changed.append(p)
             cmp.digest_compared += _digest(p.old) is not None and _digest(p.new) is not None
     for p in pairs:
         vo, vn = variant_of(p.old), variant_of(p.new)

@@ -190,6 +190,15 @@ def render_markdown(cmp: Comparison) -> str:
             f"{_moved(p)} | {p.new.status.value} |"
         ),
     )
+    section(
+        "Numerics changed (outputs not the same bits; a regression only where counted above)",
+        cmp.numerics_changed,
+        "| family | case | old status | new status | error ratio |",
+        lambda p: (
+            f"| {p.key[1]} | {p.key[0]} | {p.old.status.value} | {p.new.status.value} | "
+            f"{_ratio(p.old)} -> {_ratio(p.new)} |"
+        ),
+    )
     section("Only in the old file", cmp.only_old, "| family | case |", lambda k: f"| {k[1]} | {k[0]} |")
     section("Only in the new file", cmp.only_new, "| family | case |", lambda k: f"| {k[1]} | {k[0]} |")
     return "\n".join(out) + "\n"

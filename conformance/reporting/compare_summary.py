@@ -138,6 +138,7 @@ def to_json(cmp: Comparison) -> dict[str, object]:
             "compared": cmp.compared_errors,
             "identical": cmp.identical_errors,
             "by_digest": cmp.digest_compared,
+            "changed": [_pair_json(p) for p in cmp.numerics_changed],
         },
         "rules": {
             "ratio_threshold": cmp.ratio_threshold,

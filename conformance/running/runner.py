@@ -261,8 +261,12 @@ def _run(config: RunConfig) -> RunSummary:
             if (pair.case.id, pair.spec) in retried:
                 extra["oom_retry"] = retried[pair.case.id, pair.spec]
             # An ERROR on CUDA may have poisoned the worker's context, and one that ran out of memory holds a
-            # large allocator cache: it is replaced before its next request.
-            restart = record.status is Status.ERROR and (config.device.startswith("cuda") or is_cuda_oom(record))
+            # large allocator cache: it is replaced before its next request; so is one whose kernel wrote into
+            # memory it was not given (check_backend's guard: ``wrote_outside``), which may have hit more than the
+            # case's tensors.
+            restart = (record.status is Status.ERROR and (config.device.startswith("cuda") or is_cuda_oom(record))) or (
+                "wrote_outside" in record.extra
+            )
             clock.judged(extra, reply, time.perf_counter() - t0)
             return replace(record, extra=extra), restart
 

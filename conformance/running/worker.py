@@ -229,6 +229,8 @@ class _Worker:
             self.ctx, self.backend(spec), overrides=self.overrides[tol_key], timer=timer, phases=split
         )
         phases["check_s"] = time.perf_counter() - t0
+        if self.ctx.corrupted:  # a kernel wrote into the context (check_backend's guard): the next backend's is new
+            self.ctx, self.ctx_key = None, None
         kernel = split.get("kernel_s", 0.0)
         if ckey is not None and (spec, ckey) not in self.compiled and kernel > 0:
             self.compiled.add((spec, ckey))

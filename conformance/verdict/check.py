@@ -55,7 +55,8 @@ class CaseContext:
     synchronisation, so GPU work is charged to the phase that queued it).
 
     ``ref_charged`` becomes True once a record has counted ``ref_s`` in its ``harness_s``, so the
-    harness time summed over a case's records counts the reference once.
+    harness time summed over a case's records counts the reference once.  ``fingerprint`` and ``corrupted``: the
+    guard against kernels that write into memory they were not given (:func:`check_backend`).
     """
 
     case: AttentionCase
@@ -67,6 +68,10 @@ class CaseContext:
     ref_s: float
     ref_charged: bool = False
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: :func:`context_fingerprint` before the first kernel call on this context (None until then)
+    fingerprint: dict[str, str] | None = None
+    #: a kernel changed the context (:func:`check_backend`'s guard): no later backend may be judged against it
+    corrupted: bool = False
 
 
 def composition_of(case: AttentionCase) -> Any:
@@ -136,6 +141,19 @@ def repro_command(case: AttentionCase, backend_name: str, device: str, seed: int
         f"attnconf run --backend {shlex.quote(backend_name)} --device {shlex.quote(device)} "
         f"--seed {seed} --case-json {shlex.quote(case_json)}"
     )
+
+
+def _guard(ctx: CaseContext) -> list[str]:
+    """The context's tensors that changed since its fingerprint (sorted names), marking the context corrupted when
+    any did.  The backends get clones of the inputs and never see the reference or baseline, so a change is a
+    kernel writing into memory it was not given (FA2's keyless paged rows did:
+    ``scripts/investigate_fa2_keyless_writes.py``); every later verdict on this context would be wrong."""
+    assert ctx.fingerprint is not None
+    now = context_fingerprint(ctx)
+    changed = sorted(k for k in ctx.fingerprint if now.get(k) != ctx.fingerprint[k])
+    if changed:
+        ctx.corrupted = True
+    return changed
 
 
 def _fresh_inputs(inputs: CaseInputs) -> CaseInputs:
@@ -241,28 +259,84 @@ def output_digest(result: KernelOutput) -> str:
     and a chunk's int64 temporaries stay at 128 MiB whatever the output's size).  Hex, ``out:lse`` (``-`` for no
     LSE)."""
 
-    def sums(t: torch.Tensor) -> tuple[list[torch.Tensor], int]:
-        """Each chunk's ``sum(v)`` and ``sum(v * w)`` as 0-d int64 tensors (not read yet), and the word count."""
-        flat = t.detach().contiguous().view(-1)
-        words = flat.view(torch.int16) if flat.element_size() % 2 == 0 else flat
-        parts = []
-        for start in range(0, words.numel(), _DIGEST_CHUNK):
-            v = words[start : start + _DIGEST_CHUNK].to(torch.int64)
-            w = torch.arange(start, start + v.numel(), device=v.device, dtype=torch.int64) % _DIGEST_PERIOD + 1
-            parts += [v.sum(), (v * w).sum()]
-        return parts, words.numel()
-
-    def text(parts: list[int], numel: int) -> str:
-        total, weighted = sum(parts[0::2]), sum(parts[1::2])
-        return f"{total & (2**64 - 1):x}.{weighted & (2**64 - 1):x}.{numel}"
+    def text(t: torch.Tensor | None) -> str:
+        if t is None:
+            return "-"
+        parts, numel = _digest_parts(t)
+        return _digest_text(_read_ints(parts), numel)
 
     # one host read per tensor (each waits for the device): the chunks' int64 sums stacked, added up in Python
-    out = [text(*_read_ints(*sums(t))) if t is not None else "-" for t in (result.out, result.lse)]
-    return ":".join(out)
+    return f"{text(result.out)}:{text(result.lse)}"
 
 
-def _read_ints(parts: list[torch.Tensor], numel: int) -> tuple[list[int], int]:
-    return (torch.stack(parts).tolist() if parts else []), numel
+def _digest_parts(t: torch.Tensor) -> tuple[list[torch.Tensor], int]:
+    """:func:`output_digest`'s chunk sums of ``t``, ``sum(v)`` and ``sum(v * w)`` for each chunk, as 0-d int64
+    tensors not read yet, and the word count."""
+    flat = t.detach().contiguous().view(-1)
+    words = flat.view(torch.int16) if flat.element_size() % 2 == 0 else flat
+    parts = []
+    for start in range(0, words.numel(), _DIGEST_CHUNK):
+        v = words[start : start + _DIGEST_CHUNK].to(torch.int64)
+        w = torch.arange(start, start + v.numel(), device=v.device, dtype=torch.int64) % _DIGEST_PERIOD + 1
+        parts += [v.sum(), (v * w).sum()]
+    return parts, words.numel()
+
+
+def _digest_text(parts: list[int], numel: int) -> str:
+    total, weighted = sum(parts[0::2]), sum(parts[1::2])
+    return f"{total & (2**64 - 1):x}.{weighted & (2**64 - 1):x}.{numel}"
+
+
+def _context_tensors(ctx: CaseContext) -> dict[str, torch.Tensor]:
+    """Every tensor of the context a backend must not change, by a dotted name: the inputs (the backends get
+    clones), the reference and the baseline (nested dataclasses, tuples, lists and dicts, two levels deep)."""
+    found: dict[str, torch.Tensor] = {}
+
+    def walk(name: str, x: Any, depth: int) -> None:
+        if isinstance(x, torch.Tensor):
+            found[name] = x
+        elif depth >= 3:
+            return
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+            for f in dataclasses.fields(x):
+                if f.name != "case":
+                    walk(f"{name}.{f.name}", getattr(x, f.name), depth + 1)
+        elif isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple (attnref's AttnResult)
+            for field_name, item in zip(x._fields, x):
+                walk(f"{name}.{field_name}", item, depth + 1)
+        elif isinstance(x, (tuple, list)):
+            for i, item in enumerate(x):
+                walk(f"{name}[{i}]", item, depth + 1)
+        elif isinstance(x, dict):
+            for k, item in x.items():
+                walk(f"{name}[{k!r}]", item, depth + 1)
+
+    walk("inputs", ctx.inputs, 0)
+    walk("ref", ctx.ref, 0)
+    walk("base", ctx.base, 0)
+    return found
+
+
+def context_fingerprint(ctx: CaseContext) -> dict[str, str]:
+    """The :func:`output_digest` of every tensor of the context (:func:`_context_tensors`), by name, in one host
+    read per device."""
+    tensors = _context_tensors(ctx)
+    by_device: dict[torch.device, list[tuple[str, list[torch.Tensor], int]]] = {}
+    for name, t in tensors.items():
+        parts, numel = _digest_parts(t)
+        by_device.setdefault(t.device, []).append((name, parts, numel))
+    out: dict[str, str] = {}
+    for rows in by_device.values():
+        values = _read_ints([p for _, parts, _ in rows for p in parts])
+        at = 0
+        for name, parts, numel in rows:
+            out[name] = _digest_text(values[at : at + len(parts)], numel)
+            at += len(parts)
+    return out
+
+
+def _read_ints(parts: list[torch.Tensor]) -> list[int]:
+    return torch.stack(parts).tolist() if parts else []
 
 
 def refusal(
@@ -362,6 +436,8 @@ def check_backend(
 
     tol = resolve(case, backend.name, overrides)
     extra["tolerance"] = tol.fields()
+    if ctx.fingerprint is None:
+        ctx.fingerprint = context_fingerprint(ctx)
     try:
         inputs = _fresh_inputs(ctx.inputs)
         fn = backend.prepare(case, inputs) if engine is None else engine.prepare(case, inputs, backend, ctx.device)
@@ -377,6 +453,14 @@ def check_backend(
             extra["variant"] = dict(variant)
     except Exception as exc:
         return finish(Status.ERROR, _exc_line(exc))
+    changed = _guard(ctx)
+    if changed:
+        extra["wrote_outside"] = changed
+        return finish(
+            Status.FAIL,
+            f"wrote outside its outputs: {', '.join(changed)} of the case changed during the call (memory the "
+            "kernel was not given; the case's inputs and reference are built again for the next backend)",
+        )
     if not isinstance(result, KernelOutput):
         got = type(result).__name__
         return finish(Status.ERROR, f"TypeError: the prepared callable must return KernelOutput, got {got}")
@@ -407,6 +491,16 @@ def check_backend(
             extra["timing_error"] = _exc_line(exc)
         clock["bench"] = time.perf_counter() - t0
         extra["bench_s"] = clock["bench"]
+        changed = _guard(ctx)  # the repetitions call the kernel again
+        if changed:
+            extra["wrote_outside"] = changed
+            return finish(
+                Status.FAIL,
+                f"wrote outside its outputs while timed: {', '.join(changed)} of the case changed (memory the "
+                "kernel was not given; the case's inputs and reference are built again for the next backend)",
+                stats,
+                timing,
+            )
     return finish(Status.PASS, "", stats, timing)
 
 

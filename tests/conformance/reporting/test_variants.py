@@ -179,7 +179,15 @@ def test_output_digest_tells_bits_apart_where_error_statistics_cannot():
     assert (legacy.identical_errors, legacy.digest_compared) == (1, 0)
     assert "0 of 1 pairs checked in both runs are unchanged, every one by its output digest" in render_markdown(other)
     assert "1 by their max error and LSE error only" in render_markdown(legacy)
-    assert to_json(other)["numerics"] == {"compared": 1, "identical": 0, "by_digest": 1}
+    numerics = to_json(other)["numerics"]
+    assert {k: numerics[k] for k in ("compared", "identical", "by_digest")} == {
+        "compared": 1,
+        "identical": 0,
+        "by_digest": 1,
+    }
+    assert [(c["case_id"], c["old_status"], c["new_status"]) for c in numerics["changed"]] == [("x", "pass", "pass")]
+    assert to_json(same)["numerics"]["changed"] == [] and legacy.numerics_changed == []
+    assert "## Numerics changed" in render_markdown(other) and "## Numerics changed" not in render_markdown(same)
 
 
 def test_output_digest_is_the_same_in_chunks(monkeypatch):

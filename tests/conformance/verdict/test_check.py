@@ -55,7 +55,8 @@ _CONTEXTS: dict[str, CaseContext] = {}
 
 
 def ctx_of(name: str) -> CaseContext:
-    """One context per case for the whole module (check_backend never mutates it but ref_charged)."""
+    """One context per case for the whole module (check_backend never mutates it but ref_charged and its guard's
+    fingerprint)."""
     if name not in _CONTEXTS:
         _CONTEXTS[name] = prepare_context(CASES[name], seed=0)
     return _CONTEXTS[name]
@@ -274,6 +275,66 @@ def test_backends_cannot_corrupt_each_others_inputs():
     assert check_backend(ctx, Vandal()).status is Status.PASS
     assert torch.equal(ctx.inputs.k_cache, cache_before)
     assert check_backend(ctx, fakes.ExactBackend()).status is Status.PASS
+
+
+@pytest.mark.parametrize("target", ["ref.out", "inputs.cu_seqlens_q", "base[1]", "inputs.k_cache"])
+def test_a_kernel_writing_memory_it_was_not_given_fails_and_spoils_no_later_verdict(target):
+    """FA2's keyless paged rows wrote into the case's reference and inputs on an H100
+    (scripts/investigate_fa2_keyless_writes.py); the next backend was then judged against garbage.  The guard
+    fingerprints the context before the first call and after each: the writer fails by name, the context is marked
+    corrupted, and the worker builds it again for the next backend."""
+    ctx = prepare_context(CASES["paged_append_bf16"], seed=0)  # its own: this test spoils it
+    victim = {
+        "ref.out": lambda: ctx.ref.out,
+        "inputs.cu_seqlens_q": lambda: ctx.inputs.cu_seqlens_q,
+        "base[1]": lambda: ctx.base[1],
+        "inputs.k_cache": lambda: ctx.inputs.k_cache,
+    }[target]
+
+    class Stray(fakes.ExactBackend):
+        name = "fake-stray-writes"
+
+        def prepare(self, case, inputs):
+            run = super().prepare(case, inputs)
+
+            def stray():
+                result = run()
+                flat = victim().view(-1)
+                flat[-1] = flat[-1] + 1  # one element of memory the kernel was not given
+                return result
+
+            return stray
+
+    assert check_backend(ctx, fakes.ExactBackend()).status is Status.PASS  # takes the fingerprint first
+    result = check_backend(ctx, Stray())
+    assert result.status is Status.FAIL and result.reason.startswith(f"wrote outside its outputs: {target} ")
+    assert result.extra["wrote_outside"] == [target] and ctx.corrupted
+
+
+def test_the_context_guard_sees_every_tensor_and_a_clean_kernel_passes():
+    from conformance.verdict.check import _context_tensors, context_fingerprint
+
+    ctx = ctx_of("paged_append_bf16")
+    names = set(_context_tensors(ctx))
+    assert {"inputs.q", "inputs.k_cache", "inputs.block_table", "ref.out", "ref.lse", "base[0]", "base[1]"} <= names
+    before = context_fingerprint(ctx)
+    assert check_backend(ctx, fakes.ExactBackend()).status is Status.PASS
+    assert context_fingerprint(ctx) == before == ctx.fingerprint and not ctx.corrupted
+
+
+def test_the_worker_builds_a_corrupted_context_again():
+    from conformance.running.worker import _Worker
+
+    case = CASES["causal_bf16"]
+    worker = _Worker()
+    req = {"case": case.to_json(), "backend": "sdpa-cpu", "device": "cpu", "seed": 0}
+    worker.check(req)
+    first = worker.ctx
+    worker.ctx.corrupted = True  # as check_backend's guard leaves it
+    worker.check(req)
+    assert worker.ctx is None or worker.ctx is not first
+    worker.check(req)
+    assert worker.ctx is not None and worker.ctx is not first and not worker.ctx.corrupted
 
 
 def test_adapter_contract_violations():
