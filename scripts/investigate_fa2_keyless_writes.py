@@ -37,7 +37,7 @@ def _tensors(ctx) -> dict[str, torch.Tensor]:
 
 def _prints(ctx) -> dict[str, str]:
     from attnfast.base import KernelOutput
-    from conformance.verdict.check import output_digest
+    from conformance.verdict.fingerprint import output_digest
 
     return {k: output_digest(KernelOutput(t, None)) for k, t in _tensors(ctx).items()}
 
@@ -90,9 +90,7 @@ def main() -> None:
             after = _prints(ctx)
             runs.append({"fa2": status, "changed": sorted(k for k in before if after[k] != before[k])})
         row["fa2_runs"] = runs
-        row["fa3_after_fa2"] = (
-            _status(lambda: check_backend(ctx, fa3)) if fa3.supports(case, "cuda") else "unsupported"
-        )
+        row["fa3_after_fa2"] = _status(lambda: check_backend(ctx, fa3)) if fa3.supports(case, "cuda") else "unsupported"
         rows.append(row)
         print(case_id, row["fa3_first"][:40], [r["changed"] for r in runs], row["fa3_after_fa2"][:60], flush=True)
     out = {

@@ -31,6 +31,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs, make_inputs
 from conformance.records import CheckResult, ErrorStats, Status, Timing
 from conformance.verdict.compare import CHECKS, compare, compare_details
+from conformance.verdict.fingerprint import context_fingerprint, output_digest
 from conformance.verdict.reference import reference
 from conformance.verdict.tolerance import resolve
 
@@ -242,101 +243,6 @@ def declared_support(case: AttentionCase, backend: Backend, device: str) -> Supp
         return backend.supports(case, device)
     declined = composition.refuses(case)
     return Support(False, declined) if declined else composition.supports(case, backend, device)
-
-
-#: ``output_digest``'s weights cycle with this period (a prime: a permutation of the bits changes the digest)
-_DIGEST_PERIOD = 1_000_003
-#: words per chunk of ``output_digest``
-_DIGEST_CHUNK = 1 << 24
-
-
-def output_digest(result: KernelOutput) -> str:
-    """A fingerprint of the kernel's output and LSE bits, for telling identical outputs from equal error
-    statistics (two kernels that both round right give the same max error with other bits).  Computed on the
-    output's device with integer arithmetic only (the same on every device and reduction order): the bits as int16
-    words ``v``, and ``sum(v)`` and ``sum(v * w)`` with weights ``w = i mod 1000003 + 1``, summed in chunks of
-    2^24 words (each term is below 2^35, so a chunk cannot overflow int64; the chunks add up as Python integers,
-    and a chunk's int64 temporaries stay at 128 MiB whatever the output's size).  Hex, ``out:lse`` (``-`` for no
-    LSE)."""
-
-    def text(t: torch.Tensor | None) -> str:
-        if t is None:
-            return "-"
-        parts, numel = _digest_parts(t)
-        return _digest_text(_read_ints(parts), numel)
-
-    # one host read per tensor (each waits for the device): the chunks' int64 sums stacked, added up in Python
-    return f"{text(result.out)}:{text(result.lse)}"
-
-
-def _digest_parts(t: torch.Tensor) -> tuple[list[torch.Tensor], int]:
-    """:func:`output_digest`'s chunk sums of ``t``, ``sum(v)`` and ``sum(v * w)`` for each chunk, as 0-d int64
-    tensors not read yet, and the word count."""
-    flat = t.detach().contiguous().view(-1)
-    words = flat.view(torch.int16) if flat.element_size() % 2 == 0 else flat
-    parts = []
-    for start in range(0, words.numel(), _DIGEST_CHUNK):
-        v = words[start : start + _DIGEST_CHUNK].to(torch.int64)
-        w = torch.arange(start, start + v.numel(), device=v.device, dtype=torch.int64) % _DIGEST_PERIOD + 1
-        parts += [v.sum(), (v * w).sum()]
-    return parts, words.numel()
-
-
-def _digest_text(parts: list[int], numel: int) -> str:
-    total, weighted = sum(parts[0::2]), sum(parts[1::2])
-    return f"{total & (2**64 - 1):x}.{weighted & (2**64 - 1):x}.{numel}"
-
-
-def _context_tensors(ctx: CaseContext) -> dict[str, torch.Tensor]:
-    """Every tensor of the context a backend must not change, by a dotted name: the inputs (the backends get
-    clones), the reference and the baseline (nested dataclasses, tuples, lists and dicts, two levels deep)."""
-    found: dict[str, torch.Tensor] = {}
-
-    def walk(name: str, x: Any, depth: int) -> None:
-        if isinstance(x, torch.Tensor):
-            found[name] = x
-        elif depth >= 3:
-            return
-        elif dataclasses.is_dataclass(x) and not isinstance(x, type):
-            for f in dataclasses.fields(x):
-                if f.name != "case":
-                    walk(f"{name}.{f.name}", getattr(x, f.name), depth + 1)
-        elif isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple (attnref's AttnResult)
-            for field_name, item in zip(x._fields, x):
-                walk(f"{name}.{field_name}", item, depth + 1)
-        elif isinstance(x, (tuple, list)):
-            for i, item in enumerate(x):
-                walk(f"{name}[{i}]", item, depth + 1)
-        elif isinstance(x, dict):
-            for k, item in x.items():
-                walk(f"{name}[{k!r}]", item, depth + 1)
-
-    walk("inputs", ctx.inputs, 0)
-    walk("ref", ctx.ref, 0)
-    walk("base", ctx.base, 0)
-    return found
-
-
-def context_fingerprint(ctx: CaseContext) -> dict[str, str]:
-    """The :func:`output_digest` of every tensor of the context (:func:`_context_tensors`), by name, in one host
-    read per device."""
-    tensors = _context_tensors(ctx)
-    by_device: dict[torch.device, list[tuple[str, list[torch.Tensor], int]]] = {}
-    for name, t in tensors.items():
-        parts, numel = _digest_parts(t)
-        by_device.setdefault(t.device, []).append((name, parts, numel))
-    out: dict[str, str] = {}
-    for rows in by_device.values():
-        values = _read_ints([p for _, parts, _ in rows for p in parts])
-        at = 0
-        for name, parts, numel in rows:
-            out[name] = _digest_text(values[at : at + len(parts)], numel)
-            at += len(parts)
-    return out
-
-
-def _read_ints(parts: list[torch.Tensor]) -> list[int]:
-    return torch.stack(parts).tolist() if parts else []
 
 
 def refusal(

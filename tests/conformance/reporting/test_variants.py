@@ -150,7 +150,7 @@ def test_output_digest_tells_bits_apart_where_error_statistics_cannot():
     round right share those with other bits (smoke on sdpa-cuda against its efficient-only variant: 135 of 135
     'identical' on the H100).  The digest of the output's bits decides where both records carry one."""
     from attnfast.base import KernelOutput
-    from conformance.verdict.check import output_digest
+    from conformance.verdict.fingerprint import output_digest
 
     out = torch.randn(7, 3, 8).to(torch.bfloat16)
     lse = torch.randn(3, 7)
@@ -193,7 +193,7 @@ def test_output_digest_tells_bits_apart_where_error_statistics_cannot():
 def test_output_digest_is_the_same_in_chunks(monkeypatch):
     """Chunking bounds the temporaries; it does not change the digest."""
     from attnfast.base import KernelOutput
-    from conformance.verdict import check
+    from conformance.verdict import fingerprint as check
 
     out = KernelOutput(torch.randn(33, 5, 7), torch.randn(5, 33))
     whole = check.output_digest(out)
