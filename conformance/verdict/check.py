@@ -31,7 +31,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs, make_inputs
 from conformance.records import CheckResult, ErrorStats, Status, Timing
 from conformance.verdict.compare import CHECKS, compare, compare_details
-from conformance.verdict.fingerprint import context_fingerprint, output_digest
+from conformance.verdict.fingerprint import context_tensors, context_fingerprint, digest_of, fingerprints
 from conformance.verdict.reference import reference
 from conformance.verdict.tolerance import resolve
 
@@ -144,13 +144,15 @@ def repro_command(case: AttentionCase, backend_name: str, device: str, seed: int
     )
 
 
-def _guard(ctx: CaseContext) -> list[str]:
+def _guard(ctx: CaseContext, now: dict[str, str] | None = None) -> list[str]:
     """The context's tensors that changed since its fingerprint (sorted names), marking the context corrupted when
-    any did.  The backends get clones of the inputs and never see the reference or baseline, so a change is a
-    kernel writing into memory it was not given (FA2's keyless paged rows did:
-    ``scripts/investigate_fa2_keyless_writes.py``); every later verdict on this context would be wrong."""
+    any did; ``now``: the context's fingerprint taken already (with the kernel output's, in one host read).  The
+    backends get clones of the inputs and never see the reference or baseline, so a change is a kernel writing
+    into memory it was not given (FA2's keyless paged rows did: ``scripts/investigate_fa2_keyless_writes.py``);
+    every later verdict on this context would be wrong."""
     assert ctx.fingerprint is not None
-    now = context_fingerprint(ctx)
+    if now is None:
+        now = context_fingerprint(ctx)
     changed = sorted(k for k in ctx.fingerprint if now.get(k) != ctx.fingerprint[k])
     if changed:
         ctx.corrupted = True
@@ -359,7 +361,13 @@ def check_backend(
             extra["variant"] = dict(variant)
     except Exception as exc:
         return finish(Status.ERROR, _exc_line(exc))
-    changed = _guard(ctx)
+    # one host read for the kernel output's digest and the context's fingerprint (the guard)
+    named: dict[str, torch.Tensor | None] = {}
+    if isinstance(result, KernelOutput) and isinstance(result.out, torch.Tensor):
+        lse = result.lse if isinstance(result.lse, torch.Tensor) else None
+        named = {"kernel out": result.out, "kernel lse": lse}
+    prints = fingerprints({**named, **context_tensors(ctx)})
+    changed = _guard(ctx, {k: v for k, v in prints.items() if not k.startswith("kernel ")})
     if changed:
         extra["wrote_outside"] = changed
         return finish(
@@ -373,7 +381,8 @@ def check_backend(
     problem = _shape_problem(ctx, result)
     if problem:
         return finish(Status.FAIL, problem)
-    extra["digest"] = output_digest(result)
+    if named:
+        extra["digest"] = digest_of({"out": prints["kernel out"], "lse": prints["kernel lse"]})
     t0 = time.perf_counter()
     stats, details, base_nonfinite = compare_details(ctx.ref, ctx.base, result, tol)
     clock["verdict"] = time.perf_counter() - t0

@@ -16,7 +16,7 @@ import torch
 
 from attnfast.base import KernelOutput
 
-__all__ = ["context_fingerprint", "output_digest"]
+__all__ = ["context_fingerprint", "context_tensors", "digest_of", "fingerprints", "output_digest"]
 
 #: ``output_digest``'s weights cycle with this period (a prime: a permutation of the bits changes the digest)
 _DIGEST_PERIOD = 1_000_003
@@ -33,14 +33,12 @@ def output_digest(result: KernelOutput) -> str:
     and a chunk's int64 temporaries stay at 128 MiB whatever the output's size).  Hex, ``out:lse`` (``-`` for no
     LSE)."""
 
-    def text(t: torch.Tensor | None) -> str:
-        if t is None:
-            return "-"
-        parts, numel = _digest_parts(t)
-        return _digest_text(_read_ints(parts), numel)
+    return digest_of(fingerprints({"out": result.out, "lse": result.lse}))
 
-    # one host read per tensor (each waits for the device): the chunks' int64 sums stacked, added up in Python
-    return f"{text(result.out)}:{text(result.lse)}"
+
+def digest_of(prints: dict[str, str]) -> str:
+    """:func:`output_digest` from :func:`fingerprints` of ``{"out": ..., "lse": ...}`` (and maybe more names)."""
+    return f"{prints['out']}:{prints['lse']}"
 
 
 def _digest_parts(t: torch.Tensor) -> tuple[list[torch.Tensor], int]:
@@ -61,7 +59,7 @@ def _digest_text(parts: list[int], numel: int) -> str:
     return f"{total & (2**64 - 1):x}.{weighted & (2**64 - 1):x}.{numel}"
 
 
-def _context_tensors(ctx: Any) -> dict[str, torch.Tensor]:
+def context_tensors(ctx: Any) -> dict[str, torch.Tensor]:
     """Every tensor of the context (a :class:`~conformance.verdict.check.CaseContext`) a backend must not change,
     by a dotted name: the inputs (the backends get clones), the reference and the baseline (nested dataclasses,
     named tuples, tuples, lists and dicts, two levels deep)."""
@@ -93,14 +91,22 @@ def _context_tensors(ctx: Any) -> dict[str, torch.Tensor]:
 
 
 def context_fingerprint(ctx: Any) -> dict[str, str]:
-    """The :func:`output_digest` of every tensor of the context (:func:`_context_tensors`), by name, in one host
+    """The :func:`output_digest` of every tensor of the context (:func:`context_tensors`), by name, in one host
     read per device."""
-    tensors = _context_tensors(ctx)
+    return fingerprints(context_tensors(ctx))
+
+
+def fingerprints(tensors: dict[str, torch.Tensor | None]) -> dict[str, str]:
+    """Each tensor's digest text by name (``-`` for None), in one host read per device: the chunks' int64 sums of
+    every tensor stacked, then added up per tensor in Python."""
     by_device: dict[torch.device, list[tuple[str, list[torch.Tensor], int]]] = {}
+    out: dict[str, str] = {}
     for name, t in tensors.items():
+        if t is None:
+            out[name] = "-"
+            continue
         parts, numel = _digest_parts(t)
         by_device.setdefault(t.device, []).append((name, parts, numel))
-    out: dict[str, str] = {}
     for rows in by_device.values():
         values = _read_ints([p for _, parts, _ in rows for p in parts])
         at = 0

@@ -312,10 +312,10 @@ def test_a_kernel_writing_memory_it_was_not_given_fails_and_spoils_no_later_verd
 
 
 def test_the_context_guard_sees_every_tensor_and_a_clean_kernel_passes():
-    from conformance.verdict.fingerprint import _context_tensors, context_fingerprint
+    from conformance.verdict.fingerprint import context_tensors, context_fingerprint
 
     ctx = ctx_of("paged_append_bf16")
-    names = set(_context_tensors(ctx))
+    names = set(context_tensors(ctx))
     assert {"inputs.q", "inputs.k_cache", "inputs.block_table", "ref.out", "ref.lse", "base[0]", "base[1]"} <= names
     before = context_fingerprint(ctx)
     assert check_backend(ctx, fakes.ExactBackend()).status is Status.PASS
