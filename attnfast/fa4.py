@@ -311,8 +311,13 @@ def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:
     dims (of the padded-V call the kernel sees), query heads per KV head (pack_gqa follows it), the mask
     after FA4's window normalisation (causal with an unbounded left side is causal; any other window is
     local), which window sides stay bounded, paged (``page_table`` and ``seqused_k``, else ``cu_seqlens_k``),
-    whether the page size is FA4's sm_90 key tile (TMA loader) or not, sinks, softcap, split KV.  Sequence
-    lengths, block tables, the scale and the page size among non-tile sizes are runtime arguments."""
+    whether the page size is FA4's sm_90 key tile (TMA loader) or not, sinks, softcap, split KV, and whether every
+    request's queries (times the GQA group when pack_gqa packs them) fit one sm_90 query tile (192 rows at head
+    dims up to 96, else 128): FA4 then compiles its static persistent scheduler (``is_static_persistent`` from
+    ``max_m_blocks_leq_one`` in ``_flash_attn_fwd``), a kernel of its own.  Without this part, the compile
+    phase's one case per key left the other kernel to the checks: 1,262 worker-s of FA4 compiles in a warm
+    ``default`` run on an H100, ``reports/h100-2026-11-26-speed-3/warm6b``.  Other sequence lengths, block
+    tables, the scale and the page size among non-tile sizes are runtime arguments."""
     case = case.padded_v_call()
     causal, local = fa4_sm90_local(case)
     left, right = fa4_causal_window(case)
@@ -331,4 +336,16 @@ def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:
         case.sinks,
         bool(case.softcap),
         (case.num_splits or 1) > 1,
+        fa4_sm90_one_query_tile(case),
     )
+
+
+def fa4_sm90_one_query_tile(case: AttentionCase) -> bool:
+    """Whether the longest request's query rows fit one sm_90 query tile of FA4 (``max_m_blocks_leq_one`` in
+    ``_flash_attn_fwd``, ``flash_attn/cute/interface.py``, 4.0.0b36): ``max_seqlen_q`` times the GQA group (pack_gqa
+    is on whenever the group is over 1) against the tile of ``_tile_size_fwd_sm90``, 192 rows at head dims up to 96
+    and 128 above (q_stage is 1 on sm_90)."""
+    case = case.padded_v_call()
+    group = case.num_heads // case.num_kv_heads
+    rows = max(case.q_lens) * (group if group > 1 else 1)
+    return rows <= (192 if case.head_dim <= 96 else 128)

@@ -186,6 +186,9 @@ def test_compile_key_names_the_kernel_not_the_lengths():
     assert key(base) != key(C([(33, 33)], causal=True, dtype="fp16"))
     assert key(base) != key(C([(33, 33)], causal=True, num_kv_heads=1))  # pack_gqa follows the ratio
     assert key(base) != key(C([(33, 33)], causal=True, sinks=True))
+    # queries beyond one query tile (x the GQA group): FA4's other scheduler, another kernel (max_m_blocks_leq_one)
+    assert key(base) != key(C([(200, 200), (1, 70)], causal=True))
+    assert key(C([(200, 200)], causal=True)) == key(C([(300, 900)], causal=True))
     assert key(C([(33, 33)], window=(16, None))) != key(C([(33, 33)], window=(16, 16)))  # bounded sides
     paged = {b: key(C([(1, 70)], causal=True, kv_layout="NHD", block_size=b)) for b in (16, 64, 128)}
     assert paged[16] == paged[64] != paged[128]  # 128: d64's key tile, the TMA loader
