@@ -29,7 +29,9 @@ def graph_problems(case: Any) -> Iterator[str]:
         yield from _graph_problems(case)
     elif case.graph_fill:
         yield f"graph_fill applies only to a graph case (graph set), got graph_fill={case.graph_fill}"
-    if case.invariance:
+    if not isinstance(case.invariance, str):  # "" is no invariance; None or another type is no kind at all
+        yield f"invariance must be a string, '' or one of {sorted(INVARIANCES)}, got {show(case.invariance)}"
+    elif case.invariance:
         if case.invariance not in INVARIANCES:
             yield f"invariance must be one of {sorted(INVARIANCES)}, got {show(case.invariance)}"
         if case.graph:

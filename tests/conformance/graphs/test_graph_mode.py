@@ -62,6 +62,8 @@ def test_graph_fields_round_trip_and_name_the_case():
         (dict(quant="fp8_e4m3", dtype="bf16"), "graph cannot be combined with quant"),
         (dict(graph=(), graph_fill=1), "graph_fill applies only to a graph case"),
         (dict(invariance="often"), "invariance must be one of"),
+        (dict(invariance=None), "invariance must be a string, '' or one of"),  # None is no kind, not ''
+        (dict(invariance=1), "invariance must be a string"),
     ],
 )
 def test_bad_graph_fields_are_refused_naming_the_field(changes, message):

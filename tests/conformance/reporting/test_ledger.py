@@ -313,3 +313,23 @@ def test_messages_are_read_per_status(tmp_path: Path) -> None:
     )
     (entry,) = load_ledger(tmp_path).entries
     assert entry.messages == (("error", ("illegal memory access", "misaligned address")),)
+
+
+def test_a_record_without_a_reason_carries_no_message(tmp_path: Path) -> None:
+    """``lists`` reads a missing reason (an old record's ``null``) as no text: an entry that asks for a message does
+    not list it, whatever the message (a mutmut survivor read it as a placeholder text)."""
+    import dataclasses
+
+    from conformance.cases.case import AttentionCase
+    from conformance.records import CheckResult, Status
+
+    (tmp_path / "kern.toml").write_text(
+        '[[failure]]\npattern = "*"\nglob_reason = "g"\nreason = "r"\nstatuses = ["error"]\n'
+        'messages = { error = "X" }\n'
+    )
+    (entry,) = load_ledger(tmp_path).entries
+    c = AttentionCase(requests=((3, 3),), num_heads=2, num_kv_heads=1, head_dim=16)
+    r = CheckResult(c.id, "kern", "fam", Status.ERROR, c.to_json(), reason="X marks it")
+    assert entry.lists(r)
+    assert not entry.lists(dataclasses.replace(r, reason=None))
+    assert not entry.lists(dataclasses.replace(r, reason=""))

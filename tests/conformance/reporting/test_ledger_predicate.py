@@ -113,6 +113,12 @@ def test_version_side_tells_newer_from_older(tmp_path: Path) -> None:
     assert [e.version_side(v) for v in ("2.4", "2.4.1", "1.0")] == ["in", "after", "before"]
     e = entry(tmp_path, "[failure.when]\nhead_dim = 80\n", 'versions = "==0.24.*"\n')
     assert [e.version_side(v) for v in ("0.24.1", "0.25.0", "0.23.0")] == ["in", "after", "before"]
+    # the compatible-release and arbitrary-equality operators bound from above too (mutmut survivors)
+    e = entry(tmp_path, "[failure.when]\nhead_dim = 80\n", 'versions = "~=2.8"\n')
+    assert [e.version_side(v) for v in ("2.9", "3.0", "2.7")] == ["in", "after", "before"]
+    e = entry(tmp_path, "[failure.when]\nhead_dim = 80\n", 'versions = "===2.8.3"\n')
+    # 2.8.3.0 equals 2.8.3 as a version but not as the string === asks for: not newer than the bound
+    assert [e.version_side(v) for v in ("2.8.3", "2.8.4", "2.8.2", "2.8.3.0")] == ["in", "after", "before", "before"]
 
 
 @pytest.mark.parametrize(
