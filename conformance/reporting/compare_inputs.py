@@ -114,11 +114,15 @@ def tolerance_of(h: Header) -> tuple[str, str]:
                 layers = None
         if layers is None:
             flags = _flags(typed)
-            return "typed:" + json.dumps(typed, sort_keys=True), f"{flags} (file contents not recorded)"
+            # no mutate: any prefix keeps the kinds of identity apart; ``typed`` is built with its keys in one order
+            ident = "typed:" + json.dumps(typed, sort_keys=True)  # pragma: no mutate
+            return ident, f"{flags} (file contents not recorded)"
     text = json.dumps(layers, sort_keys=True)
     shown = text if len(text) <= 160 else text[:157] + "..."
     flags = _flags(typed)
-    return "layers:" + text, ("the defaults" if not layers else f"overrides {shown}") + (f" ({flags})" if flags else "")
+    # no mutate: any prefix keeps the kinds of identity apart ("unrecorded", "typed:", "layers:")
+    ident = "layers:" + text  # pragma: no mutate
+    return ident, ("the defaults" if not layers else f"overrides {shown}") + (f" ({flags})" if flags else "")
 
 
 def _flags(typed: dict[str, Any]) -> str:
