@@ -1,0 +1,289 @@
+"""conformance.outputs: the edges the broad tests (tests/conformance/test_outputs.py) leave open: where a PNG or
+JSON marker is looked for and where not, the numbered backup of unusual names, and what :func:`move_aside` does
+and says when a hard link, a rename or an unlink fails (those failures are simulated: root ignores permissions).
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import json
+import os
+import re
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from conformance import outputs
+from conformance.exits import OutputError, UsageError
+from conformance.outputs import backup_path, is_own, marker, move_aside, write_bytes
+
+# ---------------------------------------------------------------------------------------------------- PNG
+
+
+def chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+SIG = outputs._PNG_SIGNATURE
+IHDR = chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
+IDAT = chunk(b"IDAT", zlib.compress(b"\x00\x00"))
+IEND = chunk(b"IEND", b"")
+SOFTWARE = b"Software\x00" + marker("report-plot").encode()
+
+
+def test_a_png_whose_head_ends_inside_a_chunk_header_is_still_recognised(tmp_path: Path) -> None:
+    """Only the first 4 KiB of a PNG are read; a chunk header cut by that limit ends the search, the marker before
+    it still counts."""
+    prefix = SIG + IHDR + chunk(b"tEXt", SOFTWARE)
+    filler = chunk(b"prVt", b"\x00" * (outputs._HEAD - 3 - len(prefix) - 12))  # the next header starts 3 bytes short
+    png = prefix + filler + chunk(b"IDAT", b"\x00" * 2000) + IEND
+    assert len(prefix + filler) == outputs._HEAD - 3
+    path = tmp_path / "big.png"
+    path.write_bytes(png)
+    assert is_own(path, "report-plot")
+    short = tmp_path / "short.png"  # the file itself ends 3 bytes into a header
+    short.write_bytes(SIG + IHDR + chunk(b"tEXt", SOFTWARE) + b"\x00\x00\x00")
+    assert is_own(short, "report-plot")
+
+
+def test_a_png_chunk_length_is_unsigned_so_an_enormous_chunk_hides_what_follows(tmp_path: Path) -> None:
+    """A chunk declaring nearly 4 GiB (more than the file holds) swallows the rest: a marker after its header is
+    inside it, never read (a damaged PNG is kept, not replaced)."""
+    bogus = struct.pack(">I", 0xFFFFFFFF) + b"prVt" + b"\x00\x00\x00"
+    path = tmp_path / "damaged.png"
+    path.write_bytes(SIG + IHDR + bogus + chunk(b"tEXt", SOFTWARE) + IDAT + IEND)
+    assert not is_own(path, "report-plot")
+
+
+def test_a_software_chunk_after_the_png_ends_is_not_the_marker(tmp_path: Path) -> None:
+    """The image ends at IEND: bytes appended after it, even a Software chunk, are not part of the image."""
+    path = tmp_path / "appended.png"
+    path.write_bytes(SIG + IHDR + IEND + chunk(b"tEXt", SOFTWARE))
+    assert not is_own(path, "report-plot")
+
+
+@pytest.mark.parametrize("ctype", [b"zTXt", b"iTXt", b"prVt"])
+def test_only_a_text_chunk_carries_the_png_marker(tmp_path: Path, ctype: bytes) -> None:
+    """The marker is a ``tEXt`` chunk; the same bytes in a chunk of another type are not it."""
+    path = tmp_path / "other.png"
+    path.write_bytes(SIG + IHDR + chunk(ctype, SOFTWARE) + IDAT + IEND)
+    assert not is_own(path, "report-plot")
+
+
+# --------------------------------------------------------------------------------------------------- JSON
+
+
+def test_a_json_summary_with_leading_whitespace_is_recognised(tmp_path: Path) -> None:
+    """Whitespace before a JSON summary's opening brace does not hide its key."""
+    body = json.dumps({"attnconf_output": "compare-summary", "x": 1}, indent=1)
+    for lead in ("\n", "  ", "\n\t \n"):
+        path = tmp_path / "s.json"
+        path.write_text(lead + body + "\n")
+        assert is_own(path, "compare-summary") and not is_own(path, "report-summary")
+
+
+def test_a_pretty_printed_summary_is_parsed_whole_whatever_follows_its_head(tmp_path: Path) -> None:
+    """A JSON summary whose first line is not a whole object is parsed whole: its key counts even when the file
+    goes on past the 4 KiB head (here blank lines)."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"attnconf_output": "compare-summary"}, indent=1) + "\n" * 5000)
+    assert path.stat().st_size > outputs._HEAD
+    assert is_own(path, "compare-summary")
+
+
+def test_a_file_that_starts_with_a_whole_json_line_is_decided_by_that_line(tmp_path: Path) -> None:
+    """A first line that is a whole JSON object makes the file JSON lines (a results file): it is own only when it
+    ends within the head; one that goes on past 4 KiB is never own, however it continues."""
+    line = json.dumps({"attnconf_output": "run-summary"}) + "\n"
+    short = tmp_path / "short.json"
+    short.write_text(line + "\n")
+    assert is_own(short, "run-summary")
+    long = tmp_path / "long.json"
+    long.write_text(line + "\n" * 5000)
+    assert not is_own(long, "run-summary")
+
+
+def test_json_larger_than_the_limit_is_never_parsed_and_never_own(tmp_path: Path, monkeypatch) -> None:
+    """A JSON summary of exactly the size limit is parsed and recognised; one byte over is not own (backed up)."""
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"attnconf_output": "compare-summary", "x": [1, 2, 3]}, indent=1))
+    size = path.stat().st_size
+    monkeypatch.setattr(outputs, "_JSON_MAX", size)
+    assert is_own(path, "compare-summary")
+    monkeypatch.setattr(outputs, "_JSON_MAX", size - 1)
+    assert not is_own(path, "compare-summary")
+
+
+def test_a_text_marker_past_the_first_4_kib_does_not_count(tmp_path: Path) -> None:
+    """Only the first 4 KiB of a file are read (a large file is never read whole): a marker line that starts past
+    them, even on the second line, is not seen."""
+    path = tmp_path / "long.md"
+    path.write_text("x" * 5000 + "\n" + marker("compare-md", "html") + "\n")
+    assert not is_own(path, "compare-md")
+    near = tmp_path / "near.md"
+    near.write_text("x" * 4000 + "\n" + marker("compare-md", "html") + "\n")
+    assert is_own(near, "compare-md")
+
+
+# ------------------------------------------------------------------------------------------------ backups
+
+
+def test_backup_names_of_dotted_and_suffix_only_names(tmp_path: Path) -> None:
+    """The number goes before the last suffix (a compound ``.jsonl.gz`` kept whole); a name that is only a
+    compound suffix is a hidden file with a stem of its own."""
+    assert backup_path(tmp_path / "report.v2.md") == tmp_path / "report.v2.1.md"
+    assert backup_path(tmp_path / "r.x.jsonl") == tmp_path / "r.x.1.jsonl"
+    assert backup_path(tmp_path / "r.x.jsonl.gz") == tmp_path / "r.x.1.jsonl.gz"
+    assert backup_path(tmp_path / ".jsonl.gz") == tmp_path / ".jsonl.1.gz"
+    assert backup_path(tmp_path / ".tar.gz") == tmp_path / ".tar.1.gz"
+
+
+def test_only_names_with_the_exact_stem_and_suffix_are_backups(tmp_path: Path, monkeypatch) -> None:
+    """Where globbing ignores case (as on case-insensitive file systems), ``r.5.MD`` is still not a backup of
+    ``r.md``: only the exact stem and suffix count, and every match is looked at."""
+    (tmp_path / "r.5.MD").write_text("")
+    (tmp_path / "r.3.md").write_text("")
+
+    def insensitive(self: Path, pattern: str):
+        rx = re.compile(fnmatch.translate(pattern), re.IGNORECASE)
+        return sorted((p for p in self.iterdir() if rx.match(p.name)), key=lambda p: p.name.islower())
+
+    monkeypatch.setattr(Path, "glob", insensitive)
+    assert [p.name for p in (tmp_path).glob("r.*.md")] == ["r.5.MD", "r.3.md"]
+    assert backup_path(tmp_path / "r.md") == tmp_path / "r.4.md"
+
+
+# -------------------------------------------------------------------------------------------- move_aside
+
+
+def test_move_aside_names_the_option_default_out(tmp_path: Path) -> None:
+    """Without a flag, move_aside's messages name ``--out``: a refusal and a path that cannot be examined."""
+    with pytest.raises(UsageError, match=rf"^--out {re.escape(str(tmp_path))}: is a directory, not a regular file"):
+        move_aside(tmp_path)
+    absent = tmp_path / "absent.md"
+    with pytest.raises(OutputError, match=rf"^--out {re.escape(str(absent))}: cannot be examined: No such file or "):
+        move_aside(absent)
+    with pytest.raises(OutputError) as err:
+        move_aside(absent, "--report")
+    assert str(err.value) == f"--report {absent}: cannot be examined: No such file or directory"
+
+
+def no_hard_links(monkeypatch, err: int) -> None:
+    def link(src, dst, *, follow_symlinks=True):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "link", link)
+
+
+@pytest.mark.parametrize("err", [errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK])
+def test_without_hard_links_the_file_is_renamed_to_its_backup(tmp_path: Path, monkeypatch, err: int) -> None:
+    """On a file system without hard links the file is renamed to its first free backup instead."""
+    path = tmp_path / "r.jsonl"
+    path.write_text("data")
+    no_hard_links(monkeypatch, err)
+    backup = move_aside(path)
+    assert backup == tmp_path / "r.1.jsonl" and backup.read_text() == "data" and not path.exists()
+
+
+def test_without_hard_links_a_number_taken_meanwhile_is_skipped(tmp_path: Path, monkeypatch) -> None:
+    """The rename fallback never overwrites a backup that appeared meanwhile: it takes the next number."""
+    path = tmp_path / "r.jsonl"
+    path.write_text("data")
+    no_hard_links(monkeypatch, errno.EXDEV)
+    real, calls = outputs.backup_path, []
+
+    def racing(p):
+        b = real(p)
+        if not calls:
+            b.write_text("someone else's backup")
+        calls.append(b)
+        return b
+
+    monkeypatch.setattr(outputs, "backup_path", racing)
+    backup = move_aside(path)
+    assert backup == tmp_path / "r.2.jsonl" and backup.read_text() == "data" and not path.exists()
+    assert (tmp_path / "r.1.jsonl").read_text() == "someone else's backup"
+
+
+def test_a_failed_rename_is_exit_3_with_the_reason_and_keeps_the_file(tmp_path: Path, monkeypatch) -> None:
+    """When the rename fallback fails: one line naming the option, the path, the backup and the reason; the file
+    stays where it was."""
+    path = tmp_path / "r.jsonl"
+    path.write_text("data")
+    no_hard_links(monkeypatch, errno.EPERM)
+
+    def rename(self, target):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(Path, "rename", rename)
+    with pytest.raises(OutputError) as exc:
+        move_aside(path, "--json")
+    assert str(exc.value) == f"--json {path}: cannot move it to {tmp_path / 'r.1.jsonl'}: Permission denied"
+    assert path.read_text() == "data" and sorted(os.listdir(tmp_path)) == ["r.jsonl"]
+
+
+def test_a_failed_hard_link_is_exit_3_with_the_reason_and_keeps_the_file(tmp_path: Path, monkeypatch) -> None:
+    """A hard link that fails for another reason than "no hard links here" (an I/O error): one line with the
+    reason, the file untouched and no backup."""
+    path = tmp_path / "r.jsonl"
+    path.write_text("data")
+    no_hard_links(monkeypatch, errno.EIO)
+    with pytest.raises(OutputError) as exc:
+        move_aside(path)
+    assert str(exc.value) == f"--out {path}: cannot move it to {tmp_path / 'r.1.jsonl'}: Input/output error"
+    assert path.read_text() == "data" and sorted(os.listdir(tmp_path)) == ["r.jsonl"]
+
+
+def test_a_backup_whose_original_cannot_be_removed_is_exit_3_and_loses_nothing(tmp_path: Path, monkeypatch) -> None:
+    """Linked to its backup but not removable: one line saying both, and the data is in both places."""
+    path = tmp_path / "r.jsonl"
+    path.write_text("data")
+    real = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self == path:
+            raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+        return real(self, missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(OutputError) as exc:
+        move_aside(path)
+    backup = tmp_path / "r.1.jsonl"
+    assert str(exc.value) == f"--out {path}: backed up to {backup} but cannot be removed: Permission denied"
+    assert path.read_text() == "data" and backup.read_text() == "data"
+
+
+def test_move_aside_gives_up_after_100_numbers_taken_meanwhile(tmp_path: Path, monkeypatch) -> None:
+    """When other processes keep taking the number, move_aside tries 100 numbers, then fails with one line; the
+    file stays."""
+    path = tmp_path / "r.jsonl"
+    path.write_text("data")
+    taken = tmp_path / "r.1.jsonl"
+    taken.write_text("someone else's backup")
+    calls = []
+
+    def always_taken(p):
+        calls.append(p)
+        return taken
+
+    monkeypatch.setattr(outputs, "backup_path", always_taken)
+    with pytest.raises(OutputError) as exc:
+        move_aside(path)
+    assert str(exc.value) == f"--out {path}: no free numbered backup name found"
+    assert len(calls) == 100 and path.read_text() == "data" and taken.read_text() == "someone else's backup"
+
+
+# ------------------------------------------------------------------------------------------------- writes
+
+
+def test_write_bytes_says_so_when_it_keeps_a_file_as_a_backup(tmp_path: Path, capsys) -> None:
+    """Unless told ``quiet``, write_bytes says on stderr which backup kept the file it did not replace."""
+    path = tmp_path / "fig.png"
+    path.write_bytes(b"the user's own picture")
+    write_bytes(path, SIG + IHDR + chunk(b"tEXt", SOFTWARE) + IDAT + IEND, kind="report-plot")
+    assert (tmp_path / "fig.1.png").read_bytes() == b"the user's own picture"
+    assert f"kept it as {tmp_path / 'fig.1.png'}" in capsys.readouterr().err
+    assert is_own(path, "report-plot")
