@@ -18,6 +18,10 @@ def c(**kw) -> AttentionCase:
 
 
 P16 = dict(kv_layout="NHD", block_size=16)
+#: the d64 neighbour probe of fa3-vllm.toml[5] (vLLM #51902): 14 query / 2 KV heads, causal, one split, pages of 16
+D64_NEIGHBOUR = dict(
+    num_heads=14, num_kv_heads=2, head_dim=64, causal=True, num_splits=1, invariance="neighbour", **P16
+)
 
 # (backend, version, the entry's reason starts with, a case of the cause, its neighbour)
 CASES = [
@@ -125,26 +129,8 @@ CASES = [
         "fa3-vllm",
         "0.24.0",
         "with num_splits = 1 at head dim 64 (causal; paged or contiguous)",
-        c(
-            requests=((1, 3000), (129, 1100)),
-            num_heads=14,
-            num_kv_heads=2,
-            head_dim=64,
-            causal=True,
-            num_splits=1,
-            invariance="neighbour",
-            **P16,
-        ),  # fmt: skip
-        c(
-            requests=((64, 3000), (129, 1100)),
-            num_heads=14,
-            num_kv_heads=2,
-            head_dim=64,
-            causal=True,
-            num_splits=1,
-            invariance="neighbour",
-            **P16,
-        ),  # fmt: skip
+        c(requests=((1, 3000), (129, 1100)), **D64_NEIGHBOUR),
+        c(requests=((64, 3000), (129, 1100)), **D64_NEIGHBOUR),
     ),
     # FA2's issue 895, through either entry point; the neighbour has sq < sk
     (
