@@ -344,8 +344,7 @@ def fa4_sm90_one_query_tile(case: AttentionCase) -> bool:
     """Whether the longest request's query rows fit one sm_90 query tile of FA4 (``max_m_blocks_leq_one`` in
     ``_flash_attn_fwd``, ``flash_attn/cute/interface.py``, 4.0.0b36): ``max_seqlen_q`` times the GQA group (pack_gqa
     is on whenever the group is over 1) against the tile of ``_tile_size_fwd_sm90``, 192 rows at head dims up to 96
-    and 128 above (q_stage is 1 on sm_90)."""
-    case = case.padded_v_call()
+    and 128 above (q_stage is 1 on sm_90).  Padding V changes neither."""
     group = case.num_heads // case.num_kv_heads
     rows = max(case.q_lens) * (group if group > 1 else 1)
     return rows <= (192 if case.head_dim <= 96 else 128)

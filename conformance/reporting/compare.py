@@ -103,11 +103,10 @@ class Comparison:
     #: families present in one file only (e.g. a one-backend run compared with a full run): counts
     families_only_old: dict[str, int] = field(default_factory=dict)
     families_only_new: dict[str, int] = field(default_factory=dict)
-    #: checked pairs whose outputs are the same bits (:func:`numbers_moved`: by the output digest where both records
-    #: carry one, else by equal max error and LSE error)
-    identical_errors: int = 0
+    #: pairs with error statistics in both files (checked); of them, those whose outputs differ are
+    #: :attr:`numerics_changed`, the rest :attr:`identical_errors`
     compared_errors: int = 0
-    #: the checked pairs whose outputs are not the same (the ``compared_errors - identical_errors``), in key order
+    #: the checked pairs whose outputs are not the same (:func:`numbers_moved`), in key order
     numerics_changed: list[Pair] = field(default_factory=list)
     #: of the checked pairs, those both of whose records carry an output digest (compared bit for bit)
     digest_compared: int = 0
@@ -138,6 +137,12 @@ class Comparison:
     file_notes: list[str] = field(default_factory=list)
     #: pairs whose kernel variant (``extra["variant"]``) is recorded in both files and differs
     variant_changes: list[Pair] = field(default_factory=list)
+
+    @property
+    def identical_errors(self) -> int:
+        """Checked pairs whose outputs are the same bits (:func:`numbers_moved`: by the output digest where both
+        records carry one, else by equal max error and LSE error)."""
+        return self.compared_errors - len(self.numerics_changed)
 
     @property
     def exit_status(self) -> int:
@@ -286,9 +291,7 @@ def compare_results(
         so, sn = p.old.stats, p.new.stats
         if so is not None and sn is not None:
             cmp.compared_errors += 1
-            moved = numbers_moved(p)
-            cmp.identical_errors += not moved
-            if moved:
+            if numbers_moved(p):
                 cmp.numerics_changed.append(p)
             cmp.digest_compared += _digest(p.old) is not None and _digest(p.new) is not None
     for p in pairs:

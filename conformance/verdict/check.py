@@ -159,6 +159,14 @@ def _guard(ctx: CaseContext, now: dict[str, str] | None = None) -> list[str]:
     return changed
 
 
+def _wrote_outside(changed: list[str], when: str) -> str:
+    """The failure text of a kernel that changed the context's tensors ``changed`` (:func:`_guard`)."""
+    return (
+        f"wrote outside its outputs: {', '.join(changed)} of the case changed {when} (memory the kernel was not "
+        "given; the case's inputs and reference are built again for the next backend)"
+    )
+
+
 def _fresh_inputs(inputs: CaseInputs) -> CaseInputs:
     """A copy whose tensors are clones: whatever the kernel writes stays in its own copy."""
     changes: dict[str, Any] = {k: v.clone() for k, v in vars(inputs).items() if isinstance(v, torch.Tensor)}
@@ -370,11 +378,7 @@ def check_backend(
     changed = _guard(ctx, {k: v for k, v in prints.items() if not k.startswith("kernel ")})
     if changed:
         extra["wrote_outside"] = changed
-        return finish(
-            Status.FAIL,
-            f"wrote outside its outputs: {', '.join(changed)} of the case changed during the call (memory the "
-            "kernel was not given; the case's inputs and reference are built again for the next backend)",
-        )
+        return finish(Status.FAIL, _wrote_outside(changed, "during the call"))
     if not isinstance(result, KernelOutput):
         got = type(result).__name__
         return finish(Status.ERROR, f"TypeError: the prepared callable must return KernelOutput, got {got}")
@@ -409,13 +413,7 @@ def check_backend(
         changed = _guard(ctx)  # the repetitions call the kernel again
         if changed:
             extra["wrote_outside"] = changed
-            return finish(
-                Status.FAIL,
-                f"wrote outside its outputs while timed: {', '.join(changed)} of the case changed (memory the "
-                "kernel was not given; the case's inputs and reference are built again for the next backend)",
-                stats,
-                timing,
-            )
+            return finish(Status.FAIL, _wrote_outside(changed, "while timed"), stats, timing)
     return finish(Status.PASS, "", stats, timing)
 
 
