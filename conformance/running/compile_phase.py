@@ -71,11 +71,16 @@ class CompileStats:
         }
 
     def line(self) -> str:
-        """One line for the end of a run."""
+        """One line for the end of a run (an interrupted phase says how far it got)."""
         longest = f", longest {max(self.compile_s):.1f} s" if self.compile_s else ""
+        stopped = (
+            f"; interrupted after {self.compiled + len(self.failed)} of {self.keys}, the rest not tried"
+            if self.interrupted
+            else ""
+        )
         return (
             f"compile phase: {self.keys} kernel(s) by {self.workers} worker(s) in {self.wall_s:.1f} s "
-            f"({self.worker_s:.1f} worker-s{longest}): {self.compiled} compiled, {len(self.failed)} failed"
+            f"({self.worker_s:.1f} worker-s{longest}): {self.compiled} compiled, {len(self.failed)} failed{stopped}"
         )
 
 
@@ -110,12 +115,17 @@ def run_compile_phase(
     device: str,
     timeout: float,
     on_done: Callable[[CompileTask, dict[str, Any]], None] | None = None,
+    stats: CompileStats | None = None,
 ) -> CompileStats:
     """Compile ``tasks`` on ``clients`` (:class:`~conformance.running.worker_client.WorkerClient`), one task at a
-    time per worker, until none is left; ``on_done(task, outcome)`` after each (the progress bar).
+    time per worker, until none is left; ``on_done(task, outcome)`` after each (the progress bar).  ``stats``, when
+    given, is filled in place (and returned), so that a caller still holds what was compiled when Ctrl-C arrives.
 
-    Ctrl-C stops the workers (killed, so that a long compile does not hold the run) and propagates."""
-    stats = CompileStats(keys=len(tasks), workers=min(len(clients), len(tasks)))
+    Ctrl-C stops the workers (killed, so that a long compile does not hold the run), marks ``stats`` interrupted
+    and propagates."""
+    if stats is None:
+        stats = CompileStats()
+    stats.keys, stats.workers = len(tasks), min(len(clients), len(tasks))
     if not tasks:
         return stats
     queue_ = collections.deque(tasks)
@@ -205,9 +215,10 @@ def compile_first(
     device: str,
     timeout: float,
     progress: bool,
+    stats: CompileStats | None = None,
 ) -> CompileStats:
     """The compile phase of a run: :func:`plan_compiles` over the units' keys, :func:`run_compile_phase` on
-    ``clients``, with a progress bar on stderr (``progress``)."""
+    ``clients`` (filling ``stats`` in place when given), with a progress bar on stderr (``progress``)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -231,4 +242,5 @@ def compile_first(
             device=device,
             timeout=timeout,
             on_done=lambda task, outcome: bar.update(task_id, advance=1),
+            stats=stats,
         )

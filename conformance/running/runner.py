@@ -69,7 +69,7 @@ from conformance.running.pairs import (
     _counts_text,
     is_cuda_oom,
 )
-from conformance.running.compile_phase import compile_first
+from conformance.running.compile_phase import CompileStats, compile_first
 from conformance.running.pool import Outcome, WorkFeed, serve
 from conformance.running.profile import RunClock, profile_records
 from conformance.running.schedule import load_costs, schedule_units
@@ -197,9 +197,10 @@ def _run(config: RunConfig) -> RunSummary:
         workers = min(len(placements), len(units))
         unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 or config.compile_only else {}
         if unit_keys and (config.compile_only or config.compile_phase):
-            summary.compile = compile_first(
+            summary.compile = CompileStats()  # filled in place: Ctrl-C in the phase still reports what it did
+            compile_first(
                 clients[:workers], units, unit_keys, seed=config.seed, device=config.device,
-                timeout=config.timeout, progress=config.progress,
+                timeout=config.timeout, progress=config.progress, stats=summary.compile,
             )  # fmt: skip
         if config.compile_only:
             summary.workers = summary.compile.workers if summary.compile else 0

@@ -265,3 +265,26 @@ def test_ctrl_c_in_the_compile_phase_kills_the_workers_and_propagates() -> None:
         run_compile_phase(clients, _tasks((16, 32, 48, 64)), seed=0, device="cpu", timeout=5)
     assert all(c.kills == 1 for c in clients)
     assert sum(len(c.sent) for c in clients) <= 4
+
+
+def test_ctrl_c_in_the_compile_phase_leaves_the_caller_what_was_compiled() -> None:
+    """The warmup's last line after Ctrl-C: how far the phase got, never 'nothing to compile' (an H100 warmup
+    interrupted after 1,230 of 1,313 kernels said exactly that)."""
+    import _thread
+    import threading
+
+    from conformance.running.compile_phase import CompileStats, run_compile_phase
+    from conformance.running.outcome import RunSummary
+
+    clients = [FakeClient({}, delay=0.15) for _ in range(2)]
+    stats = CompileStats()
+    threading.Timer(0.4, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_compile_phase(clients, _tasks((16, 32, 48, 64, 80, 96, 112, 128)), seed=0, device="cpu", timeout=5,
+                          stats=stats)  # fmt: skip
+    assert stats.interrupted and stats.keys == 8 and 1 <= stats.compiled < 8
+    summary = RunSummary(out=None, compile_only=True)
+    summary.compile, summary.interrupted = stats, True
+    line = summary.text()
+    assert "nothing to compile" not in line
+    assert f"{stats.compiled} compiled, 0 failed; interrupted after {stats.compiled} of 8, the rest not tried" in line
