@@ -316,7 +316,10 @@ def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:
     dims up to 96, else 128): FA4 then compiles its static persistent scheduler (``is_static_persistent`` from
     ``max_m_blocks_leq_one`` in ``_flash_attn_fwd``), a kernel of its own.  Without this part, the compile
     phase's one case per key left the other kernel to the checks: 1,262 worker-s of FA4 compiles in a warm
-    ``default`` run on an H100, ``reports/h100-2026-11-26-speed-3/warm6b``.  Other sequence lengths, block
+    ``default`` run on an H100, ``reports/h100-2026-11-26-speed-3/warm6b``.  A backward case adds its backward
+    kernel (``_flash_attn_bwd.compile_cache``, deterministic or not): with the forward key alone the compile phase
+    picked the key's forward case and left every backward kernel to the checks (``reports/h100-2026-11-26-speed-4``:
+    backward records of 4-5 s of kernel time after a complete warmup).  Other sequence lengths, block
     tables, the scale and the page size among non-tile sizes are runtime arguments."""
     case = case.padded_v_call()
     causal, local = fa4_sm90_local(case)
@@ -337,7 +340,7 @@ def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:
         bool(case.softcap),
         (case.num_splits or 1) > 1,
         fa4_sm90_one_query_tile(case),
-    )
+    ) + ((("bwd", case.deterministic),) if case.backward else ())
 
 
 def fa4_sm90_one_query_tile(case: AttentionCase) -> bool:

@@ -197,6 +197,11 @@ def test_compile_key_names_the_kernel_not_the_lengths():
     vpad = C([(3, 3)], causal=True, head_dim=192, head_dim_v=128, v_padded=True)
     assert key(vpad) == key(C([(3, 3)], causal=True, head_dim=192))
     assert FA4Backend().compile_key(base) == key(base)
+    # a backward case also compiles FA4's backward kernel (deterministic or not): a key of its own, so the compile
+    # phase compiles it instead of leaving it to the checks; a forward key is unchanged by the backward's part
+    bwd = C([(33, 33)], causal=True, backward=True)
+    assert key(bwd) != key(C([(33, 33)], causal=True)) and key(bwd)[:-1] == key(C([(33, 33)], causal=True))
+    assert key(bwd) != key(C([(33, 33)], causal=True, backward=True, deterministic=True))
 
 
 def test_paged_arguments():
