@@ -23,8 +23,9 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from attnref import Window, window_to_fa2
 from conformance.cases.case import AttentionCase
+
+from ._fa_common import fa2_window
 
 __all__ = [
     "FA2_SOURCE",
@@ -68,11 +69,6 @@ def _ceil_div(a: int, b: int) -> int:
 
 def _round_up(a: int, m: int) -> int:
     return _ceil_div(a, m) * m
-
-
-def _fa_window(case: AttentionCase) -> tuple[int, int]:
-    """The case's window as the FA2/FA3 adapters pass it (``-1`` = unbounded)."""
-    return window_to_fa2(Window(*case.window))
 
 
 # ------------------------------------------------------------------------------------------------------------ FA2
@@ -122,12 +118,12 @@ def fa2_split_decision(case: AttentionCase, kvcache: bool, seqlen_k: int, num_sm
     * ``set_params_splitkv`` (lines 299-330): block_n 256/128/64 for head dims up to 64/128/256 (rounded up to 8),
       ``num_m_blocks = ceil(seqlen_q / 64)``; ``num_splits < 1`` takes :func:`fa2_num_splits_heuristic` with
       ``num_SMs = 2 * SMs`` and at most 128 splits;
-    * varlen calls it for the swapped one-row GQA call only (line 699-706, the split count stays 0, one split, on
+    * varlen calls it for the swapped one-row GQA call only (lines 699-706, the split count stays 0, one split, on
       other calls) and forces the split kernel for a paged cache (line 739); kvcache always calls it (line 1441) and
       forces the split kernel for an append or a paged cache (line 1457); with more than one split the split kernel
       runs (``run_mha_fwd``, line 247).
     """
-    window_left, window_right = _fa_window(case)
+    window_left, window_right = fa2_window(case)
     causal, alibi = case.causal, case.alibi
     h, hk, d = case.num_heads, case.num_kv_heads, case.head_dim
     if kvcache:
@@ -181,7 +177,7 @@ def fa3_num_splits_heuristic(
     is_causal_or_local: bool,
     max_splits: int,
 ) -> int:
-    """``num_splits_heuristic`` of ``hopper/heuristics.h`` (:data:`FA3_SOURCE`, lines 19-57; the same file in vLLM's
+    """``num_splits_heuristic`` of ``hopper/heuristics.h`` (:data:`FA3_SOURCE`, lines 19-58; the same file in vLLM's
     fork), in float32 as there: with the SMs almost filled (``>= 0.8 * num_SMs``), split only a non-causal call whose
     one KV head is over the 50 MB L2 and whose query blocks cover the SMs twice; never split 4 key blocks or fewer;
     else the smallest split count whose wave efficiency is at least 85% of the best (no eligibility filter, unlike
@@ -273,7 +269,7 @@ def fa3_decision(case: AttentionCase, kvcache: bool, seqlen_k: int, num_sms: int
     seqlen_q = max(case.q_lens)
     h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
     paged, append = kvcache and case.paged, kvcache and case.append
-    left, right = _fa_window(case)
+    left, right = fa2_window(case)
     chunk = case.chunk or 0
     causal = case.causal
     if left >= seqlen_k - 1:
@@ -328,7 +324,7 @@ def fa3_vllm_head_swizzle(case: AttentionCase) -> bool:
     (``head_swizzle = is_causal || is_local``, :data:`FA3_VLLM_SOURCE` at 45812f7f lines 608-620 and 667), for the
     call the adapter makes for ``case`` (``max_seqlen_q/k`` of the case, ``page_size`` when paged)."""
     seqlen_q, seqlen_k = max(case.q_lens), max(case.kv_lens)
-    left, right = _fa_window(case)
+    left, right = fa2_window(case)
     causal = case.causal
     if left >= seqlen_k - 1:
         left = -1

@@ -224,8 +224,8 @@ def fa3_vllm_decided(case: AttentionCase, inputs: CaseInputs, kwargs: dict[str, 
     (:func:`attnfast.decisions.fa3_vllm_metadata_summary`).  A call that passes ``scheduler_metadata`` runs the plan
     that tensor holds; for one that does not, ``get_scheduler_metadata`` (``scheduler``) computes it with the call's
     own shapes and split count, the same host heuristic and ``prepare_varlen_num_blocks`` kernel ``mha_fwd`` runs
-    before the attention kernel (the GPU test passes that metadata to the call and finds the output bitwise
-    unchanged).  One host read; called after the call, outside the timed region."""
+    before the attention kernel (``tests/attnfast/test_decisions.py`` checks on a GPU that passing it to the call
+    leaves the output's bits unchanged).  One host read; called after the call, outside the timed region."""
     meta = kwargs.get("scheduler_metadata")
     if meta is None:
         lens_k = torch.tensor(case.kv_lens, dtype=torch.int32, device=inputs.device)

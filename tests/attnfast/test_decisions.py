@@ -40,6 +40,7 @@ from conformance.verdict.check import check_backend, prepare_context
 from fake_fa3 import available_or_skip, fa_case
 
 H100_SMS = 132
+MLA = dict(num_kv_heads=1, head_dim=64, head_dim_v=512, qv=True, kv_layout="NHD", block_size=64)
 
 
 def C(requests, **kw):
@@ -286,6 +287,37 @@ def test_flashmla_decided_needs_a_filled_schedule():
         flashmla_decided(types.SimpleNamespace(tile_scheduler_metadata=None, num_splits=None))
 
 
+def test_adapters_wire_the_read_back_into_the_variant(monkeypatch):
+    """``prepare`` of fa3-vllm and flashmla (on CPU, with the fakes standing in for the kernels) puts the read-back in
+    the variant: the fork's metadata summary, FlashMLA's filled schedule; a fake that fills nothing reads as unread."""
+    from fake_vllm import make_fake_flashmla, make_fake_vllm_fa3
+
+    import attnfast.fa3_vllm as fa3_vllm_mod
+    import attnfast.flashmla as flashmla_mod
+
+    fork = make_fake_vllm_fa3()
+    fork.get_scheduler_metadata = lambda *a, **kw: torch.tensor([4, 4, 0, 0] + [2, 3, 0, 0] + [0], dtype=torch.int32)
+    monkeypatch.setattr(fa3_vllm_mod, "import_vllm_fa3", lambda: fork)
+    case = C([(1, 900), (1, 50)], num_heads=8, num_kv_heads=2, head_dim=64)
+    fn = FA3VllmBackend().prepare(case, make_inputs(case))
+    fn()
+    assert fn.variant["fa3_num_splits"] == 3 and fn.variant["fa3_pack_gqa"] is True
+
+    mla = make_fake_flashmla()
+    monkeypatch.setattr(flashmla_mod, "import_flashmla", lambda: mla)
+    mla_case = fa_case([(1, 300), (1, 70)], num_heads=16, causal=True, **MLA)
+    fn = FlashMLABackend().prepare(mla_case, make_inputs(mla_case))
+    fn()
+    assert fn.variant["decided"].startswith("unread: ValueError: FlashMLA's scheduler metadata is not filled")
+    meta = fn.call.kwargs["tile_scheduler_metadata"]
+    meta.tile_scheduler_metadata, meta.num_splits = torch.zeros(132, 8), torch.tensor([0, 2, 3])  # as the kernel does
+    assert {k: v for k, v in fn.variant.items() if k.startswith("flashmla")} == {
+        "flashmla_sm_parts": 132,
+        "flashmla_max_splits": 2,
+        "flashmla_splits": 3,
+    }
+
+
 # ------------------------------------------------------------------------------------------- the variant's read
 def test_variant_adds_what_the_kernel_decided_and_records_a_failed_read():
     call = KernelCall("m.f", {"num_splits": 0}, finish=lambda x: x, variant={"a": 1}, decided=lambda: {"n": 2})
@@ -388,9 +420,6 @@ def test_gpu_fork_metadata_is_the_plan_the_kernel_runs(fork_gpu, name):
         assert not torch.equal(own[1], one[1]), f"{name}: one split, same LSE bits"
     if name == "gqa_decode_long":
         assert variant["fa3_num_splits"] > 1, variant  # one long request on a nearly idle GPU splits
-
-
-MLA = dict(num_kv_heads=1, head_dim=64, head_dim_v=512, qv=True, kv_layout="NHD", block_size=64)
 
 
 @pytest.fixture(scope="module")
