@@ -49,6 +49,7 @@ __all__ = [
     "padded_new_tokens",
     "pad_v",
     "kernel_case",
+    "sm_count",
     "prepare_padded_v",
     "stale_padded_cache",
     "stored_tensors",
@@ -72,7 +73,9 @@ class KernelCall:
         finish: turns the entry point's raw return value into a :class:`KernelOutput`.
         notes: translation facts worth showing when a case fails (e.g. the ALiBi LSE correction).
         variant: what an adapter knows of the kernel variant beyond the arguments (FA4: its compile key and
-            key tile); :attr:`PreparedKernel.variant` adds the arguments that select one.
+            key tile; FA2, FA3: the split count their host code decides, :mod:`attnfast.decisions`).
+        decided: reads back what the kernel decided (vLLM's FA3 fork, FlashMLA: their scheduler metadata) as more
+            variant facts; :attr:`PreparedKernel.variant` calls it, after the call (it may read the device).
     """
 
     entry: str
@@ -80,6 +83,7 @@ class KernelCall:
     finish: Callable[[Any], KernelOutput]
     notes: tuple[str, ...] = field(default=())
     variant: Mapping[str, Any] = field(default_factory=dict)
+    decided: Callable[[], Mapping[str, Any]] | None = None
 
 
 #: Keyword arguments that select a kernel variant, recorded by :attr:`PreparedKernel.variant` when passed (a
@@ -108,14 +112,20 @@ class PreparedKernel:
     @property
     def variant(self) -> dict[str, Any]:
         """The kernel variant this call selects, for the record's ``extra["variant"]``: the entry point, the
-        variant-selecting arguments passed (:data:`VARIANT_ARGS`) and the adapter's own facts
-        (:attr:`KernelCall.variant`).  JSON scalars only."""
+        variant-selecting arguments passed (:data:`VARIANT_ARGS`), :attr:`KernelCall.variant` and what the kernel
+        decided (:attr:`KernelCall.decided`: read it once, after the kernel ran; a failed read becomes ``decided:
+        "unread: <error>"``, nothing else: the variant judges nothing).  JSON scalars only."""
         out: dict[str, Any] = {"entry": self.call.entry}
         for name in VARIANT_ARGS:
             value = self.call.kwargs.get(name)
             if value is not None:
                 out[name] = value if isinstance(value, (bool, int, float, str)) else True
         out.update(self.call.variant)
+        if self.call.decided is not None:
+            try:
+                out.update(self.call.decided())
+            except Exception as exc:  # noqa: BLE001 - any failure of an informational read is recorded as such
+                out["decided"] = f"unread: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
         return out
 
     def kernel(self) -> Any:
@@ -163,6 +173,12 @@ def compute_capability(device: str | torch.device = "cuda") -> tuple[int, int] |
     if dev.type != "cuda":
         return None
     return torch.cuda.get_device_capability(dev)
+
+
+def sm_count(device: str | torch.device) -> int | None:
+    """The SM count of a CUDA ``device`` (what FA2 and FA3 read as ``multiProcessorCount``), or None off CUDA."""
+    cc = compute_capability(device)
+    return None if cc is None else torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
 
 
 def cuda_device_support(min_major: int = 8) -> Support:

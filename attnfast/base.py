@@ -170,8 +170,9 @@ class Backend(abc.ABC):
 
         The callable may carry ``variant``, a dict of JSON scalars naming the kernel variant that ran (the entry
         point, the arguments that select a variant, what the kernel's own dispatcher picked: SDPA's backend,
-        FA4's compile key and tile); the verdict reads it after the call into the record's ``extra["variant"]``,
-        which the report groups by and ``attnconf compare`` diffs."""
+        FA4's compile key and tile, the split counts FA2, FA3 and FlashMLA decide, :mod:`attnfast.decisions`); the
+        verdict reads it once after the call (outside the timed region: reading it may read the device) into the
+        record's ``extra["variant"]``, which the report groups by and ``attnconf compare`` diffs."""
 
     def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
         """The graph-safe call of CUDA-graph mode (the opt-in feature ``graph``; :mod:`conformance.graphs`).

@@ -40,8 +40,8 @@ entry point has no backward).  The LSE gets the same ALiBi and ``+inf`` correcti
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
-
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
@@ -58,8 +58,10 @@ from ._fa_common import (
     padded_lse_to_varlen,
     padded_new_tokens,
     prepare_padded_v,
+    sm_count,
     uniform_q_len,
 )
+from .decisions import fa2_split_decision
 from .autograd import AutogradBackward, grad_leaves
 from .base import OK, Backend, KernelOutput, Support, package_version
 
@@ -106,8 +108,11 @@ def _shape_support(case: AttentionCase) -> Support:
     return OK
 
 
-def fa2_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
-    """The FA2 call for ``case`` with every tensor converted (no kernel import, no kernel run)."""
+def fa2_plan(case: AttentionCase, inputs: CaseInputs, num_sms: int | None = None) -> KernelCall:
+    """The FA2 call for ``case`` with every tensor converted (no kernel import, no kernel run).
+
+    ``num_sms``: the GPU's SM count; given, the call's variant carries the split-KV decision FA2 takes on that GPU
+    (:func:`attnfast.decisions.fa2_split_decision`: ``fa2_num_splits``, ``fa2_splitkv``)."""
     window = fa2_window(case)
     common: dict[str, Any] = {
         "softmax_scale": case.scale,
@@ -117,8 +122,16 @@ def fa2_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
         "alibi_slopes": inputs.alibi_slopes,
     }
     if fa2_entry(case) == VARLEN:
-        return _varlen_call(case, inputs, common, window)
-    return _kvcache_call(case, inputs, common, window)
+        call = _varlen_call(case, inputs, common, window)
+        seqlen_k = call.kwargs["max_seqlen_k"]
+    else:
+        call = _kvcache_call(case, inputs, common, window)
+        table, page = call.kwargs["block_table"], call.kwargs["k_cache"].shape[1]
+        seqlen_k = page if table is None else table.shape[1] * page  # mha_fwd_kvcache: the cache width, table's reach
+    if num_sms is None:
+        return call
+    decided = fa2_split_decision(case, call.entry == KVCACHE, seqlen_k, num_sms)
+    return dataclasses.replace(call, variant=decided)
 
 
 def _varlen_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]) -> KernelCall:
@@ -228,7 +241,7 @@ class FA2Backend(Backend):
             return prepare_padded_v(self.prepare, case, inputs)
         import flash_attn
 
-        call = fa2_plan(case, inputs)
+        call = fa2_plan(case, inputs, sm_count(inputs.device))
         fn = getattr(flash_attn, call.entry.rsplit(".", 1)[1])
         return PreparedKernel(fn, call)
 

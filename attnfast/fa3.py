@@ -30,6 +30,7 @@ with dv in (96, 128], or d <= 64 with dv <= 512, and only on Hopper.  No ALiBi, 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 from typing import Any
@@ -46,8 +47,10 @@ from ._fa_common import (
     fa2_window,
     kvcache_caches,
     lse_posinf_to_neginf,
+    sm_count,
 )
 from .base import OK, Backend, KernelOutput, Support, package_version
+from .decisions import fa3_decision
 
 __all__ = ["FA3Backend", "fa3_entry", "fa3_plan", "fa3_shape_support", "import_fa3"]
 
@@ -93,8 +96,11 @@ def fa3_shape_support(case: AttentionCase, cc: tuple[int, int] | None) -> Suppor
     return OK
 
 
-def fa3_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
-    """The FA3 call for ``case`` with every tensor converted (no kernel import, no kernel run)."""
+def fa3_plan(case: AttentionCase, inputs: CaseInputs, num_sms: int | None = None) -> KernelCall:
+    """The FA3 call for ``case`` with every tensor converted (no kernel import, no kernel run).
+
+    ``num_sms``: the SM count of the sm_90 GPU it runs on; given, the call's variant carries what FA3's host code
+    decides there (:func:`attnfast.decisions.fa3_decision`: ``fa3_max_splits``, ``fa3_pack_gqa``)."""
     common: dict[str, Any] = dict(
         softmax_scale=case.scale,
         causal=case.causal,
@@ -115,8 +121,8 @@ def fa3_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
             return_attn_probs=True,
             **common,
         )
-        return KernelCall(VARLEN, kwargs, _finish)
-    k_cache, v_cache, table, cache_seqlens, _ = kvcache_caches(case, inputs)
+        return _with_decision(KernelCall(VARLEN, kwargs, _finish), case, max(case.kv_lens), num_sms)
+    k_cache, v_cache, table, cache_seqlens, width = kvcache_caches(case, inputs)
     kwargs = dict(
         q=inputs.q,
         k_cache=k_cache,
@@ -131,7 +137,17 @@ def fa3_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
         return_softmax_lse=True,
         **common,
     )
-    return KernelCall(KVCACHE, kwargs, _finish)
+    return _with_decision(KernelCall(KVCACHE, kwargs, _finish), case, width, num_sms)
+
+
+def _with_decision(call: KernelCall, case: AttentionCase, seqlen_k: int, num_sms: int | None) -> KernelCall:
+    """``call`` with FA3's host decision in its variant (``seqlen_k``: what ``mha_fwd`` reads as such: ``max_seqlen_k``
+    for varlen, the cache width for kvcache, which passes none)."""
+    if num_sms is None:
+        return call
+    element_size = call.kwargs["q"].element_size()
+    decided = fa3_decision(case, call.entry == KVCACHE, seqlen_k, num_sms, element_size)
+    return dataclasses.replace(call, variant=decided)
 
 
 def _finish(result: Any) -> KernelOutput:
@@ -169,6 +185,9 @@ class FA3Backend(Backend):
         return base if not base else fa3_shape_support(case, compute_capability(device))
 
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
-        call = fa3_plan(case, inputs)
+        """The call, with FA3's host decision in its variant on an sm_90 GPU (the one architecture
+        :func:`attnfast.decisions.fa3_decision` reproduces)."""
+        sm90 = compute_capability(inputs.device) == (9, 0)
+        call = fa3_plan(case, inputs, sm_count(inputs.device) if sm90 else None)
         fn = getattr(import_fa3(), call.entry.rsplit(".", 1)[1])
         return PreparedKernel(fn, call)

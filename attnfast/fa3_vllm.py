@@ -22,6 +22,9 @@ upstream; every argument is passed by keyword), for every case:
 * ``num_splits``: the case's, or 0 (the fork's heuristic) when unset;
 * ``scheduler_metadata``: from ``get_scheduler_metadata`` with the call's own shapes, computed in
   ``prepare`` (vLLM's CUDA-graph path), when the case asks for it;
+* the record's variant: what the kernel decided, read back after the call from that scheduler metadata, or (a call
+  without it) from the metadata ``get_scheduler_metadata`` computes for the same call, the fork's own host heuristic
+  and device planner (:func:`fa3_vllm_decided`: ``fa3_num_splits``, ``fa3_pack_gqa``);
 * ``v_padded``: V (or the V cache) zero-padded to ``head_dim`` and the output stripped back to
   ``head_dim_v`` (seed ``004``'s path for kernels that need equal head dims;
   :func:`attnfast._fa_common.prepare_padded_v`);
@@ -46,6 +49,8 @@ says "by the wrapper": see :attr:`FA3VllmBackend.refused` and :func:`fa3_vllm_su
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 from types import ModuleType
 from typing import Any
@@ -68,9 +73,10 @@ from ._fa_common import (
     stored_tensors,
 )
 from .base import OK, Backend, KernelOutput, Support, package_version
+from .decisions import fa3_vllm_head_swizzle, fa3_vllm_metadata_summary
 from .fa3 import fa3_shape_support
 
-__all__ = ["FA3VllmBackend", "fa3_vllm_plan", "fa3_vllm_support", "import_vllm_fa3"]
+__all__ = ["FA3VllmBackend", "fa3_vllm_decided", "fa3_vllm_plan", "fa3_vllm_support", "import_vllm_fa3"]
 
 ENTRY = "vllm.vllm_flash_attn.flash_attn_varlen_func"
 #: "HeaddimV > 256 requires fp16 and bf16 data type" (measured with qv 64 + 512 in fp8).
@@ -213,6 +219,21 @@ def fa3_scheduler_metadata(
     )
 
 
+def fa3_vllm_decided(case: AttentionCase, inputs: CaseInputs, kwargs: dict[str, Any], scheduler: Any) -> dict:
+    """What the fork decided for the call ``kwargs`` of ``case``: the summary of its scheduler metadata
+    (:func:`attnfast.decisions.fa3_vllm_metadata_summary`).  A call that passes ``scheduler_metadata`` runs the plan
+    that tensor holds; for one that does not, ``get_scheduler_metadata`` (``scheduler``) computes it with the call's
+    own shapes and split count, the same host heuristic and ``prepare_varlen_num_blocks`` kernel ``mha_fwd`` runs
+    before the attention kernel (``tests/attnfast/test_decisions.py`` checks on a GPU that passing it to the call
+    leaves the output's bits unchanged).  One host read; called after the call, outside the timed region."""
+    meta = kwargs.get("scheduler_metadata")
+    if meta is None:
+        lens_k = torch.tensor(case.kv_lens, dtype=torch.int32, device=inputs.device)
+        meta = fa3_scheduler_metadata(case, inputs, scheduler, lens_k, kwargs["num_splits"])
+    group = case.num_heads // case.num_kv_heads
+    return fa3_vllm_metadata_summary(meta.tolist(), case.q_lens, group, fa3_vllm_head_swizzle(case))
+
+
 class FA3VllmBackend(Backend):
     """vLLM's FA3 fork on Hopper: varlen, paged, fp8, qv, sinks, splits, scheduler metadata, context parallel."""
 
@@ -257,7 +278,8 @@ class FA3VllmBackend(Backend):
             return prepare_padded_v(self.prepare, case, inputs)
         mod = import_vllm_fa3()
         call = fa3_vllm_plan(case, inputs, mod.get_scheduler_metadata)
-        return PreparedKernel(mod.flash_attn_varlen_func, call)
+        decided = functools.partial(fa3_vllm_decided, case, inputs, call.kwargs, mod.get_scheduler_metadata)
+        return PreparedKernel(mod.flash_attn_varlen_func, dataclasses.replace(call, decided=decided))
 
     def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> GraphKernel:
         """vLLM V1's full-CUDA-graph call: ``seqused_k`` bound to the live key counts; with scheduler metadata

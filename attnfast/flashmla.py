@@ -9,7 +9,9 @@ So the score is ``scale * (q_rope . k_rope + q_nope . c_kv)``, the reference's `
 
 Queries come as ``(batch, s_q, h, 576)``: every request must have the same ``q_len`` (decode, or
 speculative decode with ``s_q > 1``, causal bottom-right aligned: measured correct on an H100 at s_q = 4).
-The scheduler metadata (``get_mla_metadata()``) is created in ``prepare`` and filled by the first call.
+The scheduler metadata (``get_mla_metadata()``) is created in ``prepare`` and filled by the first call; the record's
+variant summarises what it planned (:func:`flashmla_decided`: SM parts, the most and the total splits), read after the
+call.
 Outputs: ``(batch, s_q, h, 512)`` to varlen; LSE ``(batch, h, s_q)`` natural log (measured: 9e-7 from an
 fp64 reference; not log2) to ``(h, total_q)``, with ``+inf`` (written for rows that see no key: an empty
 cache, or the top rows of a causal ``s_q > kv_len`` request, measured) normalised to ``-inf``.
@@ -22,6 +24,8 @@ key must have the same dtype".
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 from types import ModuleType
 from typing import Any
@@ -41,8 +45,9 @@ from ._fa_common import (
     uniform_q_len,
 )
 from .base import OK, Backend, KernelOutput, Support, package_version
+from .decisions import flashmla_sched_summary
 
-__all__ = ["FlashMLABackend", "flashmla_plan", "flashmla_support"]
+__all__ = ["FlashMLABackend", "flashmla_decided", "flashmla_plan", "flashmla_support"]
 
 MODULE = "vllm.third_party.flashmla.flash_mla_interface"
 ENTRY = f"{MODULE}.flash_mla_with_kvcache"
@@ -105,6 +110,16 @@ def flashmla_plan(case: AttentionCase, inputs: CaseInputs, metadata: Any) -> Ker
     return KernelCall(ENTRY, kwargs, finish, notes)
 
 
+def flashmla_decided(metadata: Any) -> dict[str, Any]:
+    """What FlashMLA's scheduler planned for the calls of ``metadata`` (the ``FlashMLASchedMeta`` of ``prepare``,
+    filled by the first call): :func:`attnfast.decisions.flashmla_sched_summary` of its ``tile_scheduler_metadata``
+    rows and ``num_splits``.  One host read; called after the call, outside the timed region."""
+    tile, splits = getattr(metadata, "tile_scheduler_metadata", None), getattr(metadata, "num_splits", None)
+    if tile is None or splits is None:
+        raise ValueError("FlashMLA's scheduler metadata is not filled (no call has run with it)")
+    return flashmla_sched_summary(int(tile.shape[0]), splits.tolist())
+
+
 class FlashMLABackend(Backend):
     """FlashMLA dense decode (vLLM 0.24.0's build) on Hopper."""
 
@@ -146,7 +161,9 @@ class FlashMLABackend(Backend):
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> PreparedKernel:
         mod = import_flashmla()
         metadata, _ = mod.get_mla_metadata()
-        return PreparedKernel(mod.flash_mla_with_kvcache, flashmla_plan(case, inputs, metadata))
+        call = flashmla_plan(case, inputs, metadata)
+        decided = functools.partial(flashmla_decided, metadata)
+        return PreparedKernel(mod.flash_mla_with_kvcache, dataclasses.replace(call, decided=decided))
 
     def prepare_graph(self, case: AttentionCase, inputs: CaseInputs) -> GraphKernel:
         """The bucket's call reading the live ``cache_seqlens``, the 576-wide query concatenated inside the call
