@@ -372,7 +372,11 @@ def test_gpu_fa2_runs_the_recorded_split_count(fa2_gpu, name):
     n = fn.variant["fa2_num_splits"]
     heuristic = fn.kernel()
     assert _same_bits(heuristic, _with(fn, num_splits=n).kernel()), f"{name}: FA2 did not run {n} splits"
-    if n > 1:
+    # a split changes the LSE bits only when at least two splits see keys: a 16-key window over 4,096 keys leaves
+    # all but the last split empty, and the combine then returns the one split's LSE (H100, 2026-11-26: equal bits)
+    left = case.window[0]
+    keys_in_more_than_one_split = left is None or left > max(case.kv_lens) // max(n, 1)
+    if n > 1 and keys_in_more_than_one_split:
         assert not torch.equal(heuristic[1], _with(fn, num_splits=1).kernel()[1]), f"{name}: one split, same LSE bits"
 
 
