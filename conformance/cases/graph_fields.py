@@ -37,12 +37,13 @@ def graph_problems(case: Any) -> Iterator[str]:
         if case.graph:
             yield "invariance cannot be combined with graph (each is a composition of its own)"
         if case.engine and case.invariance == "splits":
-            yield "invariance 'splits' is kernel level: an engine sets its own split count (engines: run, batch)"
+            yield (
+                "invariance 'splits' is kernel level: an engine sets its own split count (engines: run, batch, "
+                "neighbour)"
+            )
         if case.invariance == "batch" and case.batch < 2:
             yield f"invariance 'batch' needs at least 2 requests, got {case.batch}"
         if case.invariance == "neighbour":
-            if case.engine:
-                yield "invariance 'neighbour' is kernel level: an engine builds its own batches (engines: run, batch)"
             if case.batch != 2:
                 yield f"invariance 'neighbour' needs exactly 2 requests (target, then neighbour), got {case.batch}"
             elif case.requests[1][0] < 2:

@@ -84,8 +84,9 @@ def token_slots(blocks: Sequence[int], positions: Iterable[int], block_size: int
 
 def call_case(layer: AttentionCase, requests: Sequence[tuple[int, int]], **changes) -> AttentionCase:
     """The case of one kernel call: the layer's configuration with this call's ``(q_len, kv_len)`` requests and
-    option changes (``causal``, ``window``, ``kv_layout``, ``block_size``, ...); a plain call, not a replay."""
-    fields = dict(engine="", scenario="", batch_name="", append=False) | changes
+    option changes (``causal``, ``window``, ``kv_layout``, ``block_size``, ...); a plain call, not a replay nor an
+    invariance (an engine invariance case's calls are each variant's)."""
+    fields = dict(engine="", scenario="", batch_name="", append=False, invariance="") | changes
     return layer.replace(requests=tuple((int(q), int(k)) for q, k in requests), **fields)
 
 

@@ -1,7 +1,7 @@
 """Engine-level invariances: a request's output through an engine's own metadata and calls, compared bit for bit.
 
-An engine invariance case has ``engine``, ``scenario`` and ``invariance`` (``run`` or ``batch``) set; its
-``requests`` are the scenario's batch.  :class:`EngineInvariance` (what
+An engine invariance case has ``engine``, ``scenario`` and ``invariance`` (``run``, ``batch`` or ``neighbour``)
+set; its ``requests`` are the scenario's batch.  :class:`EngineInvariance` (what
 :func:`conformance.verdict.check.composition_of` returns for it) runs the engine's whole forward (its metadata
 builder, block tables, cache writes, kernel calls and merges, through :meth:`Engine.prepare`) once per variant
 of :func:`conformance.graphs.invariance.variants`, each variant a batch assembled from the case's own tensors
@@ -9,17 +9,21 @@ of :func:`conformance.graphs.invariance.variants`, each variant a batch assemble
 
 * ``run``: the same step twice;
 * ``batch``: request 0 in its batch, alone, at the batch's last position, and beside the other requests cut to
-  half their keys.
+  half their keys;
+* ``neighbour``: request 0 beside its neighbour (request 1), alone, and beside the neighbour cut to 1, 9, 10, 64,
+  65, 128 and 129 query tokens (a shorter prompt of the same tokens: it grows by one token and by one tile and
+  turns from a decode into a prefill, so the engine's own decode/prefill split, reorder and call batching decide
+  which calls request 0 shares with it).
 
 Request 0's rows are compared bitwise (:func:`conformance.graphs.bitwise.diff_rows`) and recorded in
 ``extra["invariance"]`` in the kernel level's shape (the report's matrix shows them in the row ``engine <name>``,
 ``engine <name>, num_splits = 1`` for the batch-invariant / deterministic configurations).  A difference fails the
-case when the engine promises it: always for ``run``; for ``batch`` when the case pins ``num_splits = 1`` (vLLM
-V1's batch-invariant mode, SGLang's deterministic inference) and the backend's call takes the split count in every
-call the engine makes (:meth:`attnfast.base.Backend.pins_splits`, the adapter's declared ``batch_invariance_via``);
-otherwise it is reported, not failed.  Every
-variant is also judged numerically: the composition's output is the variants' layer outputs one after the other,
-its reference the engine's reference of each variant (:meth:`Engine.reference`).
+case when the engine promises it (:func:`promised`): always for ``run``; for ``batch`` and ``neighbour`` when the
+case pins ``num_splits = 1`` (vLLM V1's batch-invariant mode, SGLang's deterministic inference) and the backend's
+call takes the split count in every call the engine makes in every variant
+(:meth:`attnfast.base.Backend.pins_splits`, the adapter's declared ``batch_invariance_via``); otherwise it is
+reported, not failed.  Every variant is also judged numerically: the composition's output is the variants' layer
+outputs one after the other, its reference the engine's reference of each variant (:meth:`Engine.reference`).
 
 The engines replay an invariance scenario's batch from the case's ``requests`` (each ``(q_len, kv_len)`` a request
 of ``q_len`` new tokens after ``kv_len - q_len`` cached ones) with the scenario's configuration, so every variant
@@ -44,7 +48,7 @@ from .base import Engine
 __all__ = ["KINDS", "EngineInvariance", "EngineInvarianceRun"]
 
 #: The invariances an engine case can ask for (``splits`` stays kernel level: an engine sets its own split count).
-KINDS = ("run", "batch")
+KINDS = ("run", "batch", "neighbour")
 
 
 def _check_kind(case: AttentionCase) -> None:
@@ -75,14 +79,15 @@ class EngineInvarianceRun(InvarianceRun):
 
 
 def promised(engine: Engine, case: AttentionCase, backend: Backend) -> bool:
-    """``run``: always; ``batch``: ``num_splits == 1`` and the backend's call takes it in every planned call (the
-    adapter's declaration, :meth:`~attnfast.base.Backend.pins_splits`)."""
+    """``run``: always; ``batch`` and ``neighbour``: ``num_splits == 1`` and the backend's call takes it in every
+    call every variant's step plans (the adapter's declaration, :meth:`~attnfast.base.Backend.pins_splits`); a
+    variant that plans no call pins nothing."""
     if case.invariance == "run":
         return True
-    if case.invariance != "batch" or case.num_splits != 1:
+    if case.invariance not in ("batch", "neighbour") or case.num_splits != 1:
         return False
-    calls = engine.plan(case.replace(invariance=""))
-    return bool(calls) and all(backend.pins_splits(c) for _, c in calls)
+    plans = [engine.plan(v.case) for v in variants(case)]
+    return all(plans) and all(backend.pins_splits(c) for calls in plans for _, c in calls)
 
 
 class EngineInvariance:

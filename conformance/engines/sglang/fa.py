@@ -89,7 +89,16 @@ from .graph_cross import EncoderDecoderGraphState
 from .graph_cases import check_graph_case, graph_case, graph_layer, graph_plan, graph_support
 from .metadata import KCall, SGLangMetadataBuilder, SGLMetadata, Step
 from .runner import SGLangForwardRunner
-from .scenarios import FINDINGS, GRAPH_FINDINGS, GRAPH_SCENARIOS, INVARIANCE_SCENARIOS, SCENARIOS, Scenario, tree_paths
+from .scenarios import (
+    FINDINGS,
+    GRAPH_FINDINGS,
+    GRAPH_SCENARIOS,
+    INVARIANCE_SCENARIOS,
+    SCENARIOS,
+    Scenario,
+    forward_mode,
+    tree_paths,
+)
 
 __all__ = [
     "FINDINGS",
@@ -139,7 +148,8 @@ class SGLangFlashAttention(SGLangForwardRunner):
     # ------------------------------------------------------------------ scenarios as cases
     def _case(self, name: str, sc: Scenario) -> AttentionCase:
         reqs = tuple((r.new, r.encoder if sc.cross else r.kv) for r in sc.requests)
-        layer: dict = dict(num_heads=8, num_kv_heads=2, head_dim=64)
+        h, hk, d = sc.heads or (8, 2, 64)
+        layer: dict = dict(num_heads=h, num_kv_heads=hk, head_dim=d)
         if sc.mla and sc.mode == "mla_prefix":
             layer = dict(num_heads=8, num_kv_heads=8, head_dim=192, head_dim_v=128, scale=MLA_SCALE)
         elif sc.mla:
@@ -170,8 +180,10 @@ class SGLangFlashAttention(SGLangForwardRunner):
 
     def scenario(self, case: AttentionCase) -> Scenario:
         if case.scenario in INVARIANCE_SCENARIOS:  # the batch is the case's: one variant of the invariance
-            sc = INVARIANCE_SCENARIOS[case.scenario][1]
-            return dataclasses.replace(sc, requests=tuple(Request(new=q, cached=kv - q) for q, kv in case.requests))
+            kind, sc = INVARIANCE_SCENARIOS[case.scenario]
+            reqs = tuple(Request(new=q, cached=kv - q) for q, kv in case.requests)
+            mode = forward_mode(reqs) if kind == "neighbour" else sc.mode  # the scheduler's mode of the variant
+            return dataclasses.replace(sc, requests=reqs, mode=mode)
         sc = SCENARIOS.get(case.scenario) or FINDINGS.get(case.scenario)
         if sc is None:
             known = sorted(SCENARIOS) + sorted(FINDINGS) + sorted(GRAPH_SCENARIOS)

@@ -24,6 +24,7 @@ __all__ = [
     "SCENARIOS",
     "GraphScenario",
     "Scenario",
+    "forward_mode",
     "tree_paths",
 ]
 
@@ -36,7 +37,8 @@ class Scenario:
     ``target_verify``) or ``mla_prefix`` (an MLA extend with chunked prefix cache).  Requests: ``new`` tokens
     (extend length, 1 for decode, the draft tokens for verify), ``cached`` (prefix / context / committed tokens),
     ``encoder`` (cross attention).  ``window`` is ``layer.sliding_window_size`` (already minus one); ``tree`` the
-    parent of each draft token (-1 for the root; empty = top-k 1)."""
+    parent of each draft token (-1 for the root; empty = top-k 1); ``heads`` the layer's ``(num_heads,
+    num_kv_heads, head_dim)`` where it is not the default ``(8, 2, 64)`` (MLA's are fixed)."""
 
     mode: str
     requests: tuple[Request, ...]
@@ -50,6 +52,7 @@ class Scenario:
     softcap: float | None = None
     deterministic: bool = False
     chunk_capacity: int = 0
+    heads: tuple[int, int, int] | None = None
 
     @property
     def cross(self) -> bool:
@@ -223,10 +226,42 @@ _INV_DECODE = (R(1, 299), R(1, 44), R(1, 130), R(1, 7))
 _INV_EXTEND = (R(20, 64), R(7), R(33, 17), R(12, 90))
 _INV_VERIFY = (R(4, 30), R(4, 57), R(4, 9))
 
+
+def forward_mode(requests: tuple[Request, ...]) -> str:
+    """The ``ForwardMode`` SGLang's scheduler runs a batch of these requests in: ``decode`` when every request is one
+    new token after cached ones, ``extend`` when none is, else ``mixed`` (mixed chunked prefill,
+    ``--enable-mixed-chunk``: the running decodes join the prefill chunk's extend batch)."""
+    decodes = [r.new == 1 and r.cached > 0 for r in requests]
+    return "decode" if all(decodes) else "extend" if not any(decodes) else "mixed"
+
+
+#: the growing-neighbour steps: request 0 (a decode, or a 5-token extend, of 3,000 keys: long enough for a split
+#: heuristic to split) beside a 129-token extend after 971 cached tokens, which the ``neighbour`` invariance cuts to
+#: 1 (a decode), 9, 10, 64, 65 and 128 new tokens; each variant runs in its own :func:`forward_mode` (a decode
+#: target beside a prefill is one MIXED extend call: vLLM #51902's shape, a decode row in the prefill's call).
+_NB_DECODE = (R(1, 2999), R(129, 971))
+_NB_CHUNK = (R(5, 2995), R(129, 971))
+#: ``(num_heads, num_kv_heads, head_dim)`` at the two head dims FA kernels compile templates for, both GQA 7 (as
+#: vLLM #51902's 14 / 2 heads): Qwen2.5-0.5B's (d64) and Qwen2.5-7B's (d128).
+_NB_HEADS = {64: (14, 2, 64), 128: (28, 4, 128)}
+
+
+def _neighbour_scenarios() -> dict[str, tuple[str, Scenario]]:
+    """``inv_neighbour_{decode,chunk}_d{64,128}`` in the default configuration, then with deterministic inference."""
+    out = {}
+    for mode, det in (("", False), ("deterministic_", True)):
+        for d, heads in _NB_HEADS.items():
+            for target, reqs in (("decode", _NB_DECODE), ("chunk", _NB_CHUNK)):
+                sc = Scenario(forward_mode(reqs), reqs, page_size=16, deterministic=det, heads=heads)
+                out[f"inv_neighbour_{mode}{target}_d{d}"] = ("neighbour", sc)
+    return out
+
+
 #: name -> (invariance kind, step): request 0's rows through the whole step, compared bitwise
-#: (:mod:`conformance.engines.invariance`); the batch is the case's ``requests`` (each variant a step of its own).
-#: With ``deterministic`` (deterministic inference: ``num_splits = 1``) a ``batch`` difference fails on a kernel
-#: that takes a split count; without, it is reported.
+#: (:mod:`conformance.engines.invariance`); the batch is the case's ``requests`` (each variant a step of its own;
+#: a ``neighbour`` variant in its own :func:`forward_mode`).  With ``deterministic`` (deterministic inference:
+#: ``num_splits = 1``) a ``batch`` or ``neighbour`` difference fails on a kernel that takes a split count; without,
+#: it is reported.
 INVARIANCE_SCENARIOS: dict[str, tuple[str, Scenario]] = {
     "inv_run_decode": ("run", Scenario("decode", _INV_DECODE, page_size=16)),
     "inv_batch_decode": ("batch", Scenario("decode", _INV_DECODE, page_size=16)),
@@ -238,4 +273,5 @@ INVARIANCE_SCENARIOS: dict[str, tuple[str, Scenario]] = {
         Scenario("target_verify", _INV_VERIFY, page_size=16, deterministic=True),
     ),
     "inv_run_extend_deterministic": ("run", Scenario("extend", _INV_EXTEND, page_size=16, deterministic=True)),
+    **_neighbour_scenarios(),
 }

@@ -62,7 +62,7 @@ from ..calls import STALE, PagedKV, call_case, contiguous_call, cu_seqlens, hand
 from ..v0_graph_common import V0GraphEngine
 from .graph import DiffGraphRun, captured_call, check_graph_case, graph_case
 from .metadata import DiffMetadata, diffs, validate_metadata
-from .scenarios import GRAPH_SCENARIOS, INVARIANCE_SCENARIOS, SCENARIOS
+from .scenarios import GRAPH_SCENARIOS, INVARIANCE_SCENARIOS, NEIGHBOUR_SCENARIOS, SCENARIOS
 
 __all__ = ["DiffParams", "VllmDifferentialAttention", "layer_params"]
 
@@ -88,8 +88,11 @@ class DiffParams:
 def layer_params(case: AttentionCase, device: torch.device | str = "cpu") -> DiffParams:
     """Deterministic parameters of the case's layer (SambaYAttention's shapes and initialisation ranges); an
     invariance scenario's variants share its case's (one layer, several batches)."""
-    if case.scenario in INVARIANCE_SCENARIOS:
-        kind, reqs = INVARIANCE_SCENARIOS[case.scenario][:2]
+    if case.scenario in INVARIANCE_SCENARIOS or case.scenario in NEIGHBOUR_SCENARIOS:
+        if case.scenario in INVARIANCE_SCENARIOS:
+            kind, reqs = INVARIANCE_SCENARIOS[case.scenario][:2]
+        else:
+            kind, reqs = "neighbour", NEIGHBOUR_SCENARIOS[case.scenario][0]
         case = case.replace(requests=tuple((r.new, r.kv) for r in reqs), invariance=kind)
     gen = torch.Generator().manual_seed(PARAM_SEED * 1_000_003 + int(case.digest(), 16) + 1)
     d = case.head_dim
@@ -134,13 +137,15 @@ class VllmDifferentialAttention(V0GraphEngine, Engine):
     seed = "000"
     description = "vLLM V0 differential attention: stripe head split, 4 calls, attn1 - lambda * attn2, subln"
 
-    def _case(self, name: str, reqs, heads: tuple[int, int], block: int, window, **fields) -> AttentionCase:
-        """A scenario's case: head_dim 64, causal over the NHD cache; ``fields`` the dtype (and invariance kind)."""
+    def _case(
+        self, name: str, reqs, heads: tuple[int, int], block: int, window, head_dim: int = 64, **fields
+    ) -> AttentionCase:
+        """A scenario's case: causal over the NHD cache; ``fields`` the dtype (and invariance kind)."""
         return AttentionCase(
             requests=tuple((r.new, r.kv) for r in reqs),
             num_heads=heads[0],
             num_kv_heads=heads[1],
-            head_dim=64,
+            head_dim=head_dim,
             kv_layout="NHD",
             block_size=block,
             causal=True,
@@ -151,16 +156,21 @@ class VllmDifferentialAttention(V0GraphEngine, Engine):
         )
 
     def cases(self) -> list[AttentionCase]:
-        """Each scenario in bf16 and fp16, then the invariance scenarios (bf16) and the graph scenarios."""
+        """Each scenario in bf16 and fp16, then the invariance scenarios (bf16), the graph scenarios and the
+        ``neighbour`` invariance scenarios (bf16)."""
         out = [self._case(n, *row, dtype=dt) for n, row in SCENARIOS.items() for dt in ("bf16", "fp16")]
         out += [self._case(n, *row, dtype="bf16", invariance=kind) for n, (kind, *row) in INVARIANCE_SCENARIOS.items()]
-        return out + [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
+        out += [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
+        return out + [
+            self._case(n, reqs, heads, block, (None, None), d, dtype="bf16", invariance="neighbour")
+            for n, (reqs, heads, block, d) in NEIGHBOUR_SCENARIOS.items()
+        ]
 
     def check(self, case: AttentionCase) -> None:
         if case.scenario in GRAPH_SCENARIOS:
             return check_graph_case(case, GRAPH_SCENARIOS[case.scenario])
-        if case.scenario not in SCENARIOS and case.scenario not in INVARIANCE_SCENARIOS:
-            known = sorted(SCENARIOS) + sorted(INVARIANCE_SCENARIOS)
+        if case.scenario not in SCENARIOS and case.scenario not in INVARIANCE_SCENARIOS | NEIGHBOUR_SCENARIOS:
+            known = sorted(SCENARIOS) + sorted(INVARIANCE_SCENARIOS) + sorted(NEIGHBOUR_SCENARIOS)
             raise ValueError(f"scenario must be one of {known} for engine {self.name}, got {case.scenario!r}")
         if case.num_heads % 2 or case.num_kv_heads % 2:
             raise ValueError(f"num_heads ({case.num_heads}) and num_kv_heads ({case.num_kv_heads}) must be even")

@@ -9,7 +9,7 @@ from ..base import Request
 from ..v0_graph_common import GraphScenario as V0GraphScenario
 from ..v0_graph_common import decodes as _d
 
-__all__ = ["GRAPH_SCENARIOS", "INVARIANCE_SCENARIOS", "SCENARIOS", "GraphScenario"]
+__all__ = ["GRAPH_SCENARIOS", "INVARIANCE_SCENARIOS", "NEIGHBOUR_SCENARIOS", "SCENARIOS", "GraphScenario"]
 
 #: scenario -> (requests, prompts first as V0 packs them; heads (H, Hk); block size; window)
 SCENARIOS: dict[str, tuple[tuple[Request, ...], tuple[int, int], int, tuple[int | None, int | None]]] = {
@@ -46,6 +46,17 @@ INVARIANCE_SCENARIOS: dict[
         16,
         (None, None),
     ),
+}
+
+#: ``neighbour`` invariance scenarios: name -> (batch, heads (H, Hk), block size, head dim), no window.  Request 0
+#: is a 5-token prompt chunk of 3,000 keys (long enough for a split heuristic to split; a prompt, since V0 lists
+#: prompts before decodes and request 0 comes first) beside a 129-token prompt chunk after 971 cached tokens, which
+#: the invariance cuts to 1 (a decode: its own kvcache call), 9, 10, 64, 65 and 128 new tokens (the prompts'
+#: shared prefill call).  Heads as Qwen2.5-0.5B's (d64) and Qwen2.5-7B's (d128) doubled: each call sees GQA 7, as
+#: vLLM #51902's 14 / 2 heads.
+NEIGHBOUR_SCENARIOS: dict[str, tuple[tuple[Request, ...], tuple[int, int], int, int]] = {
+    "inv_neighbour_chunk_d64": ((Request(5, cached=2995), Request(129, cached=971)), (28, 4), 16, 64),
+    "inv_neighbour_chunk_d128": ((Request(5, cached=2995), Request(129, cached=971)), (56, 8), 16, 128),
 }
 
 

@@ -67,6 +67,7 @@ from .scenarios import (
     ENCODER_DECODER,
     ENCODER_ONLY,
     INVARIANCE_SCENARIOS,
+    NEIGHBOUR_CONFIGS,
     SCENARIOS,
     Scenario,
     invariance_batch,
@@ -99,31 +100,37 @@ class VllmV0FlashAttention(V0GraphEngine, Engine):
     description = "vLLM V0 FlashAttention: prefill/prefix/spec/decode paths, encoder, cross, ALiBi, fp8, windows"
 
     def cases(self) -> list[AttentionCase]:
-        out = []
+        """Every scenario at each layer of :data:`CONFIGS`, then the graph scenarios, then the ``neighbour``
+        invariance scenarios at each layer of :data:`NEIGHBOUR_CONFIGS`."""
         inv = {name: kind for name, (kind, _) in INVARIANCE_SCENARIOS.items()}
-        tables = list(SCENARIOS.items()) + [(name, scn) for name, (_, scn) in INVARIANCE_SCENARIOS.items()]
-        for scenario, scn in tables:
-            for (h, hk), d, dtype, bs in CONFIGS:
-                out.append(
-                    AttentionCase(
-                        requests=scn.requests(),
-                        num_heads=h,
-                        num_kv_heads=hk,
-                        head_dim=d,
-                        dtype="bf16" if scn.fp8 else dtype,
-                        kv_layout="NHD" if scn.uses_cache else "contiguous",
-                        block_size=bs if scn.uses_cache else None,
-                        causal=scn.attn_type == DECODER,
-                        window=scn.window(),
-                        alibi=scn.alibi,
-                        quant=FP8 if scn.fp8 else "none",
-                        descale="tensor" if scn.fp8 else None,
-                        engine=self.name,
-                        scenario=scenario,
-                        invariance=inv.get(scenario, ""),
-                    )
-                )
-        return out + [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
+        tables = list(SCENARIOS.items()) + [
+            (name, scn) for name, (kind, scn) in INVARIANCE_SCENARIOS.items() if kind != "neighbour"
+        ]
+        neighbour = [(name, scn) for name, (kind, scn) in INVARIANCE_SCENARIOS.items() if kind == "neighbour"]
+        out = [self._case(name, scn, cfg, inv.get(name, "")) for name, scn in tables for cfg in CONFIGS]
+        out += [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
+        return out + [self._case(name, scn, cfg, "neighbour") for name, scn in neighbour for cfg in NEIGHBOUR_CONFIGS]
+
+    def _case(self, scenario: str, scn: Scenario, config: tuple, invariance: str) -> AttentionCase:
+        """A scenario's case at one layer configuration ``((h, hk), d, dtype, block_size)``."""
+        (h, hk), d, dtype, bs = config
+        return AttentionCase(
+            requests=scn.requests(),
+            num_heads=h,
+            num_kv_heads=hk,
+            head_dim=d,
+            dtype="bf16" if scn.fp8 else dtype,
+            kv_layout="NHD" if scn.uses_cache else "contiguous",
+            block_size=bs if scn.uses_cache else None,
+            causal=scn.attn_type == DECODER,
+            window=scn.window(),
+            alibi=scn.alibi,
+            quant=FP8 if scn.fp8 else "none",
+            descale="tensor" if scn.fp8 else None,
+            engine=self.name,
+            scenario=scenario,
+            invariance=invariance,
+        )
 
     def check(self, case: AttentionCase) -> None:
         if case.scenario in GRAPH_SCENARIOS:

@@ -5,8 +5,8 @@ keep names and fields stable).
 A :class:`Scenario` is one step's sequences (prompts and decodes, in the case's order), the layer's attention type
 (decoder, encoder, encoder-only, encoder-decoder cross) and the model's settings (sliding window ``w``, chunked
 prefill, ALiBi, fp8 cache).  :data:`INVARIANCE_SCENARIOS` are the invariance checks
-(:mod:`conformance.engines.invariance`), in V0's only configuration (no batch-invariant mode: a ``batch``
-difference is reported, not failed).
+(:mod:`conformance.engines.invariance`), in V0's only configuration (no batch-invariant mode: a ``batch`` or
+``neighbour`` difference is reported, not failed); the ``neighbour`` ones at :data:`NEIGHBOUR_CONFIGS`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ __all__ = [
     "ENCODER_DECODER",
     "ENCODER_ONLY",
     "INVARIANCE_SCENARIOS",
+    "NEIGHBOUR_CONFIGS",
     "SCENARIOS",
     "Scenario",
     "invariance_batch",
@@ -103,7 +104,16 @@ INVARIANCE_SCENARIOS: dict[str, tuple[str, Scenario]] = {
     "inv_batch_decode": ("batch", Scenario((_d(1, 299), _d(1, 50), _d(1, 5), _d(1, 17)))),
     "inv_batch_mixed": ("batch", Scenario((_d(1, 70), _p(24, 32), _d(1, 33), _p(10)), chunked_prefill=True)),
     "inv_batch_prefix_prefill": ("batch", Scenario((_p(20, 48), _p(64, 16), _p(7), _p(9, 100)))),
+    # request 0 (a decode, or a 5-token prompt chunk, of 3,000 keys) beside a 129-token prompt chunk after 971
+    # cached tokens, which the invariance cuts to 1 (a decode), 9, 10, 64, 65 and 128 new tokens (chunked prefill:
+    # decodes and prompt chunks in one step, the prompts' prefill call apart from the decodes' kvcache call)
+    "inv_neighbour_decode": ("neighbour", Scenario((_d(1, 2999), _p(129, 971)), chunked_prefill=True)),
+    "inv_neighbour_chunk": ("neighbour", Scenario((_p(5, 2995), _p(129, 971)), chunked_prefill=True)),
 }
+
+#: the ``neighbour`` scenarios' layer configurations (as :data:`CONFIGS`): the two head dims FA kernels compile
+#: templates for, both GQA 7 (as vLLM #51902's 14 / 2 heads): Qwen2.5-0.5B's (d64) and Qwen2.5-7B's (d128).
+NEIGHBOUR_CONFIGS = (((14, 2), 64, "bf16", 16), ((28, 4), 128, "bf16", 16))
 
 
 def invariance_batch(scn: Scenario, requests: tuple[tuple[int, int], ...]) -> Scenario:

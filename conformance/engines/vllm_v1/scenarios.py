@@ -150,9 +150,36 @@ SCENARIOS: dict[str, Scenario] = {
 _INV_MIXED = _r((1, 69), (40, 0), (24, 50), (1, 32), (17, 0))
 _INV_DECODE = _r((1, 299), (1, 64), (1, 127), (1, 15), (1, 1))
 
+#: the growing-neighbour steps: request 0 (a decode, or a 5-token chunk, of 3,000 keys: long enough for a split
+#: heuristic to split) beside a 129-token prefill chunk after 971 cached tokens, which the ``neighbour`` invariance
+#: cuts to 1 (a decode: the reorder moves it into the decode call), 9, 10, 64, 65 and 128 new tokens.
+_NB_DECODE = _r((1, 2999), (129, 971))
+_NB_CHUNK = _r((5, 2995), (129, 971))
+#: the layers at the two head dims FA kernels compile templates for, both GQA 7 (as vLLM #51902's 14 / 2 heads:
+#: 9 -> 10 query rows of the longest request cross 64 packed rows): Qwen2.5-0.5B's (d64) and Qwen2.5-7B's (d128).
+_NB_LAYERS = {
+    64: _layer("NHD", 16, num_heads=14, num_kv_heads=2),
+    128: _layer("NHD", 16, num_heads=28, num_kv_heads=4, head_dim=128),
+}
+
+
+def _neighbour_scenarios() -> dict[str, tuple[str, Scenario]]:
+    """``inv_neighbour_{decode,chunk}_d{64,128}`` in the default configuration, then in batch-invariant mode."""
+    out = {}
+    for mode, invariant in (("", False), ("batch_invariant_", True)):
+        for d, layer in _NB_LAYERS.items():
+            for target, reqs in (("decode", _NB_DECODE), ("chunk", _NB_CHUNK)):
+                out[f"inv_neighbour_{mode}{target}_d{d}"] = (
+                    "neighbour",
+                    Scenario(reqs, layer, batch_invariant=invariant),
+                )
+    return out
+
+
 #: name -> (invariance kind, scenario): request 0's rows through the whole step, compared bitwise
 #: (:mod:`conformance.engines.invariance`); the batch is the case's ``requests`` (each variant a step of its own).
-#: With ``batch_invariant`` a ``batch`` difference fails (the mode's promise) on a kernel that takes a split count.
+#: With ``batch_invariant`` a ``batch`` or ``neighbour`` difference fails (the mode's promise) on a kernel that
+#: takes a split count.
 INVARIANCE_SCENARIOS: dict[str, tuple[str, Scenario]] = {
     "inv_run_mixed": ("run", Scenario(_INV_MIXED, _layer("HND", 16))),
     "inv_batch_decode": ("batch", Scenario(_INV_DECODE, _layer("HND", 16))),
@@ -160,6 +187,7 @@ INVARIANCE_SCENARIOS: dict[str, tuple[str, Scenario]] = {
     "inv_batch_invariant_decode": ("batch", Scenario(_INV_DECODE, _layer("HND", 16), batch_invariant=True)),
     "inv_batch_invariant_mixed": ("batch", Scenario(_INV_MIXED, _layer("NHD", 16), batch_invariant=True)),
     "inv_run_batch_invariant": ("run", Scenario(_INV_MIXED, _layer("HND", 16), batch_invariant=True)),
+    **_neighbour_scenarios(),
 }
 
 

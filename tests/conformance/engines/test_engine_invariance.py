@@ -113,12 +113,12 @@ class WrongAlone(ExactBackend):
 
 
 # ------------------------------------------------------------------------------------------------ the scenarios
-def test_every_seed_with_a_graph_path_has_run_and_batch_scenarios_in_the_engines_suite():
+def test_every_seed_with_a_graph_path_has_run_batch_and_neighbour_scenarios_in_the_engines_suite():
     suite = {c.id for c in get_suite("engines") if c.invariance}
     assert suite == {c.id for c in CASES} and len(suite) == len(CASES)
     for name in ENGINES:
         kinds = {c.invariance for c in CASES if c.engine == name}
-        assert kinds == {"run", "batch"}, name
+        assert kinds == {"run", "batch", "neighbour"}, name
         pinned = {c.scenario for c in CASES if c.engine == name and c.invariance == "batch" and c.num_splits == 1}
         assert pinned == PROMISED[name], name
     for case in CASES:
@@ -154,7 +154,12 @@ def test_every_invariance_scenario_passes_and_keeps_its_invariance_on_sdpa_cpu(c
     assert inv["kind"] == case.invariance and inv["kept"] is True
     # SDPA takes no split count (batch_invariance_via None): even the batch-invariant scenarios promise run only
     assert inv["promised"] is (case.invariance == "run")
-    labels = {"run": ["second run"], "batch": ["alone", "in batch (last)", "beside shorter requests"]}
+    cuts = [f"beside a neighbour of {n} queries" for n in (9, 10, 64, 65, 128)]
+    labels = {
+        "run": ["second run"],
+        "batch": ["alone", "in batch (last)", "beside shorter requests"],
+        "neighbour": ["alone", "beside a neighbour of 1 query", *cuts],
+    }
     assert [p["b"] for p in inv["pairs"]] == labels[case.invariance]
     assert r.extra["engine"]["engine"] == case.engine and r.extra["engine"]["scenario"] == case.scenario
     assert len(r.extra["notes"]) == 1 + len(labels[case.invariance])  # one line per variant's step
@@ -256,13 +261,14 @@ def test_an_engine_invariance_is_supported_only_when_every_variant_is_and_names_
 
 @pytest.mark.parametrize("kind", ["", "splits"])
 def test_an_engine_invariance_refuses_a_kind_it_cannot_replay(kind):
-    """Only ``run`` and ``batch`` (the engine sets its own split count); the refusal names the kinds and the value."""
+    """Only ``run``, ``batch`` and ``neighbour`` (the engine sets its own split count); the refusal names the kinds
+    and the value."""
     case = _case("vllm_v1_fa", "inv_run_mixed")
     object.__setattr__(case := case.replace(invariance=""), "invariance", kind)  # past the case's own check
     composition = EngineInvariance(get_engine("vllm_v1_fa"))
     message = (
-        rf"invariance must be one of \['run', 'batch'\] for an engine case \(the engine sets its own split count\), "
-        rf"got '{kind}'"
+        rf"invariance must be one of \['run', 'batch', 'neighbour'\] for an engine case \(the engine sets its own "
+        rf"split count\), got '{kind}'"
     )
     for call in (
         lambda: composition.supports(case, ExactBackend(), "cpu"),

@@ -89,16 +89,23 @@ ENGINE_AXES: dict[str, list[Any]] = dict(
     mods=MODS + [dict(chunk=8)],
     num_splits=[{}, dict(num_splits=None), dict(num_splits=1), dict(num_splits=2)],
     quant=[{}, dict(quant="fp8_e4m3"), dict(quant="int8_t1")],
-    invariance=[{}, dict(invariance=""), dict(invariance="run"), dict(invariance="batch")],
+    invariance=[
+        {},
+        dict(invariance=""),
+        dict(invariance="run"),
+        dict(invariance="batch"),
+        dict(invariance="neighbour"),
+    ],
     extra=[{}, dict(append=True), dict(scheduler_metadata=True), dict(head_dim_v=32), MLA],
 )
 
 
 def _engine_grids() -> dict[str, tuple[dict[str, Any], dict[str, list[Any]]]]:
-    """One grid per (engine, kind of scenario): an eager step, a graph replay, an invariance."""
+    """One grid per (engine, kind of scenario): an eager step, a graph replay, an invariance, a growing neighbour."""
     out = {}
     for case in engine_cases():
-        kind = "graph" if case.graph else "invariance" if case.invariance else "eager"
+        inv = "neighbour" if case.invariance == "neighbour" else "invariance"
+        kind = "graph" if case.graph else inv if case.invariance else "eager"
         key = f"engine-{case.engine}-{kind}"
         if key not in out:
             fields = {f: getattr(case, f) for f in case.to_json()}
