@@ -12,6 +12,9 @@ un-slices, un-pads and sums a GQA group itself).  ``backward_only`` reruns only 
 the last forward (kept by ``retain_graph``), which is what backward timing measures.  A leaf the forward never
 reached (no query row at all) gets a zero gradient.
 
+``lse_slack`` (the forward's per-row LSE allowance, :class:`attnfast.base.KernelOutput`) is handed on unchanged in
+every :class:`~attnfast.base.GradOutput`.
+
 ``context`` wraps the forward and the backward: :func:`deterministic_algorithms` for kernels whose deterministic
 mode is torch's global switch rather than an argument (torch's flash and memory-efficient backward kernels).
 """
@@ -85,6 +88,7 @@ class AutogradBackward:
         *,
         context: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
         notes: tuple[str, ...] = (),
+        lse_slack: torch.Tensor | None = None,
     ) -> None:
         if dout is None:
             raise ValueError("a backward call needs the upstream gradient inputs.dout (set for a backward case)")
@@ -93,6 +97,7 @@ class AutogradBackward:
         self._dout = dout.detach()
         self._context = context
         self.notes = notes
+        self._lse_slack = lse_slack
         self._last: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def __call__(self) -> GradOutput:
@@ -117,4 +122,5 @@ class AutogradBackward:
             got = (None,) * len(leaves)
         grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves, got, strict=True)]
         dsinks = grads[3] if len(grads) == 4 else None
-        return GradOutput(out.detach(), None if lse is None else lse.detach(), grads[0], grads[1], grads[2], dsinks)
+        lse = None if lse is None else lse.detach()
+        return GradOutput(out.detach(), lse, grads[0], grads[1], grads[2], dsinks, self._lse_slack)

@@ -6,7 +6,11 @@ into the reference's conventions:
 
 * ``out``: varlen layout ``(total_q, h, dv)`` (any float dtype);
 * ``lse``: ``(h, total_q)`` float32, natural log, ``-inf`` for a fully masked row (or the sink's
-  value with sinks), ALiBi in the symmetric form; ``None`` when the kernel cannot return it.
+  value with sinks), ALiBi in the symmetric form; ``None`` when the kernel cannot return it;
+* ``lse_slack``: ``None``, or ``(h, total_q)`` finite and ``>= 0``: per row, LSE error the kernel's own LSE
+  convention cannot avoid and the adapter's conversion cannot undo, which the verdict adds to that row's LSE bound
+  (FA2's causal ALiBi: :func:`attnfast._fa_common.alibi_causal_lse_slack`).  Declared only with a derivation from
+  the kernel's arithmetic; a composition that builds its own output from several calls leaves it out (stricter).
 
 Features listed in :data:`~conformance.cases.case.OPT_IN_FEATURES` (quantization, MLA ``qv``,
 V padding, FA3 scheduler metadata) are refused unless the adapter names them in ``accepts``: an
@@ -66,8 +70,11 @@ NOT_DECLARED = "not declared by this adapter (an opt-in feature: list it in Back
 
 @dataclass(frozen=True)
 class KernelOutput:
+    """What a forward call returns (conventions in the module docstring)."""
+
     out: torch.Tensor
     lse: torch.Tensor | None = None
+    lse_slack: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class GradOutput:
     """What a backward call returns: the forward's ``out``/``lse`` (as :class:`KernelOutput`) and the gradients of
     ``sum(out * dout)`` in the inputs' varlen layouts: ``dq (total_q, h, d)``, ``dk (total_k, hk, d)``,
     ``dv (total_k, hk, dv)`` (any float dtype), ``dsinks (h,)`` when the case has sinks and the kernel learns them
-    (None otherwise)."""
+    (None otherwise), and the forward's ``lse_slack`` (as :class:`KernelOutput`'s)."""
 
     out: torch.Tensor
     lse: torch.Tensor | None
@@ -83,6 +90,7 @@ class GradOutput:
     dk: torch.Tensor
     dv: torch.Tensor
     dsinks: torch.Tensor | None = None
+    lse_slack: torch.Tensor | None = None
 
 
 class BackwardCall(Protocol):

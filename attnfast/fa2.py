@@ -19,7 +19,9 @@ Entry point per case (:func:`fa2_entry`):
 Outputs: LSE ``+inf`` of rows that saw no key becomes ``-inf``.  ALiBi: on FA2's causal path
 (:func:`attnfast._fa_common.fa2_alibi_uses_causal_form`) the kernel adds ``+slope * j`` and its LSE
 is larger by ``slope * (i + sk - sq)``; the adapter subtracts that (read from ``alibi.h``/``mask.h``;
-``tests/attnfast/test_fa2.py::test_gpu_alibi_lse_form`` shows which form the kernel really uses).
+``tests/attnfast/test_fa2.py::test_gpu_alibi_lse_form`` shows which form the kernel really uses) and declares the
+kernel's fp32 rounding at that magnitude as the rows' ``lse_slack``
+(:func:`attnfast._fa_common.alibi_causal_lse_slack`).
 
 Known FA2 behaviour left visible on purpose (flash-attention issue 895): FA2 normalises the window
 against ``max_seqlen_k`` without the bottom-right offset ``sk - sq``
@@ -150,11 +152,11 @@ def _varlen_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: 
         block_table=inputs.block_table if case.paged else None,
         **common,
     )
-    shift, notes = fa2_alibi_fix(case, inputs, window, max_k)
+    shift, slack, notes = fa2_alibi_fix(case, inputs, window, max_k)
 
     def finish(result: Any) -> KernelOutput:
         out, lse = result[0], lse_posinf_to_neginf(result[1])
-        return KernelOutput(out, lse if shift is None else lse - shift)
+        return KernelOutput(out, lse if shift is None else lse - shift, slack)
 
     return KernelCall(VARLEN, kwargs, finish, notes)
 
@@ -184,13 +186,13 @@ def _kvcache_call(case: AttentionCase, inputs: CaseInputs, common: dict, window:
         return_softmax_lse=True,
         **common,
     )
-    shift, notes = fa2_alibi_fix(case, inputs, window, width)
+    shift, slack, notes = fa2_alibi_fix(case, inputs, window, width)
     total_q, dv = case.total_q, case.dv
 
     def finish(result: Any) -> KernelOutput:
         out, lse = result
         lse = padded_lse_to_varlen(lse_posinf_to_neginf(lse))
-        return KernelOutput(out.reshape(total_q, h, dv), lse if shift is None else lse - shift)
+        return KernelOutput(out.reshape(total_q, h, dv), lse if shift is None else lse - shift, slack)
 
     return KernelCall(KVCACHE, kwargs, finish, notes)
 
@@ -260,7 +262,7 @@ class FA2Backend(Backend):
 
         window = fa2_window(case)
         max_k = max(case.kv_lens)
-        shift, notes = fa2_alibi_fix(case, inputs, window, max_k)
+        shift, slack, notes = fa2_alibi_fix(case, inputs, window, max_k)
         kwargs = dict(
             cu_seqlens_q=inputs.cu_seqlens_q,
             cu_seqlens_k=inputs.cu_seqlens_k,
@@ -281,4 +283,4 @@ class FA2Backend(Backend):
             lse = lse_posinf_to_neginf(lse.detach())
             return out, lse if shift is None else lse - shift
 
-        return AutogradBackward(forward, grad_leaves(inputs), inputs.dout, notes=notes)
+        return AutogradBackward(forward, grad_leaves(inputs), inputs.dout, notes=notes, lse_slack=slack)

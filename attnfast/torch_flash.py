@@ -72,11 +72,11 @@ def torch_flash_plan(case: AttentionCase, inputs: CaseInputs) -> KernelCall:
         seqused_k=None,
         alibi_slopes=inputs.alibi_slopes,
     )
-    shift, notes = fa2_alibi_fix(case, inputs, (left, right), max_k, kernel="vendored FA2")
+    shift, slack, notes = fa2_alibi_fix(case, inputs, (left, right), max_k, kernel="vendored FA2")
 
     def finish(result: Any) -> KernelOutput:
         out, lse = result[0], lse_posinf_to_neginf(result[1])
-        return KernelOutput(out, lse if shift is None else lse - shift)
+        return KernelOutput(out, lse if shift is None else lse - shift, slack)
 
     return KernelCall(ENTRY, kwargs, finish, notes)
 

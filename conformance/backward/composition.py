@@ -2,7 +2,7 @@
 
 :func:`conformance.verdict.check.composition_of` hands a backward case here.  :meth:`Backward.prepare` returns a
 :class:`BackwardRun`, whose call runs the adapter's training call (:meth:`attnfast.base.Backend.prepare_backward`:
-forward, then backward of ``sum(out * dout)``) and returns its forward ``KernelOutput(out, lse)``, which
+forward, then backward of ``sum(out * dout)``) and returns its forward ``KernelOutput(out, lse, lse_slack)``, which
 :func:`~conformance.verdict.check.check_backend` judges like any forward (against :meth:`Backward.reference` and
 :meth:`Backward.baseline`, the plain forward ones).  The gradients are judged in the call
 (:mod:`conformance.backward.verdict`, against :mod:`conformance.backward.gradients`): each failed sub-check is one
@@ -74,7 +74,7 @@ class BackwardRun:
             _check_type(second)
             self._runs = (first, second)
             self.notes.extend(getattr(self.call, "notes", None) or ())
-        return KernelOutput(first.out, first.lse)
+        return KernelOutput(first.out, first.lse, first.lse_slack)
 
     # the gradient verdict runs when check_backend first reads it, after the timed call (harness time, not kernel's)
     @property

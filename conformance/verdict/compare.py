@@ -168,7 +168,9 @@ def compare_details(
 
     lse_max_abs = lse_allowed = None
     if kernel_out.lse is not None:
-        lse_max_abs, lse_allowed, lse_detail, masked_lse = _compare_lse(ref.lse, base[1], kernel_out.lse, tol)
+        lse_max_abs, lse_allowed, lse_detail, masked_lse = _compare_lse(
+            ref.lse, base[1], kernel_out.lse, tol, kernel_out.lse_slack
+        )
         base_nonfinite["lse"] = _baseline_lse_nonfinite(ref.lse, base[1])
         if lse_detail:
             details["lse"] = lse_detail
@@ -202,17 +204,30 @@ def _baseline_lse_nonfinite(ref_lse: torch.Tensor, base_lse: torch.Tensor) -> in
     return int((torch.isfinite(ref_lse) & ~torch.isfinite(_as_ref(base_lse, ref_lse))).sum())
 
 
-def _compare_lse(ref_lse: torch.Tensor, base_lse: torch.Tensor, kernel_lse: torch.Tensor, tol: Tolerance):
+def _compare_lse(
+    ref_lse: torch.Tensor,
+    base_lse: torch.Tensor,
+    kernel_lse: torch.Tensor,
+    tol: Tolerance,
+    slack: torch.Tensor | None = None,
+):
     """(max abs error, allowed at the worst row, 'lse' failure text or '', masked-row note or '').
 
     Rows with a finite reference LSE ("live") are compared numerically; a NaN or +-inf kernel LSE there
     has error +inf and fails.  Rows with reference LSE ``-inf`` (fully masked, no sink) need exactly
-    ``-inf``.  Baseline rows that are not finite are left out of the bound's baseline term.
+    ``-inf``.  Baseline rows that are not finite are left out of the bound's baseline term.  ``slack``
+    (the kernel output's ``lse_slack``: the reference's shape, finite, ``>= 0``, else ``ValueError``) is added to
+    each live row's bound and named in the failure text.
     """
     ct = ref_lse.dtype
     if tuple(kernel_lse.shape) != tuple(ref_lse.shape):
         got = tuple(kernel_lse.shape)
         raise ValueError(f"kernel lse must have the reference's shape {tuple(ref_lse.shape)}, got {got}")
+    if slack is not None:
+        if not isinstance(slack, torch.Tensor) or tuple(slack.shape) != tuple(ref_lse.shape):
+            got = tuple(slack.shape) if isinstance(slack, torch.Tensor) else type(slack).__name__
+            raise ValueError(f"kernel lse_slack must have the reference LSE's shape {tuple(ref_lse.shape)}, got {got}")
+        slack = _as_ref(slack, ref_lse)
     total_q = ref_lse.shape[1]
 
     def where_row(flat: int) -> str:
@@ -225,9 +240,15 @@ def _compare_lse(ref_lse: torch.Tensor, base_lse: torch.Tensor, kernel_lse: torc
     lb = _as_ref(base_lse, ref_lse)
     b_err = (lb - ref_lse).abs()
     # One host read for what the bound needs (the baseline's largest error), one for the kernel's statistics.
-    masked_bad, live_rows, b_max = _read(
-        bad_masked.sum(), live.sum(), _masked_max_t(b_err, live & torch.isfinite(b_err))
+    # a NaN slack would make every comparison with the bound false (a pass), an infinite one switch the bound off
+    bad_slack = (
+        live.new_zeros((), dtype=torch.long) if slack is None else (~(torch.isfinite(slack) & (slack >= 0))).sum()
     )
+    masked_bad, live_rows, b_max, slack_bad = _read(
+        bad_masked.sum(), live.sum(), _masked_max_t(b_err, live & torch.isfinite(b_err)), bad_slack
+    )
+    if slack_bad:
+        raise ValueError(f"kernel lse_slack must be finite and >= 0 on every row, {int(slack_bad)} rows are not")
     if masked_bad:
         first = int(torch.nonzero(bad_masked.flatten())[0])
         masked_note = (
@@ -241,6 +262,8 @@ def _compare_lse(ref_lse: torch.Tensor, base_lse: torch.Tensor, kernel_lse: torc
     diff = torch.where(live, torch.where(kernel_finite, (lk - ref_lse).abs(), math.inf), 0.0)
     safe_ref = torch.where(live, ref_lse, 0.0)
     allowed = tol.lse_factor * b_max + tol.lse_atol + tol.lse_rtol * safe_ref.abs()
+    if slack is not None:
+        allowed = allowed + torch.where(live, slack, 0.0)
     ratio = diff / allowed.clamp_min(torch.finfo(ct).tiny)
     nonfinite = live & ~kernel_finite
     flat_ratio = ratio.flatten()
@@ -261,7 +284,8 @@ def _compare_lse(ref_lse: torch.Tensor, base_lse: torch.Tensor, kernel_lse: torc
         detail = (
             f"lse: |lse-ref| {float(diff.flatten()[w]):.1e} at {where_row(w)} > allowed {allowed_w:.1e} "
             f"({tol.lse_factor:g} x baseline {b_max:.1e} + lse_atol {tol.lse_atol:.1e} "
-            f"+ lse_rtol {tol.lse_rtol:g} x |lse| {float(safe_ref.flatten()[w].abs()):.1e}); "
+            f"+ lse_rtol {tol.lse_rtol:g} x |lse| {float(safe_ref.flatten()[w].abs()):.1e}"
+            f"{'' if slack is None else f' + kernel lse_slack {float(slack.flatten()[w]):.1e}'}); "
             f"kernel {float(lk.flatten()[w]):.6g} vs reference {float(ref_lse.flatten()[w]):.6g}; "
             f"{int((ratio > 1).sum())} of {int(live_rows)} rows over"
         )

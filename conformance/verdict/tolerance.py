@@ -13,7 +13,9 @@ holds everywhere (or on all but ``max_mismatch_frac`` of the elements), and
   (an infinite ``atol`` or ``lse_atol`` switches a bound off, never this);
 * cosine similarity of the flattened outputs >= ``min_cosine`` (skipped when ``ref`` is all 0);
 * LSE, on rows whose reference LSE is finite:
-  ``|lse - lse_ref| <= lse_factor * max|lse_base - lse_ref| + lse_atol + lse_rtol * |lse_ref|``;
+  ``|lse - lse_ref| <= lse_factor * max|lse_base - lse_ref| + lse_atol + lse_rtol * |lse_ref| [+ slack]``, where
+  ``slack`` is the row's ``lse_slack`` when the adapter declares one (``attnfast.base``: the error the kernel's
+  own LSE convention cannot avoid, e.g. FA2's causal ALiBi shift); it is no tolerance field and no override sets it;
 * fully masked rows (reference LSE ``-inf``): kernel LSE exactly ``-inf``; rows whose reference
   output is exactly 0: ``|out| <= atol``.
 

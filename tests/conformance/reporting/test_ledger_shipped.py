@@ -305,8 +305,9 @@ NAMED = {
     # workers no CUDA device; a device lost mid-run is an error by design, never a refusal (verdict/check.py)
     ("fa4", "error", "not available in this worker"): 40,
     # the peer grid on FA2 (reports/h100-2026-11-26-speed-4/peerfa2): causal ALiBi over 19,169 keys, an LSE 1.0e-3 over
-    # its bound on one row: FA2 returns the LSE of +slope*j scores, whose fp32 rounding at |slope*sk| ~ 1e4 the
-    # adapter's correction cannot undo (scripts/investigate_fa2_alibi_lse.py)
+    # its bound on one row: FA2 computes the LSE of +slope*j scores in fp32 at |slope*(i + sk - sq)| ~ 1e4, whose
+    # rounding the adapter's correction cannot undo; the adapter declares it per row since (lse_slack,
+    # scripts/investigate_fa2_alibi_lse.py)
     ("fa2", "fail", "lse: "): 1,
 }
 
