@@ -466,10 +466,8 @@ def alibi_causal_lse_shift(case: AttentionCase, slopes: torch.Tensor) -> torch.T
 #: carries its relative error), 1 for each biased score ``q.k + alibi_slope * j`` (an FMA), 1 for the scaled row max
 #: the exponentials are taken against, 1 for ``lse = row_max * scale + log(sum)``, 1 for the split-KV combine
 #: ``lse_max + log(...)``, 1 for the adapter's fp32 shift (exact for power-of-two slopes).  Every other rounding
-#: acts on O(1) values, which the dtype's ``lse_atol`` and ``lse_rtol`` already cover.  An fp32 model of the kernel
-#: (``tests/attnfast/fa2_numerics.py``, bit for bit the H100's LSE on the row that failed) reaches 2.1 of them on that
-#: case, 2.6 over other inputs, 6.2 with the division 2 ulps off and 2.9 without FMAs
-#: (``scripts/investigate_fa2_alibi_lse.py``).
+#: acts on O(1) values, which the dtype's ``lse_atol`` and ``lse_rtol`` already cover.  What an fp32 model of the
+#: kernel's arithmetic reaches: docs/concepts/verdict.md, "A kernel's own LSE convention".
 ALIBI_LSE_ROUNDINGS = 9
 
 
@@ -477,8 +475,8 @@ def alibi_causal_lse_slack(shift: torch.Tensor) -> torch.Tensor:
     """``(h, total_q)`` fp32 >= 0: what FA2's causal ALiBi convention can cost the LSE of each row,
     ``ALIBI_LSE_ROUNDINGS x 2^-24 x |shift|`` (see :data:`ALIBI_LSE_ROUNDINGS`).
 
-    The kernel computes every score, its running max and the LSE it returns with ``shift`` folded in (about 1e4 for a
-    slope of 1/2 over 19k keys, where an fp32 ulp is 1e-3), so subtracting the shift afterwards cannot recover what
-    those roundings lost; the verdict adds this to the row's LSE bound, and nothing to any other row or case.
+    The kernel computes every score, its running max and the LSE it returns with ``shift`` folded in, in fp32, so
+    subtracting the shift afterwards cannot recover what those roundings lost; the verdict adds this to the row's LSE
+    bound, and nothing to any other row or case.
     """
     return shift.abs() * (ALIBI_LSE_ROUNDINGS * 2.0**-24)

@@ -16,7 +16,8 @@ held here as an fp64 tensor rounded to fp32 (:func:`f32`) at each point where th
 The q.k products are exact (fp16 inputs, fp64 sums) and rounded once: the kernel's fp32 accumulation order changes
 them by O(1e-7), far below what the ALiBi bias's magnitude costs.  ``exp2``/``log`` are correctly rounded here
 (the kernel's fast-math versions are off by a few fp32 ulps of O(1) values, again far below).  A model, not the
-kernel: it reproduces the size of the LSE's rounding error, not its bits.
+kernel: it reproduces the size of the LSE's rounding error, and its bits only where the orders of summation the
+model cannot know do not matter.
 """
 
 from __future__ import annotations
