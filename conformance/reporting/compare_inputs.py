@@ -147,7 +147,7 @@ def _one(f: ResultsFile, what: str, of) -> tuple[str, str]:
     return ident, desc
 
 
-def _load(path: Path | str, allow_skipped: bool, drop_duplicates: bool = False) -> ResultsFile:
+def _load(path: Path | str, allow_skipped: bool, drop_duplicates: bool) -> ResultsFile:
     try:
         f = load_results(path, allow_skipped=True, drop_duplicates=drop_duplicates)
     except ResultsFileError as exc:

@@ -7,9 +7,22 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
+from conformance.cases.case import AttentionCase
+
 from conformance.records import Header
-from conformance.reporting.compare_inputs import check_inputs, suite_of, tolerance_of
-from tests.conformance.reporting.test_fail_closed import compare, full, header, legacy_header, refused, write
+from conformance.reporting.compare_inputs import LISTED, CompareRefused, check_inputs, suite_of, tolerance_of
+from tests.conformance.reporting.test_fail_closed import (
+    CASES,
+    compare,
+    full,
+    header,
+    legacy_header,
+    refused,
+    result,
+    write,
+)
 
 
 def _legacy(suite: str | None = "smoke", **run) -> Header:
@@ -168,3 +181,81 @@ def test_the_seed_of_an_old_header_is_its_env_run_seed(tmp_path: Path) -> None:
     assert check_inputs(zero, zero).notes == []
     (note,) = check_inputs(zero, one).notes
     assert note.startswith("Seeds differ (old ['0'], new ['1']): the inputs differ")
+
+
+# ------------------------------------------------------------------------------- defaults, duplicates, texts
+# (the survivors of the fourth session's mutation run over compare_inputs.py)
+
+
+MANY = [AttentionCase(requests=((2, 2 + i),), num_heads=2, num_kv_heads=1, head_dim=8) for i in range(8)]
+
+
+def _refusal(old: Path, new: Path, **options) -> str:
+    with pytest.raises(CompareRefused) as exc:
+        check_inputs(old, new, **options)
+    return exc.value.reason
+
+
+def test_check_inputs_fails_closed_when_called_without_options(tmp_path: Path) -> None:
+    """Every option of check_inputs defaults to the closed side: skipped lines, a subset, other families and
+    duplicated pairs are refused unless the caller asks for them."""
+    old = write(tmp_path / "old.jsonl", header(), *full())
+    garbled = write(tmp_path / "garbled.jsonl", header(), *full()[:3])
+    with open(garbled, "a", encoding="utf-8") as fh:
+        fh.write("{not json\n")
+    write(garbled, *full()[3:])
+    assert "skipped" in _refusal(old, garbled) or "line" in _refusal(old, garbled)
+    assert check_inputs(old, garbled, allow_skipped=True).new_results
+    subset = write(tmp_path / "subset.jsonl", header(), *full()[:-1])
+    assert "lacks 1 of the" in _refusal(old, subset)
+    kern_only = write(tmp_path / "kern.jsonl", header(families=("kern",)), *[result(c, "kern") for c in CASES])
+    assert "lacks 3 of the 6" in _refusal(old, kern_only)
+    assert check_inputs(old, kern_only, only_new_families=True).outside_scope == {"other": 3}
+    doubled = write(tmp_path / "doubled.jsonl", header(), *full(), full()[0])
+    _refusal(old, doubled)
+
+
+def test_dropping_duplicates_applies_to_both_files(tmp_path: Path) -> None:
+    """--drop-duplicates drops the duplicated pairs of OLD as well as NEW (each file loaded with the option)."""
+    old = write(tmp_path / "old.jsonl", header(), *full())
+    doubled = write(tmp_path / "doubled.jsonl", header(), *full(), full()[0])
+    for a, b in ((doubled, old), (old, doubled)):
+        _refusal(a, b)
+        inputs = check_inputs(a, b, drop_duplicates=True)
+        assert len(inputs.old_results) == len(inputs.new_results) == len(full())
+
+
+@pytest.mark.parametrize("side", ["old", "new"])
+def test_a_file_mixing_suites_or_tolerances_is_refused_by_name(tmp_path: Path, side: str) -> None:
+    """A file whose headers disagree is refused with what they disagree on: suites or tolerances."""
+    plain = write(tmp_path / "plain.jsonl", header(), *full())
+    suites = write(tmp_path / "suites.jsonl", header("smoke"), *full()[:3], header("default"), *full()[3:])
+    tols = write(tmp_path / "tols.jsonl", header(), *full()[:3], header(tol=[{"factor": 3.0}]), *full()[3:])
+    for mixed, what in ((suites, "suites"), (tols, "tolerances")):
+        pair = (mixed, plain) if side == "old" else (plain, mixed)
+        assert _refusal(*pair).startswith(f"mixes runs of different {what}: header 1 has ")
+
+
+def test_the_refusals_say_what_to_do(tmp_path: Path) -> None:
+    """Nothing in common: '... ; nothing to compare'.  A subset: the missing pairs named (at most LISTED, joined
+    by ', ', the exact count of the rest) and the way out."""
+    old = write(tmp_path / "old.jsonl", header(), *[result(c, f) for c in MANY for f in FAMILIES_])
+    other = write(tmp_path / "other.jsonl", header(), *full())
+    assert _refusal(old, other).endswith("(16 pairs there, 6 here); nothing to compare")
+    pairs = sorted((c.id, f) for c in MANY for f in FAMILIES_)
+    one = write(tmp_path / "one.jsonl", header(), result(MANY[0], "kern"))
+    missing = [p for p in pairs if p != (MANY[0].id, "kern")]
+    named = ", ".join(f"{c} x {b}" for c, b in missing[:LISTED])
+    assert _refusal(old, one) == (
+        f"lacks {len(missing)} of the {len(pairs)} (case, family) pairs of {old}: {named} "
+        f"(+{len(missing) - LISTED} more); run them, or pass --allow-subset to compare the rest"
+    )
+    keep = [p for p in pairs if p not in missing[:LISTED]]
+    exactly = write(
+        tmp_path / "five.jsonl", header(), *[result(next(c for c in MANY if c.id == i), f) for i, f in keep]
+    )
+    five = ", ".join(f"{c} x {b}" for c, b in missing[:LISTED])
+    assert _refusal(old, exactly).endswith(f": {five}; run them, or pass --allow-subset to compare the rest")
+
+
+FAMILIES_ = ("kern", "other")
