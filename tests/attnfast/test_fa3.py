@@ -113,6 +113,9 @@ CASES = {
     "paged_empty_kv": C([(3, 0), (2, 5)], **PG16),
     "append_contig": C([(1, 40), (1, 97)], causal=True, append=True),
     "append_paged_varlen": C([(3, 300), (1, 20), (5, 5)], causal=True, append=True, **PG16),
+    # short appends: cu_seqlens_k_new counts append_len keys per request, not the q_len
+    "append_short_paged_varlen": C([(3, 300), (2, 20), (5, 5)], causal=True, append=True, append_len=2, **PG16),
+    "append_short_contig_window": C([(6, 97), (6, 6)], causal=True, window=(8, 0), append=True, append_len=3),
 }
 CPU_NAMES = [n for n in CASES if max(CASES[n].kv_lens) <= 300 and CASES[n].total_q <= 300]
 
