@@ -285,3 +285,19 @@ def test_fp8_append_writes_the_stored_rows_into_the_stored_cache(append_len, lay
     quant.k_new = (quant.k_new.float() * 2).to(torch.float8_e4m3fn)
     assert not torch.equal(sequences(case, inputs)[0].k, first[0].k)
     assert not torch.equal(SdpaCpuBackend().prepare(case, inputs)().out, out)
+
+
+# ---------------------------------------------------------------- the fuzzer draws and shrinks them
+def test_the_fuzzer_draws_short_appends_and_the_shrinker_undoes_them() -> None:
+    from conformance.fuzz.draw import draw
+    from conformance.fuzz.shrink import candidates, complexity
+
+    drawn = [d.case for d in (draw(0, i) for i in range(400)) if d.case is not None and d.case.append]
+    short = [c for c in drawn if c.append_len is not None]
+    assert short and len(short) < len(drawn)  # some appends short, not all
+    case = short[0]
+    moves = dict(candidates(case))
+    label = f"append_len {case.append_len} -> None"
+    assert moves[label].append_len is None and moves[label].append
+    assert all(complexity(c) < complexity(case) for c in moves.values())
+    assert moves["drop append"].append_len is None and not moves["drop append"].append
