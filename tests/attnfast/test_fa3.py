@@ -79,7 +79,8 @@ def test_kvcache_arguments():
     assert kw["k_cache"].shape == (inputs.k_cache.shape[0], 16, 2, 64), "HND must be passed as an NHD-shaped view"
     assert kw["k_cache"].data_ptr() == inputs.k_cache.data_ptr(), "the HND view must alias the cache (no copy)"
     assert kw["cache_seqlens"].tolist() == [38, 94] and kw["cache_seqlens"].dtype == torch.int32
-    assert kw["cu_seqlens_k_new"] is inputs.cu_seqlens_q and kw["k"] is inputs.k_new
+    assert kw["cu_seqlens_k_new"] is inputs.cu_seqlens_k_new and kw["k"] is inputs.k_new
+    assert torch.equal(kw["cu_seqlens_k_new"], inputs.cu_seqlens_q)  # every query token a new key
     assert kw["window_size"] == (8, -1) and kw["attention_chunk"] == 32 and kw["num_splits"] == 0
     assert kw["page_table"] is inputs.block_table and kw["max_seqlen_q"] == 3
 
