@@ -14,6 +14,9 @@ Conventions converted here (``../shared/SEMANTICS.md`` sections 2-4):
 * ALiBi: FA2's causal kernel adds ``+slope * j`` instead of ``-slope * |i + sk - sq - j|``; the
   softmax is the same but the LSE is larger by ``slope * (i + sk - sq)``, which the kernel's fp32 arithmetic
   carries (its rounding at that magnitude is declared per row: :func:`alibi_causal_lse_slack`).
+
+Size: one layer of plumbing the four family adapters share (call and prepared-kernel types, windows, caches, padded
+V, LSE conventions); FA2's window and ALiBi conventions (the last third) are the part to give a module of its own.
 """
 
 from __future__ import annotations
