@@ -1,6 +1,7 @@
 """The results file at the edges the mutation run found unpinned: the line and header of each record kept when
 duplicates are dropped, the line limit of the plain and the gzip reader at exactly ``MAX_LINE`` bytes without a
-newline, reads of at most ``_BLOCK`` bytes, zlib data that is not gzip, and the text of a member cut short.
+newline, reads of at most ``MAX_LINE + 1`` or ``_BLOCK`` bytes, zlib data that is not gzip, and the text of a
+member cut short.
 
 The line reader is driven with a small ``MAX_LINE`` and ``_BLOCK`` (patched, as in test_results_gzip_lines.py)."""
 
@@ -76,7 +77,7 @@ def test_a_line_over_the_limit_is_refused_naming_it_and_why(gzipped, monkeypatch
 
 
 class _Reads(io.BytesIO):
-    """A file that records the size of every read."""
+    """A file that records the size of every read and readline."""
 
     def __init__(self, data: bytes) -> None:
         super().__init__(data)
@@ -86,17 +87,25 @@ class _Reads(io.BytesIO):
         self.sizes.append(size)
         return super().read(size)
 
+    def readline(self, size: int | None = -1) -> bytes:
+        self.sizes.append(size)
+        return super().readline(size)
 
-def test_gzip_is_read_in_blocks_of_at_most_block_bytes(monkeypatch):
-    """The gzip reader asks the file for at most ``_BLOCK`` bytes at a time (a large file never sits in memory
-    whole), and reads it to its end."""
-    # kills xǁ_Linesǁ_gzip__mutmut_21 (read(None): the whole file at once)
+
+@pytest.mark.parametrize(("gzipped", "most"), [(False, LIMIT + 1), (True, 5)], ids=["plain", "gzip"])
+def test_the_file_is_read_a_bounded_piece_at_a_time(gzipped, most, monkeypatch):
+    """The plain reader asks the file for at most MAX_LINE + 1 bytes at a time (one more than a line may hold,
+    to tell a line over the limit), the gzip reader for at most ``_BLOCK``: a large file, or one without newlines,
+    never sits in memory whole; both read it to its end."""
+    # kills xǁ_Linesǁ_gzip__mutmut_21 (read(None): the whole file at once); also readline(None) and
+    # readline(MAX_LINE + 2) of the plain reader
     _limits(monkeypatch, block=5)
-    data = gzip.compress(b"one\ntwo\nthree\n") + gzip.compress(b"four\n")
+    text = b"one\ntwo\nthree\nfour\n"
+    data = gzip.compress(text[:14]) + gzip.compress(text[14:]) if gzipped else text
     fh = _Reads(data)
-    got, _ = _lines(data, True, fh)
+    got, _ = _lines(data, gzipped, fh)
     assert [line for line, _ in got] == [b"one\n", b"two\n", b"three\n", b"four\n"]
-    assert len(fh.sizes) > 1 and all(isinstance(n, int) and 0 < n <= 5 for n in fh.sizes), fh.sizes
+    assert len(fh.sizes) > 1 and all(isinstance(n, int) and 0 < n <= most for n in fh.sizes), fh.sizes
 
 
 def test_zlib_data_is_not_gzip(monkeypatch):
