@@ -267,9 +267,9 @@ class _Lines:
 
     def _plain(self) -> Iterator[tuple[bytes, int]]:
         n = 0
-        while raw := self.fh.readline(MAX_LINE):
+        while raw := self.fh.readline(MAX_LINE + 1):  # a byte more than a line may hold: over the limit
             n += 1
-            if len(raw) == MAX_LINE and not raw.endswith(b"\n"):
+            if len(raw) > MAX_LINE:
                 raise self._too_long(n)
             self.keep += len(raw)
             yield raw, 0
@@ -277,12 +277,14 @@ class _Lines:
     def _gzip(self) -> Iterator[tuple[bytes, int]]:
         buf = bytearray()  # the line being decoded
         n = 0  # lines yielded
-        data = b""  # compressed bytes not yet decompressed
         pos = 0  # compressed bytes consumed
-        start = 0  # where the current member starts
         member = -1
         d: Any = None  # the current member's decompressor; None between members
-        more = False  # the last call stopped at _BLOCK bytes of output: call again before reading on
+        # no mutate (the three below): data and more are only tested for truth before they are first set, and start
+        # is only read while a member is open (d is not None), which sets it; any false value or number does the same
+        data = b""  # pragma: no mutate (compressed bytes not yet decompressed)
+        start = 0  # pragma: no mutate (where the current member starts)
+        more = False  # pragma: no mutate (the last call stopped at _BLOCK bytes of output: call again before reading)
         while True:
             if not data and not more:
                 data = self.fh.read(_BLOCK)

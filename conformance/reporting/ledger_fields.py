@@ -189,7 +189,9 @@ def _fa3_one_mma_wg(call: AttentionCase) -> bool:
     """Whether FA3's sm_90 forward runs the call on one MMA warpgroup (a 64-row query tile): ``use_one_mma_wg`` of
     vLLM's fork (hopper/heuristics.h): head dim 128 and ``max_seqlen_q`` times the packed GQA group at most 64 (a
     varlen call packs the group whenever it has one)."""
-    return call.head_dim == 128 and max(call.q_lens) * (call.num_heads // call.num_kv_heads) <= 64
+    # no mutate: a case's num_heads is a multiple of num_kv_heads (AttentionCase refuses others), so / gives // exactly
+    group = call.num_heads // call.num_kv_heads  # pragma: no mutate
+    return call.head_dim == 128 and max(call.q_lens) * group <= 64
 
 
 def _fa3_one_mma_wg_switch(case: AttentionCase) -> bool:
@@ -210,7 +212,8 @@ def _fa3_group_rows_switch(case: AttentionCase) -> bool:
         return False
     from conformance.graphs.invariance import variants
 
-    group = case.num_heads // case.num_kv_heads
+    # no mutate: a case's num_heads is a multiple of num_kv_heads (AttentionCase refuses others), so / gives // exactly
+    group = case.num_heads // case.num_kv_heads  # pragma: no mutate
     return len({max(v.case.q_lens) * group <= 64 for v in variants(case)}) > 1
 
 

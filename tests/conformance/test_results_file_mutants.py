@@ -1,0 +1,134 @@
+"""The results file at the edges the mutation run found unpinned: the line and header of each record kept when
+duplicates are dropped, the line limit of the plain and the gzip reader at exactly ``MAX_LINE`` bytes without a
+newline, reads of at most ``MAX_LINE + 1`` or ``_BLOCK`` bytes, zlib data that is not gzip, and the text of a
+member cut short.
+
+The line reader is driven with a small ``MAX_LINE`` and ``_BLOCK`` (patched, as in test_results_gzip_lines.py)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zlib
+from pathlib import Path
+
+import pytest
+
+from conformance import results_file
+from conformance.records import CheckResult, Header, Status
+from conformance.results_file import ResultsFileError, _Lines, load_results
+from conformance.results_writer import record_line
+
+LIMIT = 12
+TOO_LONG = r"line 2 is longer than .*: not a results file of attnconf run$"
+
+
+def _limits(monkeypatch, block: int = 4) -> None:
+    monkeypatch.setattr(results_file, "_BLOCK", block)
+    monkeypatch.setattr(results_file, "MAX_LINE", LIMIT)
+
+
+def _lines(data: bytes, gzipped: bool, fh=None) -> tuple[list[tuple[bytes, int]], _Lines]:
+    lines = _Lines(Path("r.jsonl"), fh or io.BytesIO(data), gzipped)
+    return list(lines), lines
+
+
+def _result(case_id: str) -> CheckResult:
+    return CheckResult(case_id=case_id, backend="kern-x", family="kern", status=Status.PASS, case={})
+
+
+def test_dropped_duplicates_keep_each_records_line_and_header(tmp_path):
+    """``drop_duplicates`` keeps the last record of a pair with its own line number and header index (what merge
+    splits a resumed file's segments by), not those of the records that came before it."""
+    # kills x__deduplicated__mutmut_21 (result_lines kept whole) and _22 (result_headers kept whole)
+    h0, h1 = (Header(suite="smoke", backends={}, env={"run": {"seed": s}}) for s in (0, 1))
+    order = [h0, _result("a"), _result("b"), h1, _result("a"), _result("c")]  # lines 1..6
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(record_line(r) for r in order))
+    f = load_results(path, drop_duplicates=True)
+    assert [r.case_id for r in f.results] == ["b", "a", "c"] and f.dropped_duplicates == 1
+    assert f.result_lines == (3, 5, 6)
+    assert f.result_headers == (0, 1, 1)
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzip"])
+def test_a_last_line_of_exactly_max_line_bytes_without_newline_is_read(gzipped, monkeypatch):
+    """MAX_LINE counts the newline: a last line of exactly MAX_LINE bytes without one is within it, in plain text
+    and in gzip alike; one byte more is refused, naming the line."""
+    # kills xǁ_Linesǁ_gzip__mutmut_105 (>= MAX_LINE for the carried text); the plain reader refused it before
+    _limits(monkeypatch)
+    text = b"a\n" + b"x" * LIMIT
+    got, lines = _lines(gzip.compress(text) if gzipped else text, gzipped)
+    assert got == [(b"a\n", 0), (b"x" * LIMIT, 0)]
+    assert lines.keep == (len(gzip.compress(text)) if gzipped else len(text))
+    over = text + b"x"
+    with pytest.raises(ResultsFileError, match=TOO_LONG):
+        _lines(gzip.compress(over) if gzipped else over, gzipped)
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzip"])
+def test_a_line_over_the_limit_is_refused_naming_it_and_why(gzipped, monkeypatch):
+    """A line longer than MAX_LINE is refused with its number and what the file is not (plain and gzip)."""
+    # kills xǁ_Linesǁ_too_long__mutmut_9, _10 (the message's last words) through the plain reader too
+    _limits(monkeypatch)
+    text = b"a\n" + b"x" * (2 * LIMIT) + b"\n"
+    with pytest.raises(ResultsFileError, match=TOO_LONG):
+        _lines(gzip.compress(text) if gzipped else text, gzipped)
+
+
+class _Reads(io.BytesIO):
+    """A file that records the size of every read and readline."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.sizes: list[int | None] = []
+
+    def read(self, size: int | None = -1) -> bytes:
+        self.sizes.append(size)
+        return super().read(size)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        self.sizes.append(size)
+        return super().readline(size)
+
+
+@pytest.mark.parametrize(("gzipped", "most"), [(False, LIMIT + 1), (True, 5)], ids=["plain", "gzip"])
+def test_the_file_is_read_a_bounded_piece_at_a_time(gzipped, most, monkeypatch):
+    """The plain reader asks the file for at most MAX_LINE + 1 bytes at a time (one more than a line may hold,
+    to tell a line over the limit), the gzip reader for at most ``_BLOCK``: a large file, or one without newlines,
+    never sits in memory whole; both read it to its end."""
+    # kills xǁ_Linesǁ_gzip__mutmut_21 (read(None): the whole file at once); also readline(None) and
+    # readline(MAX_LINE + 2) of the plain reader
+    _limits(monkeypatch, block=5)
+    text = b"one\ntwo\nthree\nfour\n"
+    data = gzip.compress(text[:14]) + gzip.compress(text[14:]) if gzipped else text
+    fh = _Reads(data)
+    got, _ = _lines(data, gzipped, fh)
+    assert [line for line, _ in got] == [b"one\n", b"two\n", b"three\n", b"four\n"]
+    assert len(fh.sizes) > 1 and all(isinstance(n, int) and 0 < n <= most for n in fh.sizes), fh.sizes
+
+
+def test_zlib_data_is_not_gzip(monkeypatch):
+    """zlib's own format (no gzip header) handed to the gzip reader is corrupt gzip data, refused naming where the
+    member starts; it is not decoded as if it were gzip."""
+    # kills xǁ_Linesǁ_gzip__mutmut_50 (wbits 17 + MAX_WBITS = 32: zlib or gzip by header)
+    _limits(monkeypatch)
+    with pytest.raises(ResultsFileError, match=r"corrupt gzip data in the member starting at byte 0 \("):
+        _lines(zlib.compress(b"one\ntwo\n"), True)
+
+
+@pytest.mark.parametrize("block", [1, 4, 16, 64])
+def test_a_member_cut_short_yields_all_the_text_decoded_before_the_cut(block, monkeypatch):
+    """A member cut short (a killed writer's last batch) yields every byte zlib decodes from what is there, also
+    the output still pending when the last compressed byte was consumed (long runs of one byte decode from a few
+    bits); ``cut_at`` says where the member starts."""
+    # kills xǁ_Linesǁ_gzip__mutmut_64 (more = None: the pending output is dropped at the end of the file)
+    monkeypatch.setattr(results_file, "_BLOCK", block)
+    text = b"x" * 200 + b"\n" + b"y" * 100 + b"\n" + b"z" * 300 + b"\n"
+    whole = gzip.compress(text, mtime=0)
+    for cut in range(1, len(whole) - 20):
+        data = whole[:-cut]
+        decoded = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)
+        got, lines = _lines(data, True)
+        assert b"".join(line for line, _ in got) == decoded, (cut, block)
+        assert lines.cut_at == 0 and lines.cut_member == 0
