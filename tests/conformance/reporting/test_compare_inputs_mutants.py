@@ -15,6 +15,7 @@ from conformance.records import Header
 from conformance.reporting.compare_inputs import LISTED, CompareRefused, check_inputs, suite_of, tolerance_of
 from tests.conformance.reporting.test_fail_closed import (
     CASES,
+    FAMILIES,
     compare,
     full,
     header,
@@ -239,10 +240,10 @@ def test_a_file_mixing_suites_or_tolerances_is_refused_by_name(tmp_path: Path, s
 def test_the_refusals_say_what_to_do(tmp_path: Path) -> None:
     """Nothing in common: '... ; nothing to compare'.  A subset: the missing pairs named (at most LISTED, joined
     by ', ', the exact count of the rest) and the way out."""
-    old = write(tmp_path / "old.jsonl", header(), *[result(c, f) for c in MANY for f in FAMILIES_])
+    old = write(tmp_path / "old.jsonl", header(), *[result(c, f) for c in MANY for f in FAMILIES])
     other = write(tmp_path / "other.jsonl", header(), *full())
     assert _refusal(old, other).endswith("(16 pairs there, 6 here); nothing to compare")
-    pairs = sorted((c.id, f) for c in MANY for f in FAMILIES_)
+    pairs = sorted((c.id, f) for c in MANY for f in FAMILIES)
     one = write(tmp_path / "one.jsonl", header(), result(MANY[0], "kern"))
     missing = [p for p in pairs if p != (MANY[0].id, "kern")]
     named = ", ".join(f"{c} x {b}" for c, b in missing[:LISTED])
@@ -256,6 +257,3 @@ def test_the_refusals_say_what_to_do(tmp_path: Path) -> None:
     )
     five = ", ".join(f"{c} x {b}" for c, b in missing[:LISTED])
     assert _refusal(old, exactly).endswith(f": {five}; run them, or pass --allow-subset to compare the rest")
-
-
-FAMILIES_ = ("kern", "other")

@@ -20,21 +20,8 @@ from conformance.cases.case import AttentionCase
 from conformance.records import Status
 from conformance.verdict.check import check_backend, prepare_context
 from conformance.verdict.compare import compare_details
-from conformance.verdict.tolerance import Tolerance
 from tests.conformance.backward.grad_fakes import FlashStyleBackend
-
-TOL = Tolerance(
-    factor=2,
-    atol=0.5,
-    rtol=0,
-    mean_factor=2,
-    mean_atol=10.0,
-    lse_factor=2,
-    lse_atol=0.5,
-    lse_rtol=0,
-    min_cosine=0.0,
-    max_mismatch_frac=0,
-)
+from tests.conformance.verdict.test_compare_mutants import TOL
 
 
 def lse_case(diffs: list[float], slack: list[float] | None):
