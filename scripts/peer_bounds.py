@@ -53,6 +53,8 @@ PEER_RULES = (
     ("splitkv", 2.0, "test_flash_attn_splitkv, test_flash_attn_causal"),
 )
 PEER_ATOL = 1e-5
+#: Quantiles of the committed GPU passes' ``max_abs / (factor * B)`` that the report gives.
+QUANTILES = (("median", 0.5), ("p99", 0.99), ("max", 1.0))
 #: The verdict before issue 31 item 8: the fixed atol of every element.
 BEFORE = ({"atol_rel": math.inf},)
 
@@ -185,7 +187,8 @@ def controls_on_suite(suite: str, every: int, seed: int) -> dict[str, Any]:
     counts: dict[str, dict[str, int]] = {b.name: {} for b in backends}
     worst: dict[str, dict[str, Any]] = {}
     changed = []
-    for case in cases:
+    for i, case in enumerate(cases, start=1):
+        print(f"{suite} {i}/{len(cases)} {case.id}", file=sys.stderr)
         ctx = prepare_context(case, seed=seed)
         for b in backends:
             now, before = check_backend(ctx, b), check_backend(ctx, b, overrides=BEFORE)
@@ -193,6 +196,7 @@ def controls_on_suite(suite: str, every: int, seed: int) -> dict[str, Any]:
             counts[b.name][key] = counts[b.name].get(key, 0) + 1
             if now.status is not before.status:
                 changed.append({"backend": b.name, "case": case.id, "before": before.status.value, "now": now.reason})
+                print(f"changed: {b.name} {case.id}: {before.status.value} -> {now.reason}", file=sys.stderr)
             if now.stats is not None and now.stats.error_ratio > worst.get(b.name, {}).get("error_ratio", -1):
                 worst[b.name] = {"error_ratio": now.stats.error_ratio, "case": case.id}
     return {"suite": suite, "every": every, "cases": len(cases), "counts": counts, "changed": changed, "worst": worst}
@@ -204,8 +208,9 @@ def render_controls(doc: dict[str, Any]) -> str:
         f"# Peer bounds: the bug-free backends on `{c['suite']}` under this verdict and under the fixed atol",
         "",
         f"Generated {doc['generated']} by `python scripts/peer_bounds.py {' '.join(doc['argv'])}` "
-        f"(commit `{doc['git_commit']}`, {doc['machine']}, {doc['seconds']:.0f} s, seed {doc['seed']}): every "
-        f"{c['every']}th case of `{c['suite']}` ({c['cases']} cases), each backend judged by this verdict and by "
+        f"(commit `{doc['git_commit']}`, {doc['machine']}, {doc['seconds']:.0f} s, seed {doc['seed']}): "
+        + ("every" if c["every"] == 1 else f"every {c['every']}-th")
+        + f" case of `{c['suite']}` ({c['cases']} cases), each backend judged by this verdict and by "
         "the verdict with `atol_rel = inf` (the fixed atol, before issue 31 item 8).",
         "",
         "| backend | before -> now: records | largest error ratio now (case) |",
@@ -227,6 +232,7 @@ def scan_records(paths: list[Path]) -> dict[str, Any]:
     import gzip
 
     out: dict[str, Any] = {"files": len(paths), "passes": 0, "within_factor_x_baseline": 0, "over": []}
+    bounds: list[float] = []  # max_abs / (factor * B): at least the error ratio under any constant term
     for path in paths:
         with gzip.open(path, "rt", encoding="utf-8") as fh:
             for line in fh:
@@ -238,6 +244,8 @@ def scan_records(paths: list[Path]) -> dict[str, Any]:
                     continue
                 factor = (rec.get("extra") or {}).get("tolerance", {}).get("factor", 2.0)
                 out["passes"] += 1
+                b = factor * stats["baseline_max_abs"]
+                bounds.append(stats["max_abs"] / b if b else (0.0 if stats["max_abs"] == 0 else math.inf))
                 if stats["max_abs"] <= factor * stats["baseline_max_abs"]:
                     out["within_factor_x_baseline"] += 1
                 else:
@@ -251,6 +259,9 @@ def scan_records(paths: list[Path]) -> dict[str, Any]:
                             "factor": factor,
                         }
                     )
+    bounds.sort()
+    if bounds:
+        out["ratio_bound"] = {q: bounds[min(len(bounds) - 1, int(f * len(bounds)))] for q, f in QUANTILES}
     return out
 
 
@@ -325,7 +336,10 @@ def render(doc: dict[str, Any]) -> str:
             f"Of the {rec['passes']} passes of bf16/fp16 cases in the {rec['files']} results files under `reports/`, "
             f"{rec['within_factor_x_baseline']} have a max error within `factor x` their baseline's: they pass "
             "under any constant term, the elementwise one included. The other "
-            f"{len(rec['over'])} (error / baseline error): {over or 'none'}.",
+            f"{len(rec['over'])} (error / baseline error): {over or 'none'}. Their error ratio under this verdict "
+            "is at most `max_abs / (factor x B)`: "
+            + ", ".join(f"{q} {v:.2f}" for q, v in rec.get("ratio_bound", {}).items())
+            + ".",
         ]
     lines += [
         "",
