@@ -207,7 +207,7 @@ def render_controls(doc: dict[str, Any]) -> str:
     lines = [
         f"# Peer bounds: the bug-free backends on `{c['suite']}` under this verdict and under the fixed atol",
         "",
-        f"Generated {doc['generated']} by `python scripts/peer_bounds.py {' '.join(doc['argv'])}` "
+        f"Generated {doc['generated']} by `{' '.join(['python scripts/peer_bounds.py', *doc['argv']])}` "
         f"(commit `{doc['git_commit']}`, {doc['machine']}, {doc['seconds']:.0f} s, seed {doc['seed']}): "
         + ("every" if c["every"] == 1 else f"every {c['every']}-th")
         + f" case of `{c['suite']}` ({c['cases']} cases), each backend judged by this verdict and by "
@@ -300,7 +300,7 @@ def render(doc: dict[str, Any]) -> str:
     lines = [
         "# Peer bounds: this verdict against flash-attention's own test rule on long bf16 decode",
         "",
-        f"Generated {doc['generated']} by `python scripts/peer_bounds.py {' '.join(doc['argv'])}` "
+        f"Generated {doc['generated']} by `{' '.join(['python scripts/peer_bounds.py', *doc['argv']])}` "
         f"(commit `{doc['git_commit']}`, {doc['machine']}, {doc['seconds']:.0f} s, seed {doc['seed']}).",
         "",
         f"Peer rule ({PEER_SOURCE}): `max|out - out_ref| <= mult * max|out_pt - out_ref| + 1e-5`, out_ref the fp32 "
