@@ -29,8 +29,9 @@ def compare(
     """Error statistics of ``kernel_out`` against ``ref``, judged with ``tol`` (resolved: no None field).
 
     ``worst`` is the (token, head, dim) of the largest ratio ``|out-ref| / allowed``; ``error_ratio``
-    is that ratio (``max|out-ref| / (factor * max|base-ref| + atol)`` when rtol is 0), so passing
-    needs <= 1; ``max_rel`` is ``max |out-ref| / max(|ref|, atol)``.
+    is that ratio, so passing needs <= 1; ``allowed_max_abs`` is the bound at ``worst`` without its rtol term,
+    ``factor * max|base-ref| + min(atol, atol_rel * |ref|)`` (``atol`` on a fully masked row); ``max_rel`` is
+    ``max |out-ref| / max(|ref|, atol)``.
 
     Fail closed on non-finite values:
 
@@ -110,25 +111,31 @@ def compare_details(
     b_mean = b_sum / max(n, 1)
     finite = torch.isfinite(o)
     err = torch.where(finite, (o - r).abs(), math.inf)
-    allowed_max = tol.factor * b_max + tol.atol
-    allowed = allowed_max + tol.rtol * r.abs()
-    ratio = err / allowed.clamp_min(torch.finfo(ct).tiny)
     zero_rows = (r == 0).all(dim=-1)  # (total_q, h): fully masked rows, output exactly 0
+    allowed = tol.factor * b_max + _atol(r, zero_rows, tol) + tol.rtol * r.abs()
+    ratio = err / allowed.clamp_min(torch.finfo(ct).tiny)
     row_err = err.amax(dim=-1) if dv else r.new_zeros(zero_rows.shape)
     bad_rows = zero_rows & (row_err > tol.atol)
     o64, r64 = o.double().flatten(), r.double().flatten()
     kernel_stats = [bad_rows.sum(), r64.norm(), o64.norm(), o64 @ r64, (~finite & torch.isfinite(r)).sum()]
     if n:  # the largest ratio, its index, the count over, the errors' max, mean and largest relative error
         rel_err = err / r.abs().clamp_min(max(tol.atol, torch.finfo(ct).tiny))
-        kernel_stats += [ratio.argmax(), ratio.max(), (ratio > 1).sum(), err.max(), err.mean(), rel_err.max()]
+        w_t = ratio.argmax()
+        w_row = torch.div(w_t, dv, rounding_mode="floor")  # the worst element's (token, head) row
+        kernel_stats += [w_t, ratio.max(), (ratio > 1).sum(), err.max(), err.mean(), rel_err.max()]
+        kernel_stats += [r.flatten()[w_t].abs(), zero_rows.flatten()[w_row]]  # the worst element's atol
     read = _read(*kernel_stats)
     rows_over, r_norm, o_norm, dot, nonfinite = read[0], read[1], read[2], read[3], int(read[4])
     if n:
         # no mutate: with n == 0 worst_flat is never read (worst is (-1, -1, -1) and max_error cannot fail)
         worst_flat = int(read[5])  # pragma: no mutate
         error_ratio, over, max_abs, mean_abs, max_rel = read[6], int(read[7]), read[8], read[9], read[10]
+        ref_w, masked_w = read[11], bool(read[12])
     else:
         worst_flat, error_ratio, over, max_abs, mean_abs, max_rel = 0, 0.0, 0, 0.0, 0.0, 0.0
+        ref_w, masked_w = 0.0, True
+    atol_w = tol.atol if masked_w or _atol_fixed(tol) else min(tol.atol, tol.atol_rel * ref_w)  # as _atol's
+    allowed_max = tol.factor * b_max + atol_w
     mismatch_frac = over / n if n else 0.0
     # no mutate: the guard only saves work; cosine_similarity of an output with a NaN/Inf is NaN anyway (inf/inf, nan)
     cosine = _cosine(dot, r_norm, o_norm) if not nonfinite else math.nan  # pragma: no mutate
@@ -143,10 +150,11 @@ def compare_details(
     if mismatch_frac > tol.max_mismatch_frac:
         w = worst_flat
         rel = f" + rtol {tol.rtol:g} x |ref| {float(r.flatten()[w].abs()):.1e}" if tol.rtol else ""
+        const = f"atol_rel {tol.atol_rel:.3g} x |ref| {ref_w:.1e}" if atol_w < tol.atol else f"atol {tol.atol:.1e}"
         details["max_error"] = (
             f"max_error: |out-ref| {float(err.flatten()[w]):.1e} at {where_out(w)} "
             f"> allowed {float(allowed.flatten()[w]):.1e} "
-            f"({tol.factor:g} x baseline {b_max:.1e} + atol {tol.atol:.1e}{rel}); error ratio {error_ratio:.2f}; "
+            f"({tol.factor:g} x baseline {b_max:.1e} + {const}{rel}); error ratio {error_ratio:.2f}; "
             f"{over} of {n} elements over ({mismatch_frac:.2%}, allowed {tol.max_mismatch_frac:.2%})"
         )
     if not mean_abs <= mean_allowed:
@@ -197,6 +205,21 @@ def compare_details(
         failed_checks=tuple(failed),
     )
     return stats, [details[c] for c in failed], base_nonfinite if any(base_nonfinite.values()) else {}
+
+
+def _atol_fixed(tol: Tolerance) -> bool:
+    """Whether ``atol`` applies unscaled everywhere: ``atol_rel`` inf, or ``atol`` inf (the bound switched off)."""
+    return math.isinf(tol.atol) or math.isinf(tol.atol_rel)
+
+
+def _atol(r: torch.Tensor, zero_rows: torch.Tensor, tol: Tolerance) -> torch.Tensor:
+    """The constant term of each element: ``min(atol, atol_rel * |ref|)``, the rounding of the element itself in
+    the case dtype where that is below ``atol``; ``atol`` on a fully masked row (reference all 0: judged by
+    ``masked_rows`` against ``atol``) and everywhere when :func:`_atol_fixed`."""
+    full = torch.full_like(r, tol.atol)
+    if _atol_fixed(tol):
+        return full
+    return torch.where(zero_rows[..., None], full, torch.clamp(r.abs() * tol.atol_rel, max=tol.atol))
 
 
 def _baseline_lse_nonfinite(ref_lse: torch.Tensor, base_lse: torch.Tensor) -> int:

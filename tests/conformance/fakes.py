@@ -12,6 +12,7 @@ rewriting the same slots on every call (idempotent).
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import ClassVar
 import torch
 
 from attnfast.base import OK, Backend, KernelOutput, Support
-from attnref import AttnOptions, Numerics, Window, attention_paged, attention_varlen, write_kv_cache
+from attnref import AttnOptions, Numerics, Window, attention_paged, attention_varlen, row_bounds, write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.verdict.reference import case_options, strict_fp32
@@ -675,6 +676,304 @@ MODE_BUGS: dict[type[ExactBackend], str] = {
 ALL_FAKES = ALL_FAKES + tuple(MODE_BUGS)
 __all__ += ["MODE_BUGS"] + [cls.__name__ for cls in MODE_BUGS]
 
+
+# --------------------------------------------------------------------------------------------------------------
+# Bugs of the size of a long decode's rounding (issue 31 item 8: is this verdict as strict as flash-attention's own
+# test rule there?  scripts/peer_bounds.py).  FlashStyleBackend computes the way a flash kernel does: fp32 scores, an
+# online softmax over 128-key tiles, P rounded to the case dtype before P @ V (fp32 accumulation), key splits combined
+# through their fp32 LSEs.  Each bug below differs from it by one mistake, small enough to hide under a loose bound.
+
+
+def kernel_kv(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(k, v, cu_seqlens_k) as the case's kernel reads them: the contiguous keys, or the paged cache gathered
+    through the block table (an append's new keys written into it first)."""
+    if not case.paged:
+        return inputs.k, inputs.v, inputs.cu_seqlens_k
+    from attnref import gather_kv
+
+    assert inputs.k_cache is not None and inputs.v_cache is not None and inputs.block_table is not None
+    if case.append:
+        assert inputs.k_new is not None and inputs.v_new is not None
+        slots = _append_slots(case, inputs.block_table)
+        write_kv_cache(inputs.k_new, inputs.v_new, inputs.k_cache, inputs.v_cache, slots, case.kv_layout)
+    k, cu_k = gather_kv(inputs.k_cache, inputs.block_table, inputs.seqlens_k, case.kv_layout)
+    v, _ = gather_kv(inputs.v_cache, inputs.block_table, inputs.seqlens_k, case.kv_layout)
+    return k, v, cu_k
+
+
+def _split_ranges(sk: int, splits: int, tile: int) -> list[tuple[int, int]]:
+    """``splits`` contiguous key ranges of whole tiles covering ``[0, sk)`` (fewer when there are fewer tiles)."""
+    tiles = max(1, -(-sk // tile))
+    per = -(-tiles // max(1, splits)) * tile
+    return [(s, min(sk, s + per)) for s in range(0, max(sk, 1), per)]
+
+
+class FlashStyleBackend(ExactBackend):
+    """A flash kernel's rounding, no mistake: scores in fp32 from the case-dtype inputs, an online softmax over
+    ``tile``-key tiles, P rounded to the case dtype for P @ V with an fp32 accumulator, the row sum from the fp32 P,
+    ``num_splits`` key ranges (the case's, else 1) each normalised and combined through fp32 LSEs, sinks in the
+    final denominator, the output rounded once.  Must pass.  The hooks are where its subclasses plant one mistake."""
+
+    name = "fake-flash-style"
+    description = "test fake: flash-style online softmax, P in the case dtype, fp32 accumulation"
+    refused: ClassVar[dict[str, str]] = {
+        "softcap": "this fake computes no soft-cap",
+        "alibi": "this fake computes no ALiBi",
+    }
+    tile: ClassVar[int] = 128
+
+    # -- the hooks the bug fakes override
+    def softmax_scale(self, case: AttentionCase) -> float:
+        return case.scale if case.scale is not None else case.head_dim**-0.5
+
+    def keys_read(self, sk: int) -> torch.Tensor:
+        """The keys of a request of ``sk`` keys that the kernel reads (bool, ``(sk,)``)."""
+        return torch.ones(sk, dtype=torch.bool)
+
+    def num_splits(self, case: AttentionCase) -> int:
+        return case.num_splits or 1
+
+    def exp_arg(self, x: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        """``s - max`` as the exponential reads it."""
+        return x
+
+    def round_p(self, p: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        """P as P @ V reads it."""
+        return p.to(dt).float()
+
+    def accumulate(self, o: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        """The P @ V accumulator after a tile."""
+        return o
+
+    def row_sum(self, l: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        """The softmax denominator as the normalisation reads it."""
+        return l
+
+    def split_lse(self, lse: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        """A split's LSE as the combine reads it."""
+        return lse
+
+    # -- the computation
+    def _one_split(self, q, k, v, cols, lo, hi, scale, dt):
+        """One key range of one request: q ``(hk, group * sq, d)`` (query head ``i`` in kv head ``i // group``'s
+        group), k / v ``(hk, keys, d)``; returns (out (h, sq, dv) normalised, lse (h, sq)).  Each tile's P @ V is one
+        batched matmul over every tile (the tiles' running maxima known first), then the online accumulation runs
+        tile by tile as a kernel's loop does."""
+        hk, rows, dv = q.shape[0], q.shape[1], v.shape[-1]
+        sq = lo.shape[0]
+        h, n, tile = hk * (rows // max(sq, 1)), k.shape[1], self.tile
+        nt = -(-n // tile)
+        pad = nt * tile - n
+        s = (torch.matmul(q, k.transpose(-1, -2)) * scale).reshape(h, sq, n)
+        visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
+        s = torch.nn.functional.pad(s.masked_fill(~visible, -math.inf), (0, pad), value=-math.inf)
+        s = s.reshape(h, sq, nt, tile)
+        m_run = torch.cummax(s.amax(dim=-1), dim=-1).values if nt else s.new_zeros(h, sq, 0)  # (h, sq, nt)
+        m_safe = torch.where(torch.isneginf(m_run), torch.zeros_like(m_run), m_run)
+        p = torch.exp(self.exp_arg(s - m_safe[..., None], dt))
+        p_tiles = self.round_p(p, dt).reshape(hk, rows, nt, tile).transpose(1, 2)
+        v_tiles = torch.nn.functional.pad(v, (0, 0, 0, pad)).reshape(hk, nt, tile, dv)
+        pv = torch.matmul(p_tiles, v_tiles).transpose(1, 2).reshape(h, sq, nt, dv)
+        l_tiles = p.sum(dim=-1)  # (h, sq, nt): the row sum from the fp32 P
+        m = torch.full((h, sq), -math.inf)
+        l = torch.zeros(h, sq)
+        o = torch.zeros(h, sq, dv)
+        for t in range(nt):
+            alpha = torch.exp(m - m_safe[..., t])
+            l = l * alpha + l_tiles[..., t]
+            o = self.accumulate(o * alpha[..., None] + pv[..., t, :], dt)
+            m = m_safe[..., t]
+        l = self.row_sum(l, dt)
+        live = l > 0
+        safe = torch.where(live, l, torch.ones_like(l))
+        out = torch.where(live[..., None], o / safe[..., None], torch.zeros_like(o))
+        lse = torch.where(live, m + torch.log(safe), torch.full_like(m, -math.inf))
+        return out, lse
+
+    def attend(self, case: AttentionCase, inputs: CaseInputs, sinks: torch.Tensor | None):
+        dt = case.torch_dtype
+        h, group = case.num_heads, case.num_heads // case.num_kv_heads
+        k_all, v_all, cu_k = kernel_kv(case, inputs)
+        cu_q = [int(x) for x in inputs.cu_seqlens_q.tolist()]
+        cu_k = [int(x) for x in cu_k.tolist()]
+        options, scale, splits = case_options(case), self.softmax_scale(case), self.num_splits(case)
+        out = torch.zeros(case.total_q, h, case.dv)
+        lse = torch.full((h, case.total_q), -math.inf)
+        for b, (sq, sk) in enumerate(case.requests):
+            if sq == 0:
+                continue
+            q0, k0 = cu_q[b], cu_k[b]
+            read = self.keys_read(sk)
+            cols = torch.arange(sk)[read]
+            q = inputs.q[q0 : q0 + sq].float().permute(1, 0, 2).reshape(h // group, group * sq, -1)
+            k = k_all[k0 : k0 + sk][read].float().permute(1, 0, 2).contiguous()
+            v = v_all[k0 : k0 + sk][read].float().permute(1, 0, 2).contiguous()
+            lo, hi = row_bounds(torch.arange(sq), sq, sk, options)
+            parts = []
+            for a, z in _split_ranges(sk, splits, self.tile):
+                sel = (cols >= a) & (cols < z)
+                a_i, z_i = int(sel.nonzero()[0]) if sel.any() else 0, int(sel.sum())
+                kv = (k[:, a_i : a_i + z_i], v[:, a_i : a_i + z_i], cols[a_i : a_i + z_i])
+                part_out, part_lse = self._one_split(q, *kv, lo, hi, scale, dt)
+                parts.append((part_out, self.split_lse(part_lse, dt)))
+            lses = torch.stack([p[1] for p in parts])
+            total = torch.logsumexp(lses, dim=0)
+            safe_total = torch.where(torch.isneginf(total), torch.zeros_like(total), total)
+            o = sum(torch.exp(pl - safe_total)[..., None] * po for po, pl in parts)
+            if sinks is not None:
+                with_sink = torch.logaddexp(total, sinks.float().reshape(h, 1))
+                o = o * torch.exp(total - with_sink)[..., None]
+                total = with_sink
+            out[q0 : q0 + sq] = o.permute(1, 0, 2)
+            lse[:, q0 : q0 + sq] = total
+        return out, lse
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        sinks = self.sinks(inputs)
+
+        def run() -> KernelOutput:
+            out, lse = self.attend(case, inputs, sinks)
+            return self.finish(case, out, lse)
+
+        return run
+
+
+class FlashSplitsBackend(FlashStyleBackend):
+    """:class:`FlashStyleBackend` with 4 key splits whatever the case says (split-KV decode).  Must pass."""
+
+    name = "fake-flash-splits"
+    description = "test fake: flash-style, 4 key splits combined through fp32 LSEs"
+
+    def num_splits(self, case: AttentionCase) -> int:
+        return 4
+
+
+class DropFirstKeyBackend(FlashStyleBackend):
+    """Never reads key 0 of a request (a loop that starts at 1)."""
+
+    name = "fake-drop-first-key"
+    description = "test fake: flash-style, key 0 of every request skipped"
+
+    def keys_read(self, sk: int) -> torch.Tensor:
+        read = torch.ones(sk, dtype=torch.bool)
+        read[:1] = False
+        return read
+
+
+class DropMiddleKeyBackend(FlashStyleBackend):
+    """Never reads key ``sk // 2`` of a request (the first key of the second half: a split boundary lost)."""
+
+    name = "fake-drop-middle-key"
+    description = "test fake: flash-style, key sk // 2 of every request skipped"
+
+    def keys_read(self, sk: int) -> torch.Tensor:
+        read = torch.ones(sk, dtype=torch.bool)
+        read[sk // 2 : sk // 2 + 1] = False
+        return read
+
+
+class LastKeyIgnoredBackend(FlashStyleBackend):
+    """Never reads the last key of a request (in decode the new token's own key: a length off by one)."""
+
+    name = "fake-last-key-ignored"
+    description = "test fake: flash-style, the last key of every request skipped"
+
+    def keys_read(self, sk: int) -> torch.Tensor:
+        read = torch.ones(sk, dtype=torch.bool)
+        read[sk - 1 :] = False
+        return read
+
+
+class ScaleUlpBackend(FlashStyleBackend):
+    """The softmax scale one fp32 ulp too large (the scale a kernel takes is an fp32 number)."""
+
+    name = "fake-scale-ulp"
+    description = "test fake: flash-style, softmax scale + 1 fp32 ulp"
+
+    def softmax_scale(self, case: AttentionCase) -> float:
+        s = torch.tensor(super().softmax_scale(case), dtype=torch.float32)
+        return float(torch.nextafter(s, torch.tensor(math.inf)))
+
+
+class ScaleBf16UlpBackend(FlashStyleBackend):
+    """The softmax scale held in bf16 and one bf16 ulp too large (0.5-0.8 % at head dims 64-128)."""
+
+    name = "fake-scale-bf16-ulp"
+    description = "test fake: flash-style, softmax scale rounded to bf16 + 1 bf16 ulp"
+
+    def softmax_scale(self, case: AttentionCase) -> float:
+        bits = torch.tensor([super().softmax_scale(case)], dtype=torch.bfloat16).view(torch.int16)
+        return float((bits + 1).view(torch.bfloat16)[0])
+
+
+class ExpArgRoundedBackend(FlashStyleBackend):
+    """Rounds ``s - max`` to the case dtype before the exponential (the rounding of P done before exp, not after)."""
+
+    name = "fake-exp-arg-rounded"
+    description = "test fake: flash-style, exp(round(s - max))"
+
+    def exp_arg(self, x: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        return x.to(dt).float()
+
+
+class RowSumRoundedBackend(FlashStyleBackend):
+    """Rounds the softmax denominator (the row sum of P) to the case dtype before normalising."""
+
+    name = "fake-row-sum-rounded"
+    description = "test fake: flash-style, row sum of P in the case dtype"
+
+    def row_sum(self, l: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        return l.to(dt).float()
+
+
+class PvAccumRoundedBackend(FlashStyleBackend):
+    """Keeps the P @ V accumulator in the case dtype: rounded after every tile of keys."""
+
+    name = "fake-pv-accum-rounded"
+    description = "test fake: flash-style, P @ V accumulator rounded to the case dtype per tile"
+
+    def accumulate(self, o: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        return o.to(dt).float()
+
+
+class SplitLseRoundedBackend(FlashSplitsBackend):
+    """Split-KV decode whose combine reads each split's LSE rounded to the case dtype (an LSE buffer in bf16)."""
+
+    name = "fake-split-lse-rounded"
+    description = "test fake: flash-style, 4 splits, split LSEs rounded to the case dtype"
+
+    def split_lse(self, lse: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        return lse.to(dt).float()
+
+
+class FlashSinksIgnoredBackend(FlashStyleBackend):
+    """:class:`FlashStyleBackend` that accepts sinks and drops them."""
+
+    name = "fake-flash-sinks-ignored"
+    description = "test fake: flash-style, sinks dropped"
+
+    def sinks(self, inputs: CaseInputs) -> torch.Tensor | None:
+        return None
+
+
+#: Bug-free controls with a kernel's rounding.
+ROUNDING_CONTROLS: tuple[type[FlashStyleBackend], ...] = (FlashStyleBackend, FlashSplitsBackend)
+#: Bugs of the size of a long decode's rounding -> the cases that expose them (if anything does).
+ROUNDING_BUGS: dict[type[FlashStyleBackend], str] = {
+    DropFirstKeyBackend: "any request with keys (effect ~ 1 / kv_len)",
+    DropMiddleKeyBackend: "any request with keys (effect ~ 1 / kv_len)",
+    LastKeyIgnoredBackend: "any request with keys (effect ~ 1 / kv_len)",
+    ScaleUlpBackend: "none expected (1 fp32 ulp is below every dtype's rounding)",
+    ScaleBf16UlpBackend: "any (0.5-0.8 % of the scores)",
+    ExpArgRoundedBackend: "any",
+    RowSumRoundedBackend: "any",
+    PvAccumRoundedBackend: "requests longer than one tile of keys",
+    SplitLseRoundedBackend: "requests longer than one split of keys",
+    FlashSinksIgnoredBackend: "sinks",
+}
+ALL_FAKES = ALL_FAKES + ROUNDING_CONTROLS + tuple(ROUNDING_BUGS)
+__all__ += ["ROUNDING_BUGS", "ROUNDING_CONTROLS", "kernel_kv"]
+__all__ += [cls.__name__ for cls in ROUNDING_CONTROLS + tuple(ROUNDING_BUGS)]
 
 # --------------------------------------------------------------------------------------------------------------
 # Cost fakes for the runner's compile phase, profile and scheduling (tests/conformance/running): exact results,
