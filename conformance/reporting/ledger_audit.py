@@ -6,6 +6,11 @@ entry should claim none: its predicate is too wide or the bug is fixed), the pas
 the passes past its version range (fixed), and the problems of its cases in a status or with a message it does not
 list (*unlisted*: not explained, counted among the unexplained and listed under the entry rather than in a group:
 its cause may show that way, and the entry must be widened to it with evidence, or the problem is another cause).
+An ``error`` record no entry explains whose case the backend's adapter now declares it cannot run
+(:func:`conformance.verdict.check.declared_support` on the record's device: the composition's refusal, then the
+adapter's) is *refused now*: the adapter passed a call the kernel
+rejected, and the declared refusal it owed has been added since; such records are listed with that refusal, apart
+from the unexplained (a ``fail``, ``crash`` or ``timeout`` is the kernel's answer and is never refused now).
 Per backend: the other problems no entry explains, grouped by a short signature (status, layout, the modes that
 select kernel paths, whether some row sees no key, the checks that failed or the error's first words) so that
 failures of one cause fall into one group.  Records are sorted by their effective status
@@ -15,16 +20,20 @@ failures of one cause fall into one group.  Records are sorted by their effectiv
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.records import CheckResult, judged_results
 from conformance.results_file import load_results, ResultsFileError
 from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases
 from conformance.reporting.ledger_fields import case_view
+
+if TYPE_CHECKING:
+    from attnfast.base import Backend
 
 __all__ = ["Audit", "EntryAudit", "Group", "audit", "signature"]
 
@@ -170,6 +179,8 @@ class Audit:
     dropped_duplicates: dict[str, int] = field(default_factory=dict)
     #: what reading the files noted, ``PATH: note`` (a newer writer's schema, duplicates dropped)
     notes: list[str] = field(default_factory=list)
+    #: unexplained ``error`` records whose case the adapter now refuses: (file, record, the declared refusal)
+    refused_now: list[tuple[str, CheckResult, str]] = field(default_factory=list)
 
     @property
     def passes_claimed(self) -> int:
@@ -202,6 +213,10 @@ class Audit:
             "entries": [e.to_json() for e in self.entries],
             "stale": [e.source for e in self.stale],
             "unexplained_groups": [g.to_json() for g in self.unexplained],
+            "refused_now": [
+                {"file": f, "backend": r.backend, "case_id": r.case_id, "error": r.reason[:200], "refusal": why}
+                for f, r, why in self.refused_now
+            ],
         }
 
 
@@ -250,11 +265,14 @@ def audit(
             per_entry[id(e)].passes_claimed.append((name, r))
         for r, e in verdict.fixed:
             per_entry[id(e)].fixed.append((name, r))
+        refused = {id(r): why for r in verdict.unexpected if (why := refused_now(r)) is not None}
+        out.refused_now.extend((name, r, refused[id(r)]) for r in verdict.unexpected if id(r) in refused)
         for r, e in verdict.unlisted:
-            per_entry[id(e)].unlisted.append((name, r))
+            if id(r) not in refused:
+                per_entry[id(e)].unlisted.append((name, r))
         unlisted = {id(r) for r, _ in verdict.unlisted}
         for r in verdict.unexpected:
-            if id(r) in unlisted:
+            if id(r) in unlisted or id(r) in refused:
                 continue
             key = (r.backend, signature(r))
             groups.setdefault(key, Group(*key)).records.append((name, r))
@@ -268,6 +286,30 @@ def audit(
     out.unexplained = sorted(groups.values(), key=lambda g: (g.backend, -len(g.records), g.signature))
     out.stale = ledger.classify(every, suite_case_ids=builtin_suite_cases if suites else None).stale
     return out
+
+
+def refused_now(record: CheckResult) -> str | None:
+    """The refusal the record's backend now declares for its case, when the record is an ``error`` (else None; None
+    too when the backend is not registered here or the case JSON is not a valid case: nothing to consult)."""
+    if record.status.value != "error" or not record.case:
+        return None
+    from conformance.cases.case import AttentionCase
+    from conformance.verdict.check import declared_support
+
+    try:
+        backend = _backend(record.backend)
+        case = AttentionCase.from_json(record.case)
+    except (KeyError, ValueError, TypeError):
+        return None
+    support = declared_support(case, backend, record.device or "cuda")
+    return None if support else support.reason
+
+
+@functools.cache
+def _backend(name: str) -> Backend:
+    from attnfast.registry import get_backend
+
+    return get_backend(name)
 
 
 def by_backend(groups: list[Group]) -> dict[str, list[Group]]:

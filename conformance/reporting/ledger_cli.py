@@ -93,6 +93,11 @@ def _print(result, out) -> None:
             f"  {result.unlisted_count} of the unexplained are an entry's cases in a status or with a message the "
             "entry does not list (UNLISTED below: widen the entry with evidence, or it is another cause)\n"
         )
+    if result.refused_now:
+        w(
+            f"  {len(result.refused_now)} error record(s) no entry explains are calls the adapter now refuses (the "
+            "declared refusal they owed was added since: REFUSED NOW below, not counted as unexplained)\n"
+        )
     if result.nonfinite_passes:
         from conformance.records import NONFINITE_PASS
 
@@ -124,6 +129,14 @@ def _print(result, out) -> None:
             w(f"      fixed in {r.version}: {r.case_id} ({f})\n")
     for e in result.stale:
         w(f"  STALE {e.source}: matches no record and no case of the built-in suites\n")
+    if result.refused_now:
+        w("\nrefused now (error records of calls the adapter declares it cannot run):\n")
+        seen: dict[tuple[str, str], list] = {}
+        for f, r, why in result.refused_now:
+            seen.setdefault((r.backend, why), []).append((f, r))
+        for (backend, why), records in sorted(seen.items(), key=lambda kv: (kv[0][0], -len(kv[1]))):
+            f, r = records[0]
+            w(f"  {backend}: {len(records)} record(s) | {why}\n           e.g. {r.case_id}: {r.reason[:80]} ({f})\n")
     if result.unexplained:
         w("\nunexplained problems, by backend and signature:\n")
         for backend, groups in by_backend(result.unexplained).items():

@@ -5,6 +5,7 @@ garbled results file); ``attnconf ledger fields``."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -318,6 +319,7 @@ def test_audit_json_states_the_run_and_each_unexplained_group_in_full(tmp_path: 
                 ],
             }
         ],
+        "refused_now": [],
     }
 
 
@@ -415,3 +417,36 @@ def test_an_unexplained_group_shows_three_examples_with_their_reasons_cut_at_200
     data = group.to_json()
     assert data["records"] == 4 and data["cases"] == 4
     assert [len(e["reason"]) for e in data["examples"]] == [200, 200, 200]
+
+
+HEAD_SIZE = "RuntimeError: head_size must be a multiple of 8, this is ensured by padding!"
+
+
+def test_an_error_of_a_call_the_adapter_now_refuses_is_refused_now_not_unexplained(tmp_path: Path, capsys) -> None:
+    """Issue 31: torch-flash once passed head dim 20 to a kernel that rejects it (an error record); the adapter declares
+    that refusal since, so the audit lists the record as refused now, with the declaration, apart from the
+    unexplained.  A fail of that case (the kernel's answer), an error of a case the adapter runs and an error of an
+    unknown backend stay unexplained."""
+    path = tmp_path / "r.jsonl"
+    append_record(path, Header(suite="fuzz", backends={"torch-flash": {"version": "2.11.0"}}, env={}))
+    rows = [
+        ("torch-flash", case(head_dim=20, kv_layout="contiguous", block_size=None), "error", HEAD_SIZE),
+        ("torch-flash", case(head_dim=20, kv_layout="contiguous", block_size=None, requests=((3, 9),)), "fail", "max"),
+        ("torch-flash", case(head_dim=64, kv_layout="contiguous", block_size=None), "error", HEAD_SIZE),
+        ("nosuch", case(head_dim=20, kv_layout="contiguous", block_size=None), "error", HEAD_SIZE),
+    ]
+    for backend, c, status, reason in rows:
+        rec = CheckResult(c.id, backend, "fam", Status(status), c.to_json(), version="2.11.0", reason=reason)
+        append_record(path, dataclasses.replace(rec, device="cuda"))
+    empty = tmp_path / "none"
+    empty.mkdir()
+    argv = ("audit", str(path), "--ledger-dir", str(empty), "--no-suites")
+    code, out, _ = run(capsys, *argv)
+    assert "4 records: 4 problems, 0 explained, 3 unexplained" in out
+    assert "1 error record(s) no entry explains are calls the adapter now refuses" in out
+    refused = out.split("refused now (error records of calls the adapter declares it cannot run):")[1]
+    assert "torch-flash: 1 record(s) | head dim 20: 'head_size must be a multiple of 8" in refused
+    data = json.loads(run(capsys, *argv, "--json")[1])
+    assert [(r["backend"], r["case_id"]) for r in data["refused_now"]] == [("torch-flash", rows[0][1].id)]
+    assert data["unexplained"] == 3
+    assert run(capsys, *argv, "--strict")[0] == 1  # the three others

@@ -244,7 +244,8 @@ def test_shipped_entries_do_not_explain_other_backends_or_older_versions() -> No
 def test_the_shipped_ledger_over_the_committed_fuzz_campaigns() -> None:
     """The committed fuzz campaigns (random cases, none of them a suite case): every failure of a cause the ledger
     describes is recognised and no pass is claimed; the 38 left are the adapter defects fixed since
-    (reports/README.md, the ledger section), all errors but the two ALiBi-bias records of sdpa-cuda."""
+    (reports/README.md, the ledger section), all errors but the two ALiBi-bias records of sdpa-cuda, 28 of them
+    refusals declared since."""
     from pathlib import Path
 
     from conformance.reporting.ledger_audit import audit
@@ -254,13 +255,15 @@ def test_the_shipped_ledger_over_the_committed_fuzz_campaigns() -> None:
         pytest.skip("the committed fuzz campaigns are not in this checkout")
     result = audit(load_ledger(), files, suites=False)
     assert (result.problems, result.explained, result.passes_claimed) == (320, 282, 0)
+    # 28 are errors of calls the adapters refuse since (torch-flash's head dims, fa3-vllm's sinks with hdim != hdim_v,
+    # sdpa-cuda's shapes no SDPA backend takes: the audit's refused now), two of them cases of fa3-vllm entries
+    assert len(result.refused_now) == 28 and {r.status.value for _, r, _ in result.refused_now} == {"error"}
     left = [r for g in result.unexplained for _, r in g.records]
-    unlisted = [r for a in result.entries for _, r in a.unlisted]
-    assert len(left) + len(unlisted) == result.unexplained_count == 38
-    # two of them are cases of fa3-vllm entries (q_v, keyless sinks) the kernel refused: an adapter gap since closed
-    assert {r.reason for r in unlisted} == {"RuntimeError: We don't support S aux with hdim != hdim_v"}
-    left += unlisted
+    assert [r for a in result.entries for _, r in a.unlisted] == []
+    # the 10 left: FA2 append calls the adapter built wrongly (fixed since) and the two ALiBi-bias fails of sdpa-cuda
+    assert len(left) == result.unexplained_count == 10
     assert {(r.backend, r.status.value) for r in left if r.status.value != "error"} == {("sdpa-cuda", "fail")}
+    assert {r.backend for r in left if r.status.value == "error"} == {"fa2"}
     assert all("alibi" in r.case_id for r in left if r.status.value == "fail")
 
 
@@ -280,13 +283,14 @@ def test_partial_entry_recognises_new_cases_of_its_envelope_and_claims_no_pass()
 
 #: every problem of the committed GPU runs and fuzz campaigns the shipped ledger does not explain, by backend, status
 #: and how its reason starts (reports/README.md, "The ledger against the committed runs", says what each is)
+#: error records of calls the adapter refuses since (the audit's *refused now*), by backend: torch-flash's head dims
+#: that are not multiples of 8, fa3-vllm's sinks with hdim != hdim_v (finding 11) and with more than 64 query heads
+#: (suite limits), sdpa-cuda's shapes no allowed SDPA backend takes (finding 6)
+REFUSED_NOW = {"torch-flash": 16, "fa3-vllm": 12, "sdpa-cuda": 6}
+
 NAMED = {
-    ("torch-flash", "error", "RuntimeError: head_size must be a multiple of 8"): 16,  # refused since
     ("fa2", "error", "RuntimeError: If key is supplied"): 4,  # fixed (finding 12)
     ("fa2", "error", "RuntimeError: shape '"): 4,  # fixed (finding 5)
-    ("fa3-vllm", "error", "RuntimeError: We don't support S aux with hdim != hdim_v"): 6,  # refused (finding 11)
-    ("fa3-vllm", "error", "RuntimeError: We only support query heads <= 64 with S aux"): 6,  # refused (limits)
-    ("sdpa-cuda", "error", "RuntimeError: No available kernel"): 6,  # refused (finding 6)
     ("sdpa-cuda", "fail", "max_error"): 2,  # ALiBi as a bf16 bias, fixed (finding 17)
     ("sdpa-cuda", "error", "RuntimeError: Expected mha_graph.execute"): 1,  # cuDNN once, retried alone since
     ("fa4", "crash", "worker killed by SIGABRT"): 1,  # DCP replay, fixed
@@ -315,7 +319,8 @@ NAMED = {
 @pytest.mark.slow
 def test_the_shipped_ledger_over_every_committed_run() -> None:
     """Issue 31: over every committed GPU run and fuzz campaign (25 s on 2 cores) no entry claims a pass and the
-    problems no entry explains are exactly the named ones (adapter and harness defects, none a kernel's cause)."""
+    problems no entry explains are exactly the named ones (adapter and harness defects, none a kernel's cause), and
+    the error records of calls the adapters refuse since are exactly the refused-now ones."""
     from pathlib import Path
 
     from conformance.reporting.ledger_audit import audit
@@ -334,3 +339,7 @@ def test_the_shipped_ledger_over_every_committed_run() -> None:
         assert key is not None, (r.backend, r.status.value, r.case_id, r.reason[:100])
         counts[key] = counts.get(key, 0) + 1
     assert counts == NAMED
+    refused: dict[str, int] = {}
+    for _, r, _ in result.refused_now:
+        refused[r.backend] = refused.get(r.backend, 0) + 1
+    assert refused == REFUSED_NOW
