@@ -369,7 +369,6 @@ def _run(config: RunConfig) -> RunSummary:
                 writer.sync(force=True)  # every record that arrived is on disk before the phase returns
 
         weigh = (lambda unit: unit_cost[unit[0].case.id]) if config.schedule == "cost" else None
-
         def keys_of(unit: list[_Pair]) -> tuple[Hashable, ...]:
             specs = {p.spec for p in unit}
             return tuple(k for k in unit_keys.get(unit[0].case.id, ()) if k[0] in specs)
