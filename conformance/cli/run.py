@@ -69,7 +69,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         profile=args.profile,
         compile_only=args.compile_only,
         compile_phase=args.compile_phase,
-        isolate_known_faults=args.isolate_known_faults,
         schedule=args.schedule,
         costs=args.costs,
         allow_skipped=args.allow_skipped,

@@ -59,7 +59,6 @@ from conformance.reporting.ledger_predicate import Predicate, parse_predicate, p
 from conformance.reporting.ledger_predicate import version_side as _version_side
 
 __all__ = [
-    "CONTEXT_LOSS",
     "DEFAULT_DIR",
     "Ledger",
     "LedgerDirError",
@@ -73,8 +72,6 @@ __all__ = [
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "ledgers"
 _KEYS = {"pattern", "glob_reason", "when", "versions", "reason", "evidence", "statuses", "messages", "flaky", "partial"}
 _PROBLEMS = [s.value for s in Status if s.is_problem]
-#: CUDA errors after which the process's context is unusable (the worker is replaced before its next request)
-CONTEXT_LOSS = ("illegal memory access", "unspecified launch failure", "illegal instruction", "misaligned address")
 #: how a harness error's reason starts (conformance/running/pairs.py): the inputs or reference failed, not the kernel
 HARNESS_ERROR = "harness error"
 
@@ -107,20 +104,6 @@ class LedgerEntry:
     def claims_passes(self) -> bool:
         """Whether a pass of a matching case contradicts the entry (neither flaky nor partial)."""
         return not (self.flaky or self.partial)
-
-    @property
-    def loses_worker(self) -> bool:
-        """Whether the cause ends the worker that runs it: a crash or a timeout listed, or an error whose listed
-        messages are CUDA errors that poison the process's context (:data:`CONTEXT_LOSS`)."""
-        if "crash" in self.statuses or "timeout" in self.statuses:
-            return True
-        errors = dict(self.messages).get("error", ())
-        return "error" in self.statuses and any(loss in m for m in errors for loss in CONTEXT_LOSS)
-
-    def expects_lost_worker(self, case: AttentionCase, version: str) -> bool:
-        """Whether this entry, at kernel ``version``, predicts that running ``case`` ends its worker
-        (:attr:`loses_worker`, the case matches, the version in range or unknown)."""
-        return self.loses_worker and self.version_side(version) in ("in", "unknown") and self.matches_case(case)
 
     @property
     def pattern(self) -> str:

@@ -119,8 +119,6 @@ class RunSummary:
     wall_s: float = 0.0
     #: pairs whose CUDA OOM under a shared GPU was deferred and run again alone
     oom_retries: int = 0
-    #: pairs a ledger entry expects to end their worker, run after all others (``--no-isolate-known-faults``: 0)
-    isolated: int = 0
     #: the final record of every selected pair there is one of (a resumed file's earlier ones included)
     results: list[CheckResult] = field(default_factory=list)
     #: Ctrl-C ended the run: the records that arrived are in the file, the pairs in flight are not
@@ -225,7 +223,6 @@ class RunSummary:
             f"{med(self.overhead_s)}, worker idle before a request {med(self.idle_s)}; "
             f"parent bookkeeping {parent} per record; worker starts: {self.worker_starts}"
             + (f"; CUDA OOM retried alone: {self.oom_retries}" if self.oom_retries else "")
-            + (f"; run last, expected to end their worker: {self.isolated}" if self.isolated else "")
             + "\n"
             f"median worker phases: {phases or 'n/a'} (context: inputs + reference + baseline of a new case)"
         )

@@ -70,8 +70,6 @@ class RunConfig:
     compile_only: bool = False
     #: ``--no-compile-phase``: JIT backends compile inside the checks (:mod:`conformance.running.compile_phase`)
     compile_phase: bool = True
-    #: ``--no-isolate-known-faults``: False keeps the pairs the ledger expects to end their worker in place
-    isolate_known_faults: bool = True
     #: ``--schedule``: ``cost`` (longest case first) or ``fifo`` (the selection's order); ``--costs`` FILE
     schedule: str = "cost"
     costs: Path | None = None

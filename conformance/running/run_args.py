@@ -188,14 +188,6 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         "is compiled once, spread over the workers, before the checks start)",
     )
     r.add_argument(
-        "--no-isolate-known-faults",
-        action="store_false",
-        dest="isolate_known_faults",
-        help="keep the pairs a ledger entry expects to crash, time out or poison the CUDA context in their case's "
-        "place (default on CUDA: they run after every other pair, so the workers they end are replaced where "
-        "only those kernels still run)",
-    )
-    r.add_argument(
         "--schedule",
         choices=("cost", "fifo"),
         default="cost",

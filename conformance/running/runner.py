@@ -44,7 +44,6 @@ import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from collections.abc import Hashable
 from typing import Any
 
 from conformance.lock import hold
@@ -73,7 +72,7 @@ from conformance.running.pairs import (
 from conformance.running.compile_phase import CompileStats, compile_first
 from conformance.running.pool import Outcome, WorkFeed, serve
 from conformance.running.profile import RunClock, profile_records
-from conformance.running.schedule import load_costs, schedule_units, split_last
+from conformance.running.schedule import load_costs, schedule_units
 from conformance.running.selection import json_case_ids, parse_features, parse_models, parse_shard, select_cases
 from conformance.exits import OutputError, UsageError
 from conformance.outputs import check_outputs
@@ -115,32 +114,6 @@ def _previous(config: RunConfig, identity: dict[str, Any]) -> dict[tuple[str, st
     check_resume(config.out, previous.headers, identity, has_records=has_records)
     repair_tail(config.out, previous)
     return {(r.case_id, r.backend): r for r in previous.results}
-
-
-def _isolate_known_faults(
-    config: RunConfig, units: list[list[_Pair]], infos: dict[str, dict[str, str]]
-) -> tuple[list[list[_Pair]], list[list[_Pair]]]:
-    """``units`` less the pairs a ledger entry expects to end their worker on CUDA (a crash, a timeout, a
-    context-poisoning error: :attr:`~conformance.reporting.ledger.LedgerEntry.loses_worker`), and those pairs as
-    units to run after all others (:func:`conformance.running.schedule.split_last`).  Nothing moves with
-    ``--no-isolate-known-faults``, off CUDA, or when the ledgers cannot be read (the run reports that at its end)."""
-    if not config.isolate_known_faults or not config.device.startswith("cuda"):
-        return units, []
-    from conformance.reporting.ledger import LedgerDirError, load_ledger_dir
-
-    try:
-        ledger = load_ledger_dir(config.ledger_dir)
-    except (LedgerDirError, ValueError, OSError):
-        return units, []
-    losing = {s: [e for e in ledger.for_backend(infos[s]["name"]) if e.loses_worker] for s in config.backends}
-    if not any(losing.values()):
-        return units, []
-
-    def last(pair: _Pair) -> bool:
-        version = infos[pair.spec].get("version", "")
-        return any(e.expects_lost_worker(pair.case, version) for e in losing[pair.spec])
-
-    return split_last(units, last)
 
 
 def run(config: RunConfig) -> RunSummary:
@@ -232,8 +205,6 @@ def _run(config: RunConfig) -> RunSummary:
         if config.compile_only:
             summary.workers = summary.compile.workers if summary.compile else 0
             return summary
-        units, last_units = _isolate_known_faults(config, units, infos)
-        summary.isolated = sum(len(u) for u in last_units)
         gpus = [p.gpu for p in placements[: max(1, workers)] if p.gpu is not None]
         checks_at = round(time.perf_counter() - t_start, 3)
         run_info = {
@@ -251,7 +222,6 @@ def _run(config: RunConfig) -> RunSummary:
             "gpus": sorted(set(gpus), key=gpus.index) if gpus else None,
             "workers": [p.to_json() for p in placements[:workers]],
             "schedule": config.schedule,
-            "isolated": summary.isolated,
             "compile": summary.compile.to_json() if summary.compile else None,
             "checks_at_s": checks_at,
         }
@@ -278,7 +248,7 @@ def _run(config: RunConfig) -> RunSummary:
         n_before = len(summary.results)
 
         #: (case id, backend name) -> its pair; deferred CUDA OOMs and their first error, for the retry phase
-        pair_of = {(p.case.id, infos[p.spec]["name"]): p for u in units + last_units for p in u}
+        pair_of = {(p.case.id, infos[p.spec]["name"]): p for u in units for p in u}
         deferred: list[_Pair] = []
         retried: dict[tuple[str, str], dict[str, Any]] = {}
         sharing = Counter(p.gpu for p in placements[:workers])  # workers per GPU (None: the one device)
@@ -369,11 +339,7 @@ def _run(config: RunConfig) -> RunSummary:
                 writer.sync(force=True)  # every record that arrived is on disk before the phase returns
 
         weigh = (lambda unit: unit_cost[unit[0].case.id]) if config.schedule == "cost" else None
-        def keys_of(unit: list[_Pair]) -> tuple[Hashable, ...]:
-            specs = {p.spec for p in unit}
-            return tuple(k for k in unit_keys.get(unit[0].case.id, ()) if k[0] in specs)
-
-        feed = WorkFeed(units, keys=keys_of, cost=weigh)
+        feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()), cost=weigh)
         for key, holder in (summary.compile.owner if summary.compile else {}).items():
             feed.hold(holder, key)  # the worker that compiled a kernel runs its cases first
         label = (config.suite or "cases") + (f" ({workers} workers)" if workers > 1 else "")
@@ -381,9 +347,6 @@ def _run(config: RunConfig) -> RunSummary:
             writer = _Writer(appender)
             task = bar.add_task(label, total=len(todo), counts="")
             phase(list(range(workers)), feed, sharing, writer, bar, task)
-            if last_units:
-                bar.update(task, description=f"{label}: {summary.isolated} pair(s) the ledger expects to end a worker")
-                phase(list(range(workers)), WorkFeed(last_units, keys=keys_of, cost=weigh), sharing, writer, bar, task)
             if deferred:
                 # Alone: one worker per GPU (the first placed on it), every other worker closed so that its
                 # CUDA context and allocator cache are gone too.

@@ -17,26 +17,19 @@ defaults whose ratio ``a / b`` was read off a CPU run of ``smoke`` (only the ord
 
 The compile affinity of :class:`~conformance.running.pool.WorkFeed` is kept: its queues follow the order given
 here, and it weighs a key's group by the cost of its units.
-
-**Known worker-losing pairs last** (:func:`split_last`): a pair the known-failure ledger expects to end in a crash,
-a timeout or a CUDA error that poisons the worker's context (``LedgerEntry.loses_worker``) kills the worker that
-runs it, and the fresh worker pays every backend's first call again (imports, CUDA and cuDNN set-up, FA4's
-``flash_attn.cute``) for the next case it is given.  Such pairs leave their case's unit for units of their own that
-run after every other unit (``attnconf run --no-isolate-known-faults`` keeps them in place), so the restarts happen
-where the fresh workers only run those kernels.  Each such unit builds its case's context again.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.records import CheckResult, Status
 
-__all__ = ["CostModel", "case_size", "load_costs", "order_units", "schedule_units", "split_last"]
+__all__ = ["CostModel", "case_size", "load_costs", "order_units", "schedule_units"]
 
 #: a + b * size defaults (seconds, multiply-adds): a context and a check of a 64-token case are ~ms on CPU
 _DEFAULT_CONTEXT = (5e-3, 2e-9)
@@ -160,18 +153,3 @@ def schedule_units(
     model = CostModel.from_records(records)
     cost = {u[0].case.id: model.unit_cost(u[0].case, [names[p.spec] for p in u]) for u in units}
     return (order_units(units, cost) if mode == "cost" else list(units)), cost
-
-
-def split_last(units: list[list[Any]], last: Callable[[Any], bool]) -> tuple[list[list[Any]], list[list[Any]]]:
-    """``units`` without the pairs ``last`` picks, and those pairs as units of their own, one per case (in the
-    order given); a unit left empty is dropped."""
-    kept: list[list[Any]] = []
-    moved: list[list[Any]] = []
-    for unit in units:
-        picked = [p for p in unit if last(p)]
-        rest = [p for p in unit if not last(p)] if picked else unit
-        if rest:
-            kept.append(rest)
-        if picked:
-            moved.append(picked)
-    return kept, moved
