@@ -307,7 +307,10 @@ NAMED = {
     ("fa4", "error", "harness error"): 4,  # the FA4 probe's, once the GPU refused new workers
     # the FA4 probe's rerun (reports/h100-2026-11-26-speed-4): after FA4's faults (fa4.toml[1]) the GPU gave new
     # workers no CUDA device; a device lost mid-run is an error by design, never a refusal (verdict/check.py)
-    ("fa4", "error", "not available in this worker"): 40,
+    ("fa4", "error", "not available in this worker"): 70,
+    # + 30 of reports/h100-2026-11-27-isolate, and these: the experiment that ran the 403 pairs the ledger expects to
+    # end their worker back to back at the end of the run, after which the GPU refused new CUDA contexts (reverted)
+    ("fa2", "error", "not available in this worker"): 32,
     # the peer grid on FA2 (reports/h100-2026-11-26-speed-4/peerfa2): causal ALiBi over 19,169 keys, an LSE 1.0e-3 over
     # its bound on one row: FA2 computes the LSE of +slope*j scores in fp32 at |slope*(i + sk - sq)| ~ 1e4, whose
     # rounding the adapter's correction cannot undo; the adapter declares it per row since (lse_slack,
