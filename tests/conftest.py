@@ -18,6 +18,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# The project's one Hypothesis profile: no per-example deadline (a CPU shared with xdist workers and torch's first
+# call make example times meaningless) and derandomized, so a CI run and a user's run of the README's test command
+# try the same examples and a failure reproduces.  Each property keeps only its own ``max_examples`` (what one
+# example costs).  ``HYPOTHESIS_PROFILE=explore`` draws new examples on every run instead (for a search, not CI).
+settings.register_profile("attnconf", deadline=None, derandomize=True, print_blob=True)
+settings.register_profile("explore", deadline=None, derandomize=False, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "attnconf"))
 
 # The repository root on sys.path, so `tests.conformance.fakes:CrashingBackend` names the same module
 # in this process, in `attnconf run` subprocesses and in their workers, also under plain `pytest`.

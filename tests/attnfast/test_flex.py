@@ -36,7 +36,7 @@ def test_flex_cpu_matches_reference(name: str) -> None:
     check_backend(backend, case)
 
 
-@settings(max_examples=25, deadline=None, derandomize=True)
+@settings(max_examples=25)
 @given(random_cases(softcap=True))
 def test_flex_cpu_random_cases(case: AttentionCase) -> None:
     check_backend(FlexCpuBackend(), case)

@@ -40,7 +40,7 @@ def test_sdpa_cpu_matches_reference(name: str) -> None:
     check_backend(backend, case)
 
 
-@settings(max_examples=150, deadline=None, derandomize=True)
+@settings(max_examples=150)
 @given(random_cases(softcap=False))
 def test_sdpa_cpu_random_cases(case: AttentionCase) -> None:
     check_backend(SdpaCpuBackend(), case)
@@ -171,7 +171,7 @@ def test_sdpa_cuda_matches_reference(cls, name: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="sdpa-cuda needs a CUDA device")
-@settings(max_examples=80, deadline=None, derandomize=True)
+@settings(max_examples=80)
 @given(random_cases(softcap=False))
 def test_sdpa_cuda_random_cases(case: AttentionCase) -> None:
     backend = SdpaCudaBackend()

@@ -43,7 +43,7 @@ def test_hand_written_mask() -> None:
     assert not visible_mask(5, 1, _cp(2, 1, 3)).numpy()[:3].any()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(world=st.integers(2, 5), data=st.data())
 def test_mask_equals_the_full_causal_mask_sliced_to_the_shard(world: int, data) -> None:
     rank = data.draw(st.integers(0, world - 1))

@@ -192,7 +192,7 @@ def _typed() -> st.SearchStrategy[str]:
 
 
 @pytest.mark.parametrize("flag", FLAGS, ids=[f.id for f in FLAGS])
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(value=_typed(), together=st.booleans())
 def test_drawn_values(parser, flag: Flag, value: str, together: bool) -> None:
     if "\x00" in value:

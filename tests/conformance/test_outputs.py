@@ -148,7 +148,7 @@ NAME = st.text(alphabet=st.sampled_from(list("ab1.*?[]-_ ")), min_size=1, max_si
 SUFFIX = st.sampled_from(["", ".jsonl", ".jsonl.gz", ".json.gz", ".md", ".html", ".png", ".tar.gz", ".1", ".gz"])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(stem=NAME, suffix=SUFFIX, decoys=st.lists(NAME, max_size=4), runs=st.integers(1, 4))
 def test_backups_are_numbered_in_order_never_overwrite_and_keep_the_suffix(
     tmp_path_factory: pytest.TempPathFactory, stem: str, suffix: str, decoys: list[str], runs: int

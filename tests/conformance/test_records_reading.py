@@ -30,7 +30,7 @@ from conformance.records import CheckResult, ErrorStats, Header, Status
 from conformance.results_file import load_results, MAX_LINE, ResultsFileError
 from conformance.results_writer import record_line
 
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(max_examples=150, suppress_health_check=list(HealthCheck))
 #: how many damaged files the tests below try (the hypothesis examples, the exhaustive cuts): for the report
 TRIED: dict[str, int] = {}
 

@@ -54,7 +54,7 @@ def test_position_ids_written_out():
     assert p.cu_seqlens.tolist() == [0, 3, 5, 6] and p.max_seqlen == 3
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=8), st.integers(1, 3))
 def test_packing_roundtrip_property(docs, rows):
     """Any packing: position ids -> cu_seqlens gives the documents back, and a case's position ids its requests."""

@@ -193,20 +193,20 @@ def built_or_refused(data) -> AttentionCase | None:
     return case
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(JSON)
 def test_any_json_value_builds_a_case_or_is_refused_in_one_line(data) -> None:
     built_or_refused(data)
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(FIELDS), JSON, min_size=1, max_size=3), st.booleans())
 def test_any_field_set_to_any_json_value_builds_or_is_refused_in_one_line(changes, paged: bool) -> None:
     base = {**BASE, **({"kv_layout": "NHD", "block_size": 16} if paged else {})}
     built_or_refused({**base, **changes})
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     st.lists(
         st.tuples(st.integers(min_value=0, max_value=2**64), st.integers(min_value=0, max_value=2**64)),

@@ -213,7 +213,7 @@ def test_classify_buckets_to_nearest_levels() -> None:
     assert point["block_size"] == 64 and point["num_splits"] == 3 and point["heads"] == "gqa2"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(
     reqs=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), min_size=1, max_size=6),
     hk=st.integers(1, 8),

@@ -25,7 +25,7 @@ def test_every_axis_of_the_space_is_drawn():
     assert set(space.AXES) <= DRAWN_AXES, "an axis was added to the space: teach conformance/fuzz/draw.py to draw it"
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=120)
 @given(seed=seeds, index=indices, lim=limits)
 def test_a_draw_is_a_valid_case_within_the_limits_and_deterministic(seed, index, lim):
     d = draw(seed, index, lim)

@@ -48,7 +48,7 @@ drawn_cases = st.builds(
 ).filter(lambda c: c is not None)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(case=drawn_cases)
 def test_every_candidate_is_a_valid_strictly_simpler_case(case):
     size = complexity(case)

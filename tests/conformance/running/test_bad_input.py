@@ -110,7 +110,7 @@ def test_case_json_that_is_not_a_readable_file(tmp_path: Path, monkeypatch) -> N
     assert "larger than" in json_refusal(f"@{tmp_path / 'big.json'}")
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
@@ -132,7 +132,7 @@ def test_any_json_text_selects_cases_or_is_refused_in_one_line(value) -> None:
     json.dumps([c.to_json() for c in cases], allow_nan=False)  # each can be recorded: no NaN, no Infinity
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(st.binary(max_size=64))
 def test_any_bytes_in_a_case_file_select_cases_or_are_refused_in_one_line(tmp_path_factory, data: bytes) -> None:
     path = tmp_path_factory.mktemp("bytes") / "cases.json"
@@ -319,7 +319,7 @@ KEYS = [
 ]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     st.dictionaries(st.sampled_from(KEYS), ANY | st.sampled_from([">=1.0", "fail", ["fail"], "*d80*"]), max_size=4),
     st.dictionaries(st.sampled_from(["head_dim", "features", "no_features", "paged", "dtype", "nope"]), ANY),
