@@ -104,9 +104,9 @@ class LineProgress:
         if self.disable:
             return
         unit = f" {self.unit}" if self.unit else ""
-        done = f"{task.completed:.0f}/{task.total:.0f}{unit} ({self._percent(task):.0f}%)" if task.total else ""
+        done = f"{task.completed:.0f}/{task.total:.0f}{unit} ({self._percent(task):.0f}%) " if task.total else ""
         fields = self._fields(task)
-        line = f"{task.description}: {done} after {time.monotonic() - task.start:.0f} s" + (
+        line = f"{task.description}: {done}after {time.monotonic() - task.start:.0f} s" + (
             f": {fields}" if fields else ""
         )
         print(line, file=self.file or sys.stderr, flush=True)

@@ -186,6 +186,8 @@ def cases(args: argparse.Namespace) -> int:
 
     if (args.strength is not None or args.uncovered or args.backend) and not args.coverage:
         raise UsageError("--strength, --uncovered and --backend need --coverage")
+    if args.long and (args.json or args.coverage):
+        raise UsageError("--long lists the cases as text: not with --json or --coverage")
     cases = select_cases(args.suite, tuple(args.case), **selection_kwargs(args))
     if args.coverage:
         return _coverage(args, cases)

@@ -214,3 +214,42 @@ def test_a_run_prints_progress_lines_then_the_verdict_first(tmp_path: Path, caps
         "with --allow-unjudged)"  # fmt: skip
     assert "6 (case, backend) pair(s): pass 3, fail 0, unsupported 3, error 0, crash 0, timeout 0" in lines
     assert lines[-1] == lines[len(shown)]  # the UNJUDGED line is listed, then the verdict again
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["suites", "--bogus"], "attnconf: unrecognized arguments: --bogus"),
+        (["suites", "extra"], "attnconf: unrecognized arguments: extra"),
+        (["cases", "--suite", "smoke", "--long", "--json"], "--long lists the cases as text: not with --json"),
+        (["cases", "--suite", "smoke", "--long", "--coverage"], "not with --json or --coverage"),
+        (["cases", "--suite", "nope"], "--suite must be one of"),
+    ],
+)
+def test_bad_suites_and_cases_flags_are_one_line(argv: list[str], says: str, capsys: pytest.CaptureFixture) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert says in captured.err and captured.err.count("\n") == 1 and captured.out == ""
+
+
+@pytest.mark.parametrize(("columns", "width"), [("abc", 120), ("0", 120), ("5", 40), ("-3", 120), ("90", 90)])
+def test_cases_takes_any_columns_value(columns: str, width: int, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", columns)
+    ids = {c.id for c in get_suite("smoke")}
+    assert main(["cases", "--suite", "smoke"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(ln) <= width or ln in ids for ln in lines)
+    assert {ln.split()[0] for ln in lines if ln and not ln.startswith(" ") and "cases; per feature" not in ln} == ids
+
+
+def test_line_progress_without_a_total_says_the_time_only() -> None:
+    import io
+
+    buf = io.StringIO()
+    with LineProgress(file=buf) as bar:
+        bar.update(bar.add_task("compile", total=0, n=""), advance=1, n="1 kernel")
+        bar.update(bar.add_task("other", total=None), advance=1)
+    assert [re.sub(r"\d+ s", "T s", ln) for ln in buf.getvalue().splitlines()] == [
+        "compile: after T s: 1 kernel",
+        "other: after T s",
+    ]
