@@ -36,7 +36,7 @@ broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
 and every subcommand's work imports what it needs when it runs.
 
 The subcommands live by group (:mod:`conformance.cli.run`, :mod:`conformance.cli.results` for report / compare /
-merge, :mod:`conformance.cli.inventory` for backends / cases, :mod:`conformance.fuzz.cli`,
+merge, :mod:`conformance.cli.inventory` for backends / cases / suites, :mod:`conformance.fuzz.cli`,
 :mod:`conformance.reporting.ledger_cli`); this module builds the parser from them and dispatches.
 """
 
@@ -109,13 +109,16 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-class _VersionAction(argparse._VersionAction):
-    """``--version``: the version is looked up when the flag is given (importlib.metadata costs tens of
-    milliseconds that every other command, ``--help`` included, would pay)."""
+class _VersionAction(argparse.Action):
+    """``--version``: ``attnconf VERSION`` on stdout, exit 0; the version is looked up only when the flag is given
+    (importlib.metadata costs tens of milliseconds that every other command, ``--help`` included, would pay)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        self.version = f"attnconf {_version()}"
-        super().__call__(parser, namespace, values, option_string)
+        print(f"attnconf {_version()}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
