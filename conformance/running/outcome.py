@@ -214,9 +214,10 @@ class RunSummary:
         return sorted(groups.values(), key=lambda g: (-len(g[1]), getattr(g[0], "backend", "")))
 
     def text(self, timings: bool = False) -> str:
-        """What ran: the compile phase's line (when it ran), the records written, the statuses of every selected
-        pair recorded (a resumed file's earlier records included), each status present but ``pass`` explained
-        (:data:`STATUS_MEANINGS`); with ``timings`` (``--profile``) the medians per record and per worker phase."""
+        """What ran: the compile phase's line (when it ran), the records written (and the worker starts when a worker
+        was replaced), the statuses of every selected pair recorded (a resumed file's earlier records included), each
+        status present but ``pass`` explained (:data:`STATUS_MEANINGS`); with ``timings`` (``--profile``) the
+        medians per record and per worker phase."""
         compiled = self.compile.line() if self.compile is not None else ""
         if self.compile_only:
             return (compiled or "compile phase: nothing to compile (no selected backend JIT-compiles per case)") + (
@@ -227,6 +228,11 @@ class RunSummary:
         lines.append(
             f"{self.written} records written to {self.out} ({self.skipped} already there) in {self.wall_s:.1f} s "
             f"by {self.workers} worker(s)"
+            + (
+                f"; worker starts: {self.worker_starts} (a crash, a timeout or a CUDA error replaces its worker)"
+                if self.worker_starts > self.workers
+                else ""
+            )
             + (f"; CUDA OOM retried alone: {self.oom_retries}" if self.oom_retries else "")
         )
         lines.append(
@@ -253,7 +259,7 @@ class RunSummary:
             f"median per record: harness {med(self.harness_s)}, kernel {med(self.kernel_s)}, "
             f"parent round trip {med(self.roundtrip_s)}, overhead (round trip - worker time) "
             f"{med(self.overhead_s)}, worker idle before a request {med(self.idle_s)}; "
-            f"parent bookkeeping {parent} per record; worker starts: {self.worker_starts}",
+            f"parent bookkeeping {parent} per record",
             f"median worker phases: {phases or 'n/a'} (context: inputs + reference + baseline of a new case)",
         ]
 

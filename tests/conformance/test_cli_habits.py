@@ -177,7 +177,7 @@ def _record(backend: str, status: Status, case_id: str) -> CheckResult:
 
 
 def test_the_end_of_a_run_opens_on_the_verdict_and_explains_the_counts() -> None:
-    summary = RunSummary(out=Path("r.jsonl"), workers=2, wall_s=3.0, written=3)
+    summary = RunSummary(out=Path("r.jsonl"), workers=2, worker_starts=2, wall_s=3.0, written=3)
     summary.harness_s = [0.01]
     summary.results = [
         _record("fake-exact", Status.PASS, "a-000001"),
@@ -191,6 +191,11 @@ def test_the_end_of_a_run_opens_on_the_verdict_and_explains_the_counts() -> None
     assert f"  unsupported 1: {STATUS_MEANINGS[Status.UNSUPPORTED]}" in lines and "`attnconf backends` says why" in text
     assert "median per record" not in text and "median per record" in summary.terminal(timings=True)
     assert lines[-1] != lines[0]  # nothing listed: the verdict once
+    assert "worker starts" not in text  # one start per worker: nothing to say
+    summary.worker_starts = 3
+    assert "by 2 worker(s); worker starts: 3 (a crash, a timeout or a CUDA error replaces its worker)" in (
+        summary.terminal()
+    )
     summary.results.append(_record("fake-lse-sign", Status.FAIL, "c-000003"))
     summary.problems = 1
     lines = summary.terminal().splitlines()
