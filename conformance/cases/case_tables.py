@@ -2,15 +2,34 @@
 descale granularities a case may name, every feature a case can exercise (:data:`FEATURES`, what backends declare
 support for) and the ones an adapter must opt into (:data:`OPT_IN_FEATURES`).  Data, not logic; the case's
 validation reads it, :mod:`conformance.cases.case_derived` names the features of a case.
+
+Importing it does not import torch (``attnconf --help`` lists the features): :data:`DTYPES`, the one table that
+holds torch objects, is built on first access (PEP 562).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DATA", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
 
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+#: The dtypes a case may name, by name (``{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}``).
+DTYPES: dict[str, torch.dtype]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DTYPES":
+        import torch
+
+        table = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        globals()["DTYPES"] = table  # later reads find it without this hook
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 LAYOUTS = ("contiguous", "NHD", "HND")
 #: Quantization modes: which tensors are stored in which format (the case's ``quant`` field).
 QUANTS: dict[str, str] = {

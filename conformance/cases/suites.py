@@ -99,12 +99,13 @@ def covering_cases(name: str) -> tuple[AttentionCase, ...]:
 @lru_cache(maxsize=None)
 def backward_cases(name: str) -> tuple[AttentionCase, ...]:
     """The backward cases of suite ``smoke`` (its small sweeps) or ``default`` (its sweeps and the covering array
-    of the backward sub-space, :mod:`conformance.cases.suite_backward`; ``full`` holds them too)."""
+    of the backward sub-space, :mod:`conformance.cases.suite_backward`, built once per machine and source version
+    like :func:`covering_cases`; ``full`` holds them too)."""
     if name == "smoke":
         return tuple(_union(SMOKE_BACKWARD))
     if name == "default":
         hand = _union(DEFAULT_BACKWARD)
-        return tuple(hand) + backward_covering(hand, seed=COVERING_SEED)
+        return tuple(hand) + cached_cases("backward-default", lambda: backward_covering(hand, seed=COVERING_SEED))
     raise ValueError(f"backward_cases: name must be 'smoke' or 'default', got {name!r}")
 
 

@@ -28,10 +28,15 @@ broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
 * ``fuzz``: random cases, failures shrunk and grouped (:mod:`conformance.fuzz`); 1 when any case failed, 4 when
   a backend judged no drawn case (``--allow-unjudged``).
 * ``cases``: the cases of a suite, selected as ``run`` selects them (``--case``, ``--feature``, ``--exclude``,
-  ``--exclude-feature``: :mod:`conformance.running.selection`); 0.
+  ``--exclude-feature``: :mod:`conformance.running.selection`), one line each in the terminal's width (``--long``:
+  every field, ``--json``: for scripts); 0.
+* ``suites``: the named suites, one line each (:mod:`conformance.cases.suite_descriptions`; ``--json``); 0.
+
+``--help`` (of any subcommand) and ``--version`` import no torch: the parsers are built from torch-free modules
+and every subcommand's work imports what it needs when it runs.
 
 The subcommands live by group (:mod:`conformance.cli.run`, :mod:`conformance.cli.results` for report / compare /
-merge, :mod:`conformance.cli.inventory` for backends / cases, :mod:`conformance.fuzz.cli`,
+merge, :mod:`conformance.cli.inventory` for backends / cases / suites, :mod:`conformance.fuzz.cli`,
 :mod:`conformance.reporting.ledger_cli`); this module builds the parser from them and dispatches.
 """
 
@@ -45,8 +50,42 @@ from conformance.exits import Exit, UsageError
 __all__ = ["build_parser", "main"]
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter, but a text (a description or an epilog) with item lines, lines that start with two
+    spaces (``  smoke    about 150 small cases ...``), keeps its lines: each wrapped on its own, an item's continuation
+    indented under its text.  A text without them is wrapped as one paragraph, as argparse does."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import re
+        import textwrap
+
+        lines = text.splitlines()
+        if not any(line.startswith("  ") for line in lines):
+            return super()._fill_text(text, width, indent)
+        out = []
+        for line in lines:
+            item = re.match(r"(\s+\S+\s{2,})(\S.*)", line) if line.startswith("  ") else None
+            head, body = (item.group(1), item.group(2)) if item else ("", line.strip())
+            out.append(
+                textwrap.fill(
+                    re.sub(r"\s+", " ", body),
+                    width,
+                    initial_indent=indent + head,
+                    subsequent_indent=indent + " " * len(head),
+                )
+                if body
+                else ""
+            )
+        return "\n".join(out)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (``attnconf run: argument --timeout: must be ...``), exit 2."""
+    """argparse, but a usage error is one line (``attnconf run: argument --timeout: must be ...``), exit 2; help
+    texts may hold item lines (:class:`_Formatter`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
@@ -70,6 +109,18 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: ``attnconf VERSION`` on stdout, exit 0; the version is looked up only when the flag is given
+    (importlib.metadata costs tens of milliseconds that every other command, ``--help`` included, would pay)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"attnconf {_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser ``attnconf`` runs (the CLI reference of the docs is rendered from it)."""
     from conformance.cli import inventory, results
@@ -78,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     from conformance.reporting.ledger_cli import add_parser as add_ledger_parser
 
     p = _Parser(prog="attnconf", description="Attention-kernel conformance harness.")
-    p.add_argument("--version", action="version", version=f"attnconf {_version()}")
+    p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     run_cmd.add_parser(sub)
     run_cmd.add_warmup_parser(sub)
@@ -87,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_fuzz_parser(sub)
     add_ledger_parser(sub)
     inventory.add_cases_parser(sub)
+    inventory.add_suites_parser(sub)
     return p
 
 
@@ -150,13 +202,14 @@ def _quiet_stdout() -> None:
 def _dispatch(argv: list[str]) -> int:
     from conformance.cli import inventory, results
     from conformance.cli import run as run_cmd
-    from conformance.running.worker import WorkerStartError
 
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad flags, 0 on --help
         return int(exc.code or 0)
+    from conformance.running.worker import WorkerStartError  # after --help and --version: they need no worker
+
     try:
         if args.command == "run":
             return run_cmd.run(args, argv)
@@ -178,6 +231,8 @@ def _dispatch(argv: list[str]) -> int:
             from conformance.reporting.ledger_cli import main as ledger_main
 
             return ledger_main(args)
+        if args.command == "suites":
+            return inventory.suites(args)
         return inventory.cases(args)
     except UsageError as exc:  # OutputError too (its exit_code is 3)
         print(f"attnconf {args.command}: {exc}", file=sys.stderr)

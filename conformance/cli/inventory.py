@@ -1,5 +1,5 @@
-"""``attnconf backends`` and ``attnconf cases``: what is installed and what a suite holds (its cases, its
-coverage of the case space); their subparsers and handlers.
+"""``attnconf backends``, ``attnconf cases`` and ``attnconf suites``: what is installed, what a suite holds (its
+cases, its coverage of the case space) and which suites there are; their subparsers and handlers.
 """
 
 from __future__ import annotations
@@ -9,7 +9,21 @@ import json
 import sys
 from collections import Counter
 
-__all__ = ["add_backends_parser", "add_cases_parser", "backends", "cases"]
+from conformance.cases.suite_descriptions import SUITE_DESCRIPTIONS, suites_epilog
+
+__all__ = [
+    "CASES_WIDTH",
+    "add_backends_parser",
+    "add_cases_parser",
+    "add_suites_parser",
+    "backends",
+    "case_lines",
+    "cases",
+    "suites",
+]
+
+#: The width ``attnconf cases`` fits its lines to when standard output is not a terminal and ``$COLUMNS`` is unset.
+CASES_WIDTH = 120
 
 
 def _strength(text: str) -> int:
@@ -39,10 +53,29 @@ def add_cases_parser(sub) -> None:
     """The ``cases`` subparser."""
     from conformance.running.selection import add_selection_args
 
-    cs = sub.add_parser("cases", help="list the cases of a suite, or measure its coverage of the case space")
-    cs.add_argument("--suite", required=True)
+    cs = sub.add_parser(
+        "cases",
+        help="list the cases of a suite, or measure its coverage of the case space",
+        description="One line per selected case: its id (what --case and the records name) and its requests' "
+        "query/key lengths, cut to the terminal's width (COLUMNS, else 120 columns when the output is not a "
+        "terminal; an id longer than that stands alone, never cut); then the count per feature. --long prints "
+        "every field of each case, --json all of it for scripts. Exit status 0; 2 on an unknown suite or "
+        "feature, or a selection that holds no case.",
+        epilog=suites_epilog(),
+    )
+    cs.add_argument("--suite", required=True, metavar="NAME", help="the suite (listed below and by attnconf suites)")
     add_selection_args(cs)
-    cs.add_argument("--json", action="store_true")
+    cs.add_argument(
+        "--json",
+        action="store_true",
+        help="a JSON list, one object per case: id, summary (the --long line), features, and the case's fields",
+    )
+    cs.add_argument(
+        "--long",
+        action="store_true",
+        help="one line per case with every field (heads, head dims, dtype, layout, window, soft-cap, quantization, "
+        "features), however long",
+    )
     cs.add_argument(
         "--coverage",
         action="store_true",
@@ -62,6 +95,28 @@ def add_cases_parser(sub) -> None:
         help="with --coverage: over the cases this backend runs and the tuples it reaches, by its declared "
         "features (registry name or module:Class; need not be installed here)",
     )
+
+
+def add_suites_parser(sub) -> None:
+    """The ``suites`` subparser."""
+    su = sub.add_parser(
+        "suites",
+        help="list the named suites, one line each",
+        description="The suites --suite takes (run, warmup, cases), each with one line on what it holds "
+        "(conformance/cases/suite_descriptions.py). Exit status 0.",
+    )
+    su.add_argument("--json", action="store_true", help='a JSON list of {"name", "description"}, in the same order')
+
+
+def suites(args: argparse.Namespace) -> int:
+    """``attnconf suites``: every registered suite and its line (no torch import: the lines are data)."""
+    if args.json:
+        print(json.dumps([{"name": n, "description": d} for n, d in SUITE_DESCRIPTIONS.items()], indent=1))
+        return 0
+    width = max(map(len, SUITE_DESCRIPTIONS))
+    for name, line in SUITE_DESCRIPTIONS.items():
+        print(f"{name:<{width}}  {line}")
+    return 0
 
 
 def backends(args: argparse.Namespace) -> int:
@@ -131,6 +186,8 @@ def cases(args: argparse.Namespace) -> int:
 
     if (args.strength is not None or args.uncovered or args.backend) and not args.coverage:
         raise UsageError("--strength, --uncovered and --backend need --coverage")
+    if args.long and (args.json or args.coverage):
+        raise UsageError("--long lists the cases as text: not with --json or --coverage")
     cases = select_cases(args.suite, tuple(args.case), **selection_kwargs(args))
     if args.coverage:
         return _coverage(args, cases)
@@ -150,15 +207,59 @@ def cases(args: argparse.Namespace) -> int:
             )
         )
         return 0
-    width = max(len(c.id) for c in cases)
-    for c in cases:
-        print(f"{c.id:<{width}}  {c.summary()}")
+    import shutil
+
+    width = max(shutil.get_terminal_size((CASES_WIDTH, 24)).columns, 40)
+    for line in case_lines(cases, width, long=args.long):
+        print(line)
     counts = Counter(f for c in cases for f in c.features())
-    print(
-        f"\n{len(cases)} cases; per feature: "
-        + ", ".join(f"{f} {counts[f]}" for f in sorted(counts, key=lambda f: (-counts[f], f)))
-    )
+    print()
+    for line in _fill(
+        f"{len(cases)} cases; per feature:",
+        [f"{f} {counts[f]}," for f in sorted(counts, key=lambda f: (-counts[f], f))],
+        width,
+    ):
+        print(line)
     return 0
+
+
+def case_lines(cases: list, width: int, *, long: bool = False) -> list[str]:
+    """``attnconf cases``: ``ID  N req  q/kv Q/K Q/K ...`` per case, each line at most ``width`` characters: the
+    id column as wide as nine ids in ten (at most ``width - 20``), a longer id pushing its lengths right, the lengths
+    cut with ``...``, and an id that leaves no room for them alone on its line, whole (ids are never cut: ``--case``
+    takes them); ``long``: ``ID  SUMMARY`` (:meth:`~conformance.cases.case.AttentionCase.summary`, every
+    field), however long."""
+    ids = [c.id for c in cases]
+    lengths = sorted(map(len, ids))
+    column = min(lengths[(len(lengths) - 1) * 9 // 10], width - 20)
+    lines = []
+    for case_id, case in zip(ids, cases):
+        if long:
+            lines.append(f"{case_id:<{column}}  {case.summary()}")
+            continue
+        head = f"{case_id:<{column}}  "
+        room = width - len(head)
+        reqs = case.requests
+        text = f"{len(reqs):>3} req  q/kv " + " ".join(f"{q}/{k}" for q, k in reqs)
+        if len(text) > room:
+            text = text[: max(room - 3, 0)].rsplit(" ", 1)[0] + " ..."
+        lines.append(head + text if room >= 16 else case_id)
+    return lines
+
+
+def _fill(first: str, words: list[str], width: int) -> list[str]:
+    """``first`` then ``words`` (each kept whole), wrapped to ``width``, later lines indented by two spaces; the
+    last word's trailing comma dropped."""
+    if words:
+        words[-1] = words[-1].rstrip(",")
+    lines, line = [], first
+    for word in words:
+        if len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = "  " + word
+        else:
+            line += " " + word
+    return [*lines, line]
 
 
 def _coverage(args: argparse.Namespace, cases: list) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from conformance.cases.suite_descriptions import suites_epilog
 from conformance.exits import UsageError
 from conformance.running.run_args import add_run_arguments
 
@@ -26,9 +27,14 @@ def add_parser(sub) -> None:
         "interrupted (Ctrl-C: the records are kept; the message gives the --resume command); 2 on usage errors "
         "(an --out or --json that is a directory, a device, a FIFO or an input included); 3 when --out or --json "
         "cannot be written (read-only, disk full; the records before are kept). "
-        "The run ends by listing every unexpected problem (status, backend, case id, reason, repro command), the "
-        "known ones counted per ledger entry and each backend that judged nothing, with its refusal reason; "
-        "--json writes the same as JSON. A record marked pass whose statistics are NaN or inf counts as a fail.",
+        "The run ends with its verdict line (exit N: why), the count of each status (each status but pass that "
+        "occurred explained in a line: unsupported means the backend declares it cannot run the case), then every "
+        "unexpected problem (status, backend, case id, reason, repro command), the known ones counted per ledger "
+        "entry and each backend that judged nothing, with its refusal reason, and then the verdict line again; "
+        "--profile adds where the time went; --json writes the same as JSON. A record marked pass whose statistics "
+        "are NaN or inf counts as a fail. Progress goes to stderr: a bar in a terminal, else (a CI log) a line per "
+        "10% of the pairs.",
+        epilog=suites_epilog(),
     )
     add_run_arguments(r)
 
@@ -93,6 +99,7 @@ def add_warmup_parser(sub) -> None:
         "the backend's persistent cache (FA4: FLASH_ATTENTION_CUTE_DSL_CACHE_DIR), and write no results file "
         "(--out and --resume are refused). A kernel that does not compile is listed and left to the checks of "
         "a later run. Exit status 0 (130 when interrupted), 2 on usage errors.",
+        epilog=suites_epilog(),
     )
     add_run_arguments(w)
     w.set_defaults(out=None, compile_only=True)

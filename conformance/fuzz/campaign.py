@@ -215,19 +215,19 @@ class _Campaign:
 
 
 def _progress_bar(config: FuzzConfig):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-    from conformance.console import PipeConsole
+    from conformance.console import progress
 
     unit = "cases" if config.budget.cases is not None else "s"
-    return Progress(
+    return progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         TextColumn("{task.completed:.0f}/{task.total:.0f} " + unit),
         TimeElapsedColumn(),
         TextColumn("{task.fields[cases]}"),
-        console=PipeConsole(stderr=True),
         disable=not config.progress,
+        unit=unit,
     )
 
 

@@ -135,7 +135,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="tolerance override (conformance.verdict.tolerance), repeatable",
     )
     f.add_argument("--tol-file", metavar="TOML", help="tolerance overrides from a TOML file (below --tol)")
-    f.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    f.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (by default a bar in a terminal, else a line per 10%% of the budget)",
+    )
     f.add_argument(
         "--allow-unjudged",
         action="store_true",

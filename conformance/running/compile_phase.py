@@ -219,19 +219,19 @@ def compile_first(
 ) -> CompileStats:
     """The compile phase of a run: :func:`plan_compiles` over the units' keys, :func:`run_compile_phase` on
     ``clients`` (filling ``stats`` in place when given), with a progress bar on stderr (``progress``)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
+    from conformance.console import progress as progress_display
     from conformance.running.schedule import case_size
 
     tasks = plan_compiles(units, unit_keys, case_size)
-    bar = Progress(
+    bar = progress_display(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=Console(stderr=True),
         disable=not progress or not tasks,
+        unit="kernels",
     )
     with bar:
         task_id = bar.add_task(f"compiling kernels ({min(len(clients), len(tasks))} workers)", total=len(tasks))

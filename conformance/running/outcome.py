@@ -27,13 +27,25 @@ from typing import Any
 from conformance.exits import Exit
 from conformance.records import CheckResult, judged_results, NONFINITE_PASS, Status
 
-__all__ = ["LIST_MAX", "RunSummary", "resume_command", "short_reason", "unjudged_backends"]
+__all__ = ["LIST_MAX", "STATUS_MEANINGS", "RunSummary", "resume_command", "short_reason", "unjudged_backends"]
 
 #: Unexpected problems (and unexpected passes) listed at the end of a run; the ``--json`` summary has all.
 LIST_MAX = 50
 SUMMARY_SCHEMA = 1
 #: The output kind of the ``--json`` summary (:mod:`conformance.outputs`).
 SUMMARY_KIND = "run-summary"
+
+#: What a record's status means, as the end of a run explains its counts (:meth:`RunSummary.text`; the verdict's
+#: side in docs/concepts/verdict.md).
+STATUS_MEANINGS: dict[Status, str] = {
+    Status.PASS: "judged: within the tolerance of the reference",
+    Status.FAIL: "judged: outside the tolerance, or NaN or inf where the reference is finite",
+    Status.UNSUPPORTED: "not run: the backend declares it cannot run the case; `attnconf backends` says why, "
+    "and so does each record's reason",
+    Status.ERROR: "the adapter or the kernel raised an exception",
+    Status.CRASH: "the worker process died (a segfault, an illegal memory access, an abort)",
+    Status.TIMEOUT: "the pair ran past --timeout and its worker was killed",
+}
 
 
 def short_reason(reason: str, limit: int = 300) -> str:
@@ -201,31 +213,68 @@ class RunSummary:
             groups.setdefault(id(entry), (entry, []))[1].append(result)
         return sorted(groups.values(), key=lambda g: (-len(g[1]), getattr(g[0], "backend", "")))
 
-    def text(self) -> str:
-        def med(xs: list[float]) -> str:
-            return f"{statistics.median(xs) * 1e3:.2f} ms" if xs else "n/a"
-
+    def text(self, timings: bool = False) -> str:
+        """What ran: the compile phase's line (when it ran), the records written (and the worker starts when a worker
+        was replaced), the statuses of every selected pair recorded (a resumed file's earlier records included), each
+        status present but ``pass`` explained (:data:`STATUS_MEANINGS`); with ``timings`` (``--profile``) the
+        medians per record and per worker phase."""
         compiled = self.compile.line() if self.compile is not None else ""
         if self.compile_only:
             return (compiled or "compile phase: nothing to compile (no selected backend JIT-compiles per case)") + (
                 f"; no results file written; {self.wall_s:.1f} s in all"
             )
-        counts = ", ".join(f"{s.value} {self.counts.get(s.value, 0)}" for s in Status)
+        counts = self.counts_all()
+        lines = [compiled] if compiled else []
+        lines.append(
+            f"{self.written} records written to {self.out} ({self.skipped} already there) in {self.wall_s:.1f} s "
+            f"by {self.workers} worker(s)"
+            + (
+                f"; worker starts: {self.worker_starts} (a crash, a timeout or a CUDA error replaces its worker)"
+                if self.worker_starts > self.workers
+                else ""
+            )
+            + (f"; CUDA OOM retried alone: {self.oom_retries}" if self.oom_retries else "")
+        )
+        lines.append(
+            f"{len(self.results)} (case, backend) pair(s): "
+            + ", ".join(f"{s.value} {counts.get(s.value, 0)}" for s in Status)
+        )
+        lines += [
+            f"  {s.value} {counts[s.value]}: {STATUS_MEANINGS[s]}"
+            for s in Status
+            if s is not Status.PASS and counts.get(s.value)
+        ]
+        if timings:
+            lines += self._timing_lines()
+        return "\n".join(lines)
+
+    def _timing_lines(self) -> list[str]:
+        def med(xs: list[float]) -> str:
+            return f"{statistics.median(xs) * 1e3:.2f} ms" if xs else "n/a"
+
         parent = f"{self.parent_s / self.written * 1e3:.2f} ms" if self.written else "n/a"
         legacy = ("context_s", "check_s", "encode_s")
         phases = ", ".join(f"{k.removesuffix('_s')} {med(v)}" for k, v in self.phases_s.items() if k in legacy)
-        return (
-            (f"{compiled}\n" if compiled else "")
-            + f"{self.written} records written to {self.out} ({self.skipped} already there) in {self.wall_s:.1f} s "
-            f"by {self.workers} worker(s): {counts}\n"
+        return [
             f"median per record: harness {med(self.harness_s)}, kernel {med(self.kernel_s)}, "
             f"parent round trip {med(self.roundtrip_s)}, overhead (round trip - worker time) "
             f"{med(self.overhead_s)}, worker idle before a request {med(self.idle_s)}; "
-            f"parent bookkeeping {parent} per record; worker starts: {self.worker_starts}"
-            + (f"; CUDA OOM retried alone: {self.oom_retries}" if self.oom_retries else "")
-            + "\n"
-            f"median worker phases: {phases or 'n/a'} (context: inputs + reference + baseline of a new case)"
-        )
+            f"parent bookkeeping {parent} per record",
+            f"median worker phases: {phases or 'n/a'} (context: inputs + reference + baseline of a new case)",
+        ]
+
+    def terminal(self, timings: bool = False) -> str:
+        """The end of ``attnconf run`` on stderr, for a CI log: the verdict line (:meth:`verdict_line`) first, then
+        what ran (:meth:`text`; ``timings``, i.e. ``--profile``: the medians and where the time went,
+        :mod:`conformance.running.profile`), then, when there is anything to list, the listing
+        (:meth:`listing`), which ends with the verdict line again."""
+        parts = [self.verdict_line(), self.text(timings)]
+        if timings and self.profile is not None:
+            parts.append(self.profile.text())
+        listing = self.listing()
+        if "\n" in listing:
+            parts.append(listing)
+        return "\n".join(parts)
 
     def listing(self) -> str:
         """The end of a run: every unexpected problem (status, backend, case, one-line reason, repro), the known

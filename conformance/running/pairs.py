@@ -174,19 +174,20 @@ def _record(reply: Reply, case: AttentionCase, spec: str, info: dict[str, str], 
 
 
 def _progress(config: RunConfig, total: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """The run's progress on stderr (:func:`conformance.console.progress`: a bar in a terminal, else a line per
+    10 % of the pairs)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    from conformance.console import PipeConsole
+    from conformance.console import progress
 
-    console = PipeConsole(stderr=True)
-    return Progress(
+    return progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("{task.fields[counts]}"),
-        console=console,
         disable=not config.progress or total == 0,
+        unit="pairs",
     )
 
 

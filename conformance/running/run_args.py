@@ -54,7 +54,9 @@ def _shard(text: str) -> str:
 
 def add_run_arguments(r: argparse.ArgumentParser) -> None:
     """Every option of ``attnconf run``, in the order ``--help`` lists them."""
-    r.add_argument("--suite", help="suite name (see `attnconf cases`); optional with --case-json")
+    r.add_argument(
+        "--suite", metavar="NAME", help="suite name (listed below and by `attnconf suites`); optional with --case-json"
+    )
     r.add_argument(
         "--backend",
         action="append",
@@ -120,7 +122,11 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
     )
     r.add_argument("--tol-file", metavar="TOML", help="tolerance overrides from a TOML file (below --tol)")
     r.add_argument("--limit", type=positive_int, help="at most N >= 1 cases (after the filters and --shard)")
-    r.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    r.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress on stderr (by default a bar in a terminal, else a line per 10%% of the pairs)",
+    )
     r.add_argument(
         "--jobs",
         type=_jobs,
@@ -169,7 +175,9 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--profile",
         action="store_true",
-        help="print where the time went at the end: per backend, seconds of inputs, reference, baseline, "
+        help="print where the time went at the end (by default the end shows the verdict, the counts and the "
+        "problems only): the median times per record and per worker phase, and per backend, seconds of inputs, "
+        "reference, baseline, "
         "prepare, compile, kernel, verdict, encode, IPC, worker idle and parent work; the run's wall time, "
         "workers, idle capacity, when the last pairs finished, the slowest cases (every record carries its "
         "timings; attnconf report rebuilds the table from the file)",

@@ -376,8 +376,9 @@ def _run(config: RunConfig) -> RunSummary:
 
 
 def main_run(config: RunConfig) -> int:
-    """Run, print the summary and the listing of problems (unexpected ones, known ones per ledger entry) to
-    stderr, write the ``--json`` summary; the exit status of ``attnconf run``
+    """Run, print the end of the run to stderr (:meth:`~conformance.running.outcome.RunSummary.terminal`: the
+    verdict line first, the counts explained, the timings with ``--profile``, the listing of problems: unexpected
+    ones, known ones per ledger entry), write the ``--json`` summary; the exit status of ``attnconf run``
     (:attr:`conformance.running.outcome.RunSummary.exit_code`)."""
     from conformance.reporting.ledger import load_ledger_dir
 
@@ -398,10 +399,7 @@ def main_run(config: RunConfig) -> int:
         summary.finish(ledger, config.strict)
     summary.strict = config.strict
     summary.allow_unjudged = config.allow_unjudged
-    print(summary.text(), file=sys.stderr)
-    if config.profile and summary.profile is not None:
-        print(summary.profile.text(), file=sys.stderr)
-    print(summary.listing(), file=sys.stderr)
+    print(summary.terminal(timings=config.profile), file=sys.stderr)
     if config.summary_json is not None:
         summary.write_json(config.summary_json, config.argv)
     if summary.interrupted:

@@ -23,10 +23,13 @@ import fnmatch
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from conformance.cases.case import FEATURES, AttentionCase, CaseError
+from conformance.cases.case_tables import FEATURES  # torch-free: the parsers list the features in --help
 from conformance.exits import UsageError
+
+if TYPE_CHECKING:
+    from conformance.cases.case import AttentionCase
 
 __all__ = [
     "CASE_JSON_MAX_BYTES",
@@ -83,6 +86,8 @@ CASE_JSON_MAX_BYTES = 64 << 20
 def case_from_json(data: Any, where: str = "--case-json") -> AttentionCase:
     """One case from user JSON, strictly (:meth:`AttentionCase.from_json` with ``strict``: an unknown field is
     refused too); the :class:`UsageError` is one line, ``WHERE: PROBLEM; PROBLEM``."""
+    from conformance.cases.case import AttentionCase, CaseError
+
     try:
         return AttentionCase.from_json(data, strict=True)
     except CaseError as exc:
@@ -185,8 +190,8 @@ def select_cases(
             for c in get_suite(suite)
             if (not patterns or _matches(c.id, patterns))
             and (not keep or _has_group(c, keep))
-            and not _matches(c.id, exclude)
-            and not _has_group(c, drop)
+            and not (exclude and _matches(c.id, exclude))
+            and not (drop and _has_group(c, drop))
         ]
         if model_names:
             from conformance.models import select_model_cases

@@ -17,11 +17,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cases_lists_ids_summaries_and_feature_counts(capsys: pytest.CaptureFixture) -> None:
+    # one line per case: its id and its requests' lengths (every field with --long; issue 28 item 4 moved the
+    # summary there: it made lines of up to 530 characters)
     assert main(["cases", "--suite", "smoke", "--case", "*_causal*"]) == 0
     out = capsys.readouterr().out
     wanted = [c for c in get_suite("smoke") if "_causal" in c.id]
-    assert all(c.id in out and c.summary() in out for c in wanted)
+    lines = out.splitlines()
+    for c in wanted:
+        (line,) = [ln for ln in lines if ln.startswith(c.id + " ")]
+        assert f"{len(c.requests)} req  q/kv {c.requests[0][0]}/{c.requests[0][1]}" in line and c.summary() not in out
     assert f"{len(wanted)} cases; per feature:" in out and f"causal {len(wanted)}" in out
+    assert main(["cases", "--suite", "smoke", "--case", "*_causal*", "--long"]) == 0
+    out = capsys.readouterr().out
+    assert all(c.id in out and c.summary() in out for c in wanted)
 
 
 def test_cases_json(capsys: pytest.CaptureFixture) -> None:
