@@ -39,7 +39,12 @@ def add_cases_parser(sub) -> None:
     """The ``cases`` subparser."""
     from conformance.running.selection import add_selection_args
 
-    cs = sub.add_parser("cases", help="list the cases of a suite, or measure its coverage of the case space")
+    cs = sub.add_parser(
+        "cases",
+        help="list the cases of a suite (a peer-* suite: then one line of its grid's points without a case, "
+        "by reason: refused by the case model, pending a case field, the same call as another point), or measure its "
+        "coverage of the case space",
+    )
     cs.add_argument("--suite", required=True)
     add_selection_args(cs)
     cs.add_argument("--json", action="store_true")
@@ -125,7 +130,9 @@ def backends(args: argparse.Namespace) -> int:
 
 
 def cases(args: argparse.Namespace) -> int:
-    """``attnconf cases``: the selected cases of a suite, or (``--coverage``) its coverage of the case space."""
+    """``attnconf cases``: the selected cases of a suite (and, for a ``peer-*`` suite, its grid's points without a
+    case, by reason), or (``--coverage``) its coverage of the case space."""
+    from conformance.cases.peers import PEERS
     from conformance.running.selection import select_cases, selection_kwargs
     from conformance.exits import UsageError
 
@@ -158,6 +165,8 @@ def cases(args: argparse.Namespace) -> int:
         f"\n{len(cases)} cases; per feature: "
         + ", ".join(f"{f} {counts[f]}" for f in sorted(counts, key=lambda f: (-counts[f], f)))
     )
+    if args.suite in PEERS:  # a peer's grid: what it holds that the suite has no case for
+        print(PEERS[args.suite].summary())
     return 0
 
 
