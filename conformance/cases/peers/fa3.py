@@ -49,8 +49,8 @@ than ``seqlen_q`` new keys (``seqlen_new_eq_seqlen_q=False``, or ``varlen_q`` wi
 :data:`~conformance.cases.peers.grid.PENDING_FP8_APPEND`.  Inputs are this harness's (its own descales, sinks and
 stale cache slots), never the test's numbers: the values are the grid's, not the data.
 
-Backends: ``fa3-vllm`` (the fork itself: it refuses ``append``, run by upstream ``fa3``), ``fa3``; any adapter runs
-the cases it accepts.
+Backends: ``fa3-vllm`` (the fork itself: it refuses ``append``), ``fa3`` (upstream FA3: it runs the appends, and
+declares no sinks, context parallelism, fp8 nor scheduler metadata); any adapter runs the cases it accepts.
 """
 
 from __future__ import annotations

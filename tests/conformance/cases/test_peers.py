@@ -11,7 +11,7 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.peers import PEERS, PEER_SUITES
-from conformance.cases.peers import fa3, vllm
+from conformance.cases.peers import fa3, fa4, vllm
 from conformance.cases.peers.grid import (
     PENDING_APPEND_LEN,
     PENDING_FP8_APPEND,
@@ -75,7 +75,17 @@ def test_a_point_whose_case_another_point_has_is_the_same_call():
 
 # ----------------------------------------------------------------------------------------------- registration
 def test_every_peer_suite_is_a_suite():
-    assert set(PEER_SUITES) == set(PEERS) == {"peer-fa2-kvcache", "peer-fa3", "peer-vllm-flash", "peer-vllm-flashmla"}
+    assert (
+        set(PEER_SUITES)
+        == set(PEERS)
+        == {
+            "peer-fa2-kvcache",
+            "peer-fa3",
+            "peer-fa4",
+            "peer-vllm-flash",
+            "peer-vllm-flashmla",
+        }
+    )
     assert all(name in SUITES for name in PEERS)
     for suite in PEERS.values():
         assert suite.backends and suite.source
@@ -203,6 +213,106 @@ def test_fa3_kvcache_is_the_forks_grid(fa3_points):
 
 def test_fa3_suite_size(fa3_points):
     assert len(get_suite("peer-fa3")) == 63360 + 47517 + 9720 == sum(1 for p in fa3_points if p.case is not None)
+
+
+# ----------------------------------------------------------------------------------------------- peer-fa4
+@pytest.fixture(scope="module")
+def fa4_points():
+    return fa4.PEER_FA4.points()
+
+
+def test_fa4_output_is_its_grid_on_sm90(fa4_points):
+    """test_flash_attn_output: 26 pairs x 5 (causal, local_enum) x 2 softcaps x 2 deterministic x 2 sinks x 3 heads x
+    6 (d, dv) forward points (num_splits 1: sm90 skips 3), the deterministic ones the same call; a backward point
+    where the test runs one on sm90; negative window sides refused by the case model."""
+    points = _by_test(fa4_points, "test_flash_attn_output")
+    forward = [p for p in points if p.values["call"] == "fwd"]
+    backward = [p for p in points if p.values["call"] == "bwd"]
+    assert len(forward) == 26 * 5 * 2 * 2 * 2 * 3 * 6 == 18720
+    # backward: (64, 64), (96, 96), (128, 128), and (192, 128) with MHA; not with a mask when seqlen_k < seqlen_q
+    short = sum(1 for sq, sk in fa4.OUTPUT_SEQLENS if sk < sq)
+    per_pair = 2 * 2 * 2 * 3  # softcap x deterministic x sinks x heads
+    assert short == 8 and len(backward) == per_pair * (26 + 4 * (26 - short)) * 3 + per_pair * (26 + 4 * 18) // 3
+    assert all(p.dropped == SAME_CALL for p in forward if p.values["deterministic"])
+    refused = [p for p in points if p.dropped.startswith(REFUSED)]
+    assert refused and all(p.values["local_enum"] in (2, 3) and "window must be" in p.dropped for p in refused)
+    cases = [p.case for p in points if p.case is not None]
+    assert len(cases) == 11396 and sum(c.backward for c in cases) == 5216
+    assert {(c.head_dim, c.dv) for c in cases} == {(64, 64), (96, 96), (128, 64), (128, 128), (192, 128), (256, 256)}
+    assert {(c.head_dim, c.dv, c.num_kv_heads) for c in cases if c.backward and c.dv != c.head_dim} == {(192, 128, 6)}
+    assert not any(c.backward and c.head_dim == 256 for c in cases)  # sm90 xfails the backward above 192
+    for p in points:
+        c = p.case
+        if c is None:
+            continue
+        sq, sk = p.values["seqlens"]
+        assert c.requests == ((sq, sk),) * (9 if sk <= 2048 else 2) and c.num_heads == 6
+        assert not (c.causal and c.has_window)  # the test skips a window with causal
+        if c.backward:
+            assert c.num_splits is None and c.deterministic == p.values["deterministic"]
+            assert not ((c.causal or c.has_window) and sk < sq)
+        else:
+            assert c.num_splits == 1 and not c.deterministic
+        if p.values["local_enum"] == 2:
+            assert c.window[0] is None and c.window[1] == 0  # (None, -r): only r == 0 is a case
+        if p.values["local_enum"] == 3:
+            assert c.window == (0, None)
+
+
+def test_fa4_varlen_is_its_grid_on_sm90(fa4_points):
+    """test_flash_attn_varlen_output: 21 pairs x 5 (causal, local_enum) x 2 x 2 x 3 heads x 3 modes x 4 zero-length
+    pairs x 5 (d, dv), each a forward call without and with scheduler metadata, and the backward where it runs."""
+    points = _by_test(fa4_points, "test_flash_attn_varlen_output")
+    outer = 21 * 5 * 2 * 2 * 3 * 3 * 4
+    forward = [p for p in points if p.values["call"] != "bwd"]
+    assert len(forward) == outer * 5 * 2
+    assert len(points) - len(forward) == outer * 2 + outer // 3  # (64, 64), (128, 128); (192, 128) with MHA
+
+    def no_effect(v):  # deterministic in a forward call; zero_lengths_k where the keys take the queries' mask
+        masked = v["causal"] or v["local_enum"] > 0
+        return (v["call"] != "bwd" and v["deterministic"]) or (masked and v["zero_lengths"][1])
+
+    same = [p for p in points if p.dropped == SAME_CALL]
+    explicit = [p for p in same if no_effect(p.values)]
+    backward_points = len(points) - len(forward)
+    assert len(explicit) == outer * 5 + outer * 2 + backward_points * 2 // 5
+    assert len(same) - len(explicit) == 880  # seeded draws that coincide (full mode, short pairs)
+    assert all(p.case is not None for p in points if p.dropped == "")
+    cases = [p for p in points if p.case is not None]
+    assert len(cases) == 65648
+    for p in cases:
+        c, v = p.case, p.values
+        sq, sk = v["seqlens"]
+        if c.causal or c.has_window:
+            sk = sq
+            assert c.q_lens == c.kv_lens
+        assert c.batch == (49 if sq <= 512 else 7) and c.batch_name == "peerfa4var"
+        assert all(0 <= q <= sq for q in c.q_lens) and all(0 <= k <= sk for k in c.kv_lens)
+        zq, zk = v["zero_lengths"]
+        if zq:
+            assert all(c.q_lens[b] == 0 for b in range(0, c.batch, 5)) and c.q_lens[-1] == 0
+        if v["varlen_mode"] == "full" and not zq:
+            assert c.q_lens == [sq] * c.batch
+        assert c.scheduler_metadata == (v["call"] == "fwd_meta") and c.backward == (v["call"] == "bwd")
+        assert all(w is None or 0 <= w < sk for w in c.window)
+
+
+def test_fa4_kvcache_is_its_grid_on_sm90(fa4_points):
+    points = _by_test(fa4_points, "test_flash_attn_kvcache")
+    pages = sum(1 for _, sk in fa4.KVCACHE_SEQLENS for page in fa4.KVCACHE_PAGE_SIZES if page is None or sk % page == 0)
+    # d 2 x varlen_q 2 x causal 2 x local 2 x sinks 2 x heads 3 x precompute_metadata 2
+    assert pages == 8 + 8 + 6 + 4 and len(points) == pages * 192 and all(p.case is not None for p in points)
+    for p in points:
+        c, (sq, sk) = p.case, p.values["seqlens"]
+        assert c.batch == 5 and c.num_splits == 1 and not c.append and all(1 <= k <= sk for k in c.kv_lens)
+        assert all(max(1, sq - 20) <= q <= sq for q in c.q_lens) if p.values["varlen_q"] else c.q_lens == [sq] * 5
+        assert c.causal == p.values["causal"] and c.has_window == p.values["local"]
+        if c.causal and c.has_window:
+            assert c.window[1] == 0
+
+
+def test_fa4_suite_size(fa4_points):
+    assert len(get_suite("peer-fa4")) == 11396 + 65648 + 4992 == sum(1 for p in fa4_points if p.case is not None)
 
 
 # ----------------------------------------------------------------------------------------------- peer-vllm-*
