@@ -11,7 +11,7 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.peers import PEERS, PEER_SUITES
-from conformance.cases.peers import fa3, fa4, vllm
+from conformance.cases.peers import fa3, fa4, sgl, vllm
 from conformance.cases.peers.grid import (
     PENDING_APPEND_LEN,
     PENDING_FP8_APPEND,
@@ -84,6 +84,7 @@ def test_every_peer_suite_is_a_suite():
             "peer-fa4",
             "peer-vllm-flash",
             "peer-vllm-flashmla",
+            "peer-sgl",
         }
     )
     assert all(name in SUITES for name in PEERS)
@@ -362,9 +363,43 @@ def test_vllm_flashmla_is_vllms_grid():
             assert (c.dtype, c.quant, c.descale) == ("bf16", "fp8_e4m3", None)
 
 
+# ----------------------------------------------------------------------------------------------- peer-sgl
+def test_sgl_kvcache_is_sgl_kernels_grid():
+    """11 pairs x 2 seqlen_new_eq x 2 new_kv x 2 sinks x 3 heads x 3 dv (256, 512 MLA-absorbed; 64) x 2 num_splits."""
+    points = list(sgl.kvcache_points())
+    assert len(points) == 11 * 2 * 2 * 2 * 3 * 3 * 2
+    dropped = Counter(p.dropped for p in points if p.case is None)
+    per = 11 * 2 * 3 * 3 * 2  # pairs x sinks x heads x dv x num_splits
+    assert dropped == Counter({PENDING_APPEND_LEN: per, SAME_CALL: per})
+    assert all(p.values["seqlen_new_eq_seqlen_q"] is False for p in points if p.case is None)
+    cases = [p for p in points if p.case is not None]
+    assert len(cases) == 2 * per
+    for p in cases:
+        c, (sq, sk), dv = p.case, p.values["seqlens"], p.values["dv"]
+        assert (c.head_dim, c.dv, c.qv) == (64, dv, dv >= 256) and c.batch == 5 and not c.paged
+        assert c.sinks == p.values["has_sink"] and c.num_splits == (1 if p.values["num_splits"] == 1 else None)
+        if c.append:
+            assert c.q_lens == [sq] * 5 and all(sq <= k <= sk for k in c.kv_lens)
+        else:
+            assert c.q_lens == [sq] * 5 and all(1 <= k <= sk for k in c.kv_lens)
+
+
+def test_sgl_varlen_is_sgl_kernels_grid():
+    points = list(sgl.varlen_points())
+    assert len(points) == 20 * 2 * 3 * 2 and all(p.case is not None for p in points)
+    assert {(p.case.num_heads, p.case.num_kv_heads) for p in points} == {(6, 6), (6, 1), (6, 2)}
+    for p in points:
+        c, (sq, sk) = p.case, p.values["seqlens"]
+        assert c.batch == 9 and c.head_dim == 128 and c.softcap is None and not c.has_window
+        assert all(max(1, sq - 20) <= q <= sq for q in c.q_lens)
+        assert [c.kv_lens[b] for b in (0, 5, 8)] == [0, 0, 0]
+        assert all(max(0, sk - 20) <= k <= sk for b, k in enumerate(c.kv_lens) if b not in (0, 5, 8))
+    assert len(get_suite("peer-sgl")) == 792 + 240
+
+
 def test_peer_grids_are_deterministic():
     """Two walks of a grid (uncached) give the same points: the draws are seeded by the combination."""
-    for suite in (PEERS["peer-vllm-flash"], PEERS["peer-vllm-flashmla"]):
+    for suite in (PEERS["peer-vllm-flash"], PEERS["peer-vllm-flashmla"], PEERS["peer-sgl"]):
         assert list(suite.grids()) == list(suite.grids())
     first = [p.case.id for p in fa3.kvcache_points() if p.case is not None]
     assert first == [p.case.id for p in fa3.kvcache_points() if p.case is not None]

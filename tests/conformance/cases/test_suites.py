@@ -22,6 +22,7 @@ SIZES = {
     "peer-fa4": (82036, 82036),
     "peer-vllm-flash": (296, 296),
     "peer-vllm-flashmla": (144, 144),
+    "peer-sgl": (1032, 1032),
 }
 
 
