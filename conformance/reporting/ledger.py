@@ -172,8 +172,8 @@ class LedgerVerdict:
 
 def builtin_suite_cases() -> Iterator[AttentionCase]:
     """Every case of every built-in suite, a suite at a time in :data:`~conformance.cases.suites.SUITES` order (the
-    peer suites, 130,000 cases, last; a case of two suites comes twice): a caller that stops once it has found what
-    it looks for never builds the rest."""
+    peer suites, about 215,000 cases, last; a case of two suites comes twice): a caller that stops once it has found
+    what it looks for never builds the rest."""
     from conformance.cases.suites import SUITES
 
     for build in SUITES.values():

@@ -157,7 +157,7 @@ def test_entries_for_cases_the_run_did_not_include_are_not_stale(ledger_dir: Pat
 
 def test_the_suites_are_read_only_until_every_unused_entry_matched(ledger_dir: Path) -> None:
     """The suites' cases are streamed: once each entry without a result has matched a case, no further case (the
-    130,000 of the peer suites, built last) is built."""
+    215,000 cases of the peer suites, built last) is built."""
 
     def suites():
         yield "y_plain-1"
