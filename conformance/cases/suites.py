@@ -13,8 +13,8 @@ prefill and paged decode for timing against the roofline), ``engines`` (engine r
 models' configurations, :mod:`conformance.models`), ``graphs`` (CUDA-graph mode and invariances,
 :mod:`conformance.graphs`), ``limits`` (probes of the kernels' limits, :mod:`conformance.cases.limits`),
 ``training`` (backward cases as training builds them: packed documents and unpadded batches of sliding-window,
-soft-cap and sink models, :mod:`conformance.backward.training`), ``peer-*`` (the kernels' own test grids:
-:mod:`conformance.cases.suite_peer`).
+soft-cap and sink models, :mod:`conformance.backward.training`), ``peer-*`` (the kernels' own test grids, one
+module per source: :mod:`conformance.cases.peers`).
 
 Covering arrays (:mod:`conformance.cases.covering` over :mod:`conformance.cases.space`): ``default`` adds the
 cases that make it cover every pair of levels of all axes and every triple of the kernel axes
@@ -40,7 +40,7 @@ from conformance.cases.found import found_cases
 from conformance.cases.suite_backward import DEFAULT_BACKWARD, SMOKE_BACKWARD, backward_covering
 from conformance.cases.suite_default import DEFAULT, QUANT_MLA
 from conformance.cases.suite_full import FULL
-from conformance.cases.suite_peer import PEER_SUITES
+from conformance.cases.peers import PEER_SUITES
 from conformance.cases.suite_perf import perf_cases
 from conformance.cases.suite_smoke import SMOKE
 from conformance.cases.sweep import BATCHES, MASKS, Sweep

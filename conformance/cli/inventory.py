@@ -55,7 +55,9 @@ def add_cases_parser(sub) -> None:
 
     cs = sub.add_parser(
         "cases",
-        help="list the cases of a suite, or measure its coverage of the case space",
+        help="list the cases of a suite (a peer-* suite: then one line of its grid's points without a case, "
+        "by reason: refused by the case model, pending a case field, the same call as another point), or measure its "
+        "coverage of the case space",
         description="One line per selected case: its id (what --case and the records name) and its requests' "
         "query/key lengths, cut to the terminal's width (COLUMNS, else 120 columns when the output is not a "
         "terminal; an id longer than that stands alone, never cut); then the count per feature. --long prints "
@@ -180,7 +182,9 @@ def backends(args: argparse.Namespace) -> int:
 
 
 def cases(args: argparse.Namespace) -> int:
-    """``attnconf cases``: the selected cases of a suite, or (``--coverage``) its coverage of the case space."""
+    """``attnconf cases``: the selected cases of a suite (and, for a ``peer-*`` suite, its grid's points without a
+    case, by reason), or (``--coverage``) its coverage of the case space."""
+    from conformance.cases.peers import PEERS
     from conformance.running.selection import select_cases, selection_kwargs
     from conformance.exits import UsageError
 
@@ -220,6 +224,8 @@ def cases(args: argparse.Namespace) -> int:
         width,
     ):
         print(line)
+    if args.suite in PEERS:  # a peer's grid: what it holds that the suite has no case for
+        print(PEERS[args.suite].summary())
     return 0
 
 

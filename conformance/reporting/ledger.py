@@ -42,9 +42,8 @@ neither.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -171,16 +170,14 @@ class LedgerVerdict:
     unlisted: list[tuple[CheckResult, LedgerEntry]] = field(default_factory=list)
 
 
-@lru_cache(maxsize=1)
-def builtin_suite_cases() -> tuple[AttentionCase, ...]:
-    """Every case of every built-in suite, once each (5-10 s to build; kept)."""
+def builtin_suite_cases() -> Iterator[AttentionCase]:
+    """Every case of every built-in suite, a suite at a time in :data:`~conformance.cases.suites.SUITES` order (the
+    peer suites, about 215,000 cases, last; a case of two suites comes twice): a caller that stops once it has found
+    what it looks for never builds the rest."""
     from conformance.cases.suites import SUITES
 
-    seen: dict[str, AttentionCase] = {}
     for build in SUITES.values():
-        for case in build():
-            seen.setdefault(case.id, case)
-    return tuple(seen[k] for k in sorted(seen))
+        yield from build()
 
 
 @dataclass
@@ -207,9 +204,9 @@ class Ledger:
         named in ``unlisted``), unexpected passes, fixed defects, stale entries (of backends that ran).
 
         ``suite_case_ids`` returns every case the harness can generate, as ids or cases (called only when some
-        entry matched no result; :func:`builtin_suite_cases` gives the cases): an entry matching one of them is
-        not stale, only not exercised.  Globs are tested on ids, predicates on cases.  Without it, every entry
-        that matched no result of its backend is stale.
+        entry matched no result, and read only until each such entry has matched one; :func:`builtin_suite_cases`
+        gives the cases): an entry matching one of them is not stale, only not exercised.  Globs are tested on ids,
+        predicates on cases.  Without it, every entry that matched no result of its backend is stale.
         """
         verdict = LedgerVerdict()
         used: set[int] = set()
@@ -246,15 +243,17 @@ class Ledger:
                         verdict.fixed.append((r, gone))
         unused = [e for i, e in enumerate(self.entries) if i not in used and e.backend in ran]
         if unused and suite_case_ids is not None:
-            items = list(suite_case_ids())
-            ids = [c if isinstance(c, str) else c.id for c in items]
-            views = [case_view(c) for c in items if isinstance(c, AttentionCase)]
-            unused = [
-                e
-                for e in unused
-                if not any(e.matches_id(c) for c in ids)
-                and not (e.predicate is not None and any(v is not None and e.predicate.holds(v) for v in views))
-            ]
+            for item in suite_case_ids():  # streamed: stops once every entry has matched a case
+                case_id = item if isinstance(item, str) else item.id
+                view = case_view(item) if isinstance(item, AttentionCase) else None
+                unused = [
+                    e
+                    for e in unused
+                    if not e.matches_id(case_id)
+                    and not (e.predicate is not None and view is not None and e.predicate.holds(view))
+                ]
+                if not unused:
+                    break
         verdict.stale = unused
         return verdict
 

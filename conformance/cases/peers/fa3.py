@@ -1,0 +1,290 @@
+"""``peer-fa3``: the parametrizations of FA3's own Hopper tests, run through this harness's verdict.
+
+Source: ``hopper/test_flash_attn.py`` of vLLM's FA3 fork (vllm-project/flash-attention) at commit
+``803020a8fa15407871341d41eba4919ade2ee1ee``, the ``GIT_TAG`` vLLM v0.24.0 pins
+(``cmake/external_projects/vllm_flash_attn.cmake`` of the vllm-0.24.0 sdist) and so the kernel the ``fa3-vllm``
+backend runs; the file is the one last changed at ``5824e6e2`` (2026-01-16) and unchanged up to the fork's
+2026-08-06 head.  Upstream's copy (Dao-AILab/flash-attention, newest tag fa4-v4.0.0.beta27) lacks the fork's sinks
+(``s_aux``) and context-parallel (``cp_*``) parameters.  The file's module flags fix ``DISABLE_BACKWARD = True``
+(forward only: ``deterministic`` has no effect) and ``DISABLE_HDIMDIFF64 = True`` (``has_qv`` is never set, so
+``COMPILED_HDIMS`` is 64, 96, 128, 192, 256 and head dim 64 runs ``dv`` 64 only); head dim 192 runs ``dv`` 128 and
+192 (``DISABLE_HDIMDIFF192`` off) except with sinks.  Three tests, one batch label each (``--case '*_peerfa3out_*'``
+picks one):
+
+``test_flash_attn_output`` (``peerfa3out``, ``flash_attn_func``): dtype bf16, fp16, fp8 e4m3 (q, k, v fp8 with
+``(batch, kv heads)`` descales: ``quant="fp8_e4m3"``, ``descale="head"``, bf16 activations); ``mha_type`` at 16
+query heads (16, 1, 2 KV heads); softcap 0, 15; ``local`` (a window of ``randint(0, cp_tot_seqlen_k, (2,))``
+sides, drawn here seeded; the test skips it under context parallelism); causal; the head dims above; ``test_sink``
+(``sinks``); 20 ``(seqlen_q, seqlen_k)`` pairs, every sequence alike, batch 9 (2 when ``seqlen_k > 2048``);
+``(cp_world_size, cp_rank)`` (8, 0), (8, 7), (4, 3), (2, 0), (1, 0); the inner loop's ``num_splits`` 1, 3.
+
+``test_flash_attn_varlen_output`` (``peerfa3var``, ``flash_attn_varlen_func``): the same dtypes, heads at 6 query
+heads (6, 1, 2 KV heads), softcap, local (``randint(0, seqlen_k, (2,))``), causal, head dims, sinks; 20 pairs;
+batch 9 with the test's padding masks drawn here seeded: query lengths in ``[max(1, seqlen_q - 20), seqlen_q]``,
+key lengths in ``[max(0, seqlen_k - 20), seqlen_k]`` and 0 for sequences 0, 5 and the last
+(``generate_random_padding_mask(..., zero_lengths=True)``); ``num_splits`` 1, 3, 0 (0: the heuristic, None here).
+
+``test_flash_attn_kvcache`` (``peerfa3kv``, ``flash_attn_with_kvcache``): dtype bf16, fp8 e4m3 (no descales:
+``descale`` None, per tensor); heads at 6 (6, 1, 3 KV heads); ``new_kv`` (``append``); ``(causal, local)`` (F, F),
+(T, F), (F, T); ``page_size`` None, 1, 4, 128 (NHD; the test skips a ``seqlen_k`` that is not a multiple);
+``varlen_q`` (query lengths in ``[max(1, seqlen_q - 20), seqlen_q]``); head dim 128; 11 pairs; batch 5 with
+``cache_seqlens`` drawn as the test draws them (``randint(0 if new_kv else 1, seqlen_k - seqlen_new + 1 if new_kv
+else seqlen_k + 1)``); the inner loops' ``num_splits`` 1, 3, 0 and ``precompute_metadata`` (``scheduler_metadata``).
+
+Left out, each with its reason.  Every test: ``pack_gqa`` (the inner loop's False / True: not a case field, the
+adapter lets the kernel choose; each case stands for both).  Output: the ``cp_tot_seqlen_k_offset`` (the harness
+derives each sequence's total from its keys, ``max(0, kv_len * world + rank - b % world)``, so a batch meets every
+remainder; the test's (8, 0, 1) gives rank 0 a total of ``8 * seqlen_k + 1``, whose shard holds one key more than
+the call passes, a call the harness refuses as inconsistent); context parallelism without ``causal`` (the case
+model refuses it: the kernel applies ``cp_*`` in its causal mask only; kept as refused points).  Varlen:
+``add_unused_qkv=True`` (tokens inside ``cu_seqlens`` past ``seqused_q`` / ``seqused_k``: the case model has no
+unused tokens).  Kvcache: ``rotary_fraction`` 0.5, 1 (rotary embedding is not attention; ``has_rotary_seqlens``
+then only False, and ``rotary_interleaved`` has no effect: one case for both values); ``has_leftpad`` (no left
+padding); ``has_batch_idx`` (no cache batch index: the cache rows read are the case's own sequences); the repeated
+call that tests metadata reuse (one call here); ``seqlen_new_eq_seqlen_q=False`` without ``new_kv`` is the
+call with True (:data:`~conformance.cases.peers.grid.SAME_CALL`; the test computes that call's scheduler metadata
+with ``max_seqlen_k_new = seqlen_new``, the adapter from the call); and, pending other branches, an append of other
+than ``seqlen_q`` new keys (``seqlen_new_eq_seqlen_q=False``, or ``varlen_q`` with its own new-key padding mask):
+:data:`~conformance.cases.peers.grid.PENDING_APPEND_LEN`; an append into an fp8 cache:
+:data:`~conformance.cases.peers.grid.PENDING_FP8_APPEND`.  Inputs are this harness's (its own descales, sinks and
+stale cache slots), never the test's numbers: the values are the grid's, not the data.
+
+Backends: ``fa3-vllm`` (the fork itself: it refuses ``append``), ``fa3`` (upstream FA3: it runs the appends, and
+declares no sinks, context parallelism, fp8 nor scheduler metadata); any adapter runs the cases it accepts.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from conformance.cases.case import AttentionCase
+from conformance.cases.peers.grid import (
+    PENDING_APPEND_LEN,
+    PENDING_FP8_APPEND,
+    SAME_CALL,
+    Dropped,
+    PeerSuite,
+    Point,
+    walk,
+)
+
+__all__ = ["FA3_SOURCE", "PEER_FA3"]
+
+FA3_SOURCE = (
+    "vllm-project/flash-attention 803020a8fa15407871341d41eba4919ade2ee1ee (vLLM v0.24.0's pin), "
+    "hopper/test_flash_attn.py: test_flash_attn_output, test_flash_attn_varlen_output, test_flash_attn_kvcache"
+)
+
+DTYPES = ("bf16", "fp16", "fp8_e4m3")
+HEAD_DIMS = (64, 96, 128, 192, 256)  # COMPILED_HDIMS
+MHA_TYPES = ("mha", "mqa", "gqa")
+OUTPUT_SEQLENS = (
+    (1, 1), (64, 128), (128, 192), (256, 256), (239, 1), (799, 3), (113, 203), (113, 128), (128, 217), (113, 211),
+    (108, 256), (256, 512), (384, 256), (640, 128), (512, 256), (1024, 1024), (1023, 1024), (1024, 1023),
+    (4096, 4096), (4224, 4224),
+)  # fmt: skip
+#: ``(cp_world_size, cp_rank, cp_tot_seqlen_k_offset)``
+OUTPUT_CP = ((8, 0, 1), (8, 7, 0), (4, 3, 2), (2, 0, 0), (1, 0, 0))
+VARLEN_SEQLENS = (
+    (1, 1), (1, 3), (2, 1), (511, 1), (3, 513), (64, 128), (128, 128), (256, 256), (113, 203), (128, 217),
+    (113, 211), (108, 256), (256, 512), (307, 256), (640, 128), (512, 256), (1024, 1024), (1023, 1024),
+    (1024, 1023), (2048, 2048),
+)  # fmt: skip
+KVCACHE_SEQLENS = (
+    (1, 128), (1, 339), (3, 1024), (64, 800), (64, 256), (3, 799), (64, 2048), (16, 20000), (128, 128), (256, 512),
+    (2048, 3577),
+)  # fmt: skip
+KVCACHE_PAGE_SIZES = (None, 1, 4, 128)
+KVCACHE_CAUSAL_LOCAL = ((False, False), (True, False), (False, True))
+
+
+def _kv_heads(mha_type: str, h: int, gqa: int) -> int:
+    return h if mha_type == "mha" else (gqa if mha_type == "gqa" else 1)
+
+
+def _dtype_fields(dtype: str, descale: str | None) -> dict:
+    if dtype == "fp8_e4m3":
+        return {"dtype": "bf16", "quant": "fp8_e4m3", "descale": descale}
+    return {"dtype": dtype}
+
+
+def _dv_runs(d: int, dv: int | None, sink: bool) -> bool:
+    """Whether the inner ``dv_vals`` loop of the output and varlen tests runs value head dim ``dv`` (128, or None
+    for ``d``): ``[128, d]`` at head dim 192 without sinks, else ``[d]`` (``DISABLE_HDIMDIFF64`` set)."""
+    return dv is None or (d == 192 and not sink)
+
+
+def _window(rng: random.Random, local: bool, causal: bool, span: int) -> tuple[int | None, int | None]:
+    """``torch.randint(0, span, (2,))`` sides; causal keeps the left one and 0 (the kernel's and the test's rule)."""
+    if not local:
+        return (None, None)
+    left, right = rng.randrange(span), rng.randrange(span)
+    return (left, 0) if causal else (left, right)
+
+
+def _splits(num_splits: int) -> int | None:
+    return None if num_splits == 0 else num_splits
+
+
+# --------------------------------------------------------------------------- test_flash_attn_output
+def _output_case(
+    cp: tuple[int, int, int], seqlens: tuple[int, int], test_sink: bool, d: int, causal: bool, local: bool,
+    softcap: float, mha_type: str, dtype: str, dv: int | None, num_splits: int,
+) -> AttentionCase | None:  # fmt: skip
+    world, rank, offset = cp
+    if world > 1 and local:
+        return None  # the test's own skip
+    if not _dv_runs(d, dv, test_sink):
+        return None  # not in this head dim's dv_vals
+    sq, sk = seqlens
+    rng = random.Random(f"peer-fa3-output:{cp}:{seqlens}:{test_sink}:{d}:{causal}:{local}:{softcap}:{mha_type}:{dtype}")
+    return AttentionCase(
+        ((sq, sk),) * (9 if sk <= 2048 else 2),
+        num_heads=16,
+        num_kv_heads=_kv_heads(mha_type, 16, 2),
+        head_dim=d,
+        head_dim_v=dv,
+        causal=causal,
+        window=_window(rng, local, causal, sk * world + offset),
+        softcap=softcap or None,
+        sinks=test_sink,
+        num_splits=_splits(num_splits),
+        cp_world=world,
+        cp_rank=rank,
+        batch_name="peerfa3out",
+        **_dtype_fields(dtype, "head"),
+    )
+
+
+def output_points() -> Iterator[Point]:
+    axes = (
+        ("cp", OUTPUT_CP),
+        ("seqlens", OUTPUT_SEQLENS),
+        ("test_sink", (False, True)),
+        ("d", HEAD_DIMS),
+        ("causal", (False, True)),
+        ("local", (False, True)),
+        ("softcap", (0.0, 15.0)),
+        ("mha_type", MHA_TYPES),
+        ("dtype", DTYPES),
+        ("dv", (128, None)),  # the inner dv_vals loop: 128 at head dim 192 without sinks, None for d
+        ("num_splits", (1, 3)),
+    )
+    yield from walk("test_flash_attn_output", axes, _output_case)
+
+
+# --------------------------------------------------------------------------- test_flash_attn_varlen_output
+def _varlen_case(
+    seqlens: tuple[int, int], test_sink: bool, d: int, causal: bool, local: bool, softcap: float, mha_type: str,
+    dtype: str, dv: int | None, num_splits: int,
+) -> AttentionCase | None:  # fmt: skip
+    if not _dv_runs(d, dv, test_sink):
+        return None  # not in this head dim's dv_vals
+    sq, sk = seqlens
+    rng = random.Random(f"peer-fa3-varlen:{seqlens}:{test_sink}:{d}:{causal}:{local}:{softcap}:{mha_type}:{dtype}")
+    window = _window(rng, local, causal, sk)
+    batch = 9  # seqlen_q <= 2048 throughout
+    q_lens = [rng.randint(max(1, sq - 20), sq) for _ in range(batch)]
+    k_lens = [0 if b % 5 == 0 or b == batch - 1 else rng.randint(max(0, sk - 20), sk) for b in range(batch)]
+    return AttentionCase(
+        tuple(zip(q_lens, k_lens)),
+        num_heads=6,
+        num_kv_heads=_kv_heads(mha_type, 6, 2),
+        head_dim=d,
+        head_dim_v=dv,
+        causal=causal,
+        window=window,
+        softcap=softcap or None,
+        sinks=test_sink,
+        num_splits=_splits(num_splits),
+        batch_name="peerfa3var",
+        **_dtype_fields(dtype, "head"),
+    )
+
+
+def varlen_points() -> Iterator[Point]:
+    axes = (
+        ("seqlens", VARLEN_SEQLENS),
+        ("test_sink", (False, True)),
+        ("d", HEAD_DIMS),
+        ("causal", (False, True)),
+        ("local", (False, True)),
+        ("softcap", (0.0, 15.0)),
+        ("mha_type", MHA_TYPES),
+        ("dtype", DTYPES),
+        ("dv", (128, None)),
+        ("num_splits", (1, 3, 0)),
+    )
+    yield from walk("test_flash_attn_varlen_output", axes, _varlen_case)
+
+
+# --------------------------------------------------------------------------- test_flash_attn_kvcache
+def _kvcache_case(
+    seqlens: tuple[int, int], varlen_q: bool, page_size: int | None, seqlen_new_eq_seqlen_q: bool,
+    causal_local: tuple[bool, bool], new_kv: bool, mha_type: str, dtype: str, num_splits: int,
+    precompute_metadata: bool,
+) -> AttentionCase | None:  # fmt: skip
+    sq, sk = seqlens
+    causal, local = causal_local
+    if page_size is not None and sk % page_size != 0:
+        return None  # the test's own skips
+    if sq > sk and new_kv:
+        return None
+    pending = []
+    if new_kv and (not seqlen_new_eq_seqlen_q or varlen_q):
+        pending.append(PENDING_APPEND_LEN)
+    if new_kv and dtype == "fp8_e4m3":
+        pending.append(PENDING_FP8_APPEND)
+    if pending:
+        raise Dropped(" + ".join(pending))
+    if not new_kv and not seqlen_new_eq_seqlen_q:
+        raise Dropped(SAME_CALL)  # seqlen_new only sizes new keys, and there are none
+    key = f"peer-fa3-kvcache:{seqlens}:{varlen_q}:{page_size}:{causal_local}:{new_kv}:{mha_type}:{dtype}"
+    rng = random.Random(key)
+    window = _window(rng, local, causal, sk)
+    batch = 5
+    q_lens = [rng.randint(max(1, sq - 20), sq) for _ in range(batch)] if varlen_q else [sq] * batch
+    seqlen_new = sq  # seqlen_new_eq_seqlen_q (the other value is pending)
+    hi = (sk - seqlen_new + 1) if new_kv else (sk + 1)
+    cache = [rng.randrange(0 if new_kv else 1, hi) for _ in range(batch)]
+    return AttentionCase(
+        tuple((q, c + (seqlen_new if new_kv else 0)) for q, c in zip(q_lens, cache)),
+        num_heads=6,
+        num_kv_heads=_kv_heads(mha_type, 6, 3),
+        head_dim=128,
+        causal=causal,
+        window=window,
+        append=new_kv,
+        num_splits=_splits(num_splits),
+        scheduler_metadata=precompute_metadata,
+        kv_layout="contiguous" if page_size is None else "NHD",
+        block_size=page_size,
+        batch_name="peerfa3kv",
+        **_dtype_fields(dtype, None),
+    )
+
+
+def kvcache_points() -> Iterator[Point]:
+    axes = (
+        ("seqlens", KVCACHE_SEQLENS),
+        ("varlen_q", (False, True)),
+        ("page_size", KVCACHE_PAGE_SIZES),
+        ("seqlen_new_eq_seqlen_q", (True, False)),
+        ("causal_local", KVCACHE_CAUSAL_LOCAL),
+        ("new_kv", (False, True)),
+        ("mha_type", MHA_TYPES),
+        ("dtype", ("bf16", "fp8_e4m3")),
+        ("num_splits", (1, 3, 0)),
+        ("precompute_metadata", (False, True)),
+    )
+    yield from walk("test_flash_attn_kvcache", axes, _kvcache_case)
+
+
+def points() -> Iterator[Point]:
+    yield from output_points()
+    yield from varlen_points()
+    yield from kvcache_points()
+
+
+PEER_FA3 = PeerSuite("peer-fa3", FA3_SOURCE, ("fa3-vllm", "fa3"), points)
