@@ -233,7 +233,8 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "append_without_quant",
         ("append", "quant"),
         lambda append, quant: not (append and quant != "none"),
-        "engines quantize new keys while writing the cache, before the kernel reads it: no append with quant",
+        "the space keeps appends unquantized (engines quantize new keys while writing the cache; FA3's fp8 "
+        "append, a case field, is drawn by no axis)",
     ),
     Constraint(
         "quant_needs_16bit_dtype",

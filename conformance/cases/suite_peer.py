@@ -10,11 +10,16 @@ here from a seeded generator per combination); ``causal``; ``paged_kv_block_size
 window keeps its left side and 0 on the right, as ``flash_attn_interface`` sets it.
 
 Left out, each for a reason the suite cannot express or afford: ``rotary_fraction`` > 0 (rotary embedding is not
-attention: the case model has no rotary), ``seqlen_new_eq_seqlen_q=False`` (an append of fewer new keys than query
-tokens: not expressible yet), ``has_leftpad`` (no left padding of the cache), the random per-batch ALiBi slopes
-(``alibi`` uses the standard slopes), and the two pairs with 128k keys (``(1, 131072)``, ``(16, 131072)``: the
-inputs are drawn on the CPU so that a case has the same numbers on every device, 1.6 GB a tensor there).  Combinations
-the case model refuses are dropped (:func:`peer_fa2_kvcache` counts them).
+attention: the case model has no rotary), ``has_leftpad`` (no left padding of the cache), the random per-batch ALiBi
+slopes (``alibi`` uses the standard slopes), and the two pairs with 128k keys (``(1, 131072)``, ``(16, 131072)``:
+the inputs are drawn on the CPU so that a case has the same numbers on every device, 1.6 GB a tensor there).
+Combinations the case model refuses are dropped (:func:`peer_fa2_kvcache` counts them).
+
+``seqlen_new_eq_seqlen_q=False`` (an append of ``seqlen_new = randint(1, seqlen_q + 1)`` new keys, fewer than the
+query tokens when it draws below ``seqlen_q``): the appending combinations again, after every case above (their ids
+unchanged), each with ``seqlen_new`` and the cache lengths drawn from a generator of its own and made a short append
+(``append_len = seqlen_new``, ``kv_len = cache_seqlens + seqlen_new``: the test's ``key_padding_mask``); a draw of
+``seqlen_new == seqlen_q`` is the ``True`` case already there and is left out.
 """
 
 from __future__ import annotations
@@ -35,11 +40,14 @@ _HEADS = {"mha": (6, 6), "mqa": (6, 1), "gqa": (6, 3)}
 
 def _fa2_kvcache_case(
     sq: int, sk: int, d: int, paged: int | None, causal: bool, local: bool, alibi: bool, new_kv: bool, mha: str,
-    splits: int,
-) -> AttentionCase:  # fmt: skip
-    rng = random.Random(f"peer-fa2-kvcache:{sq}:{sk}:{d}:{paged}:{causal}:{local}:{alibi}:{new_kv}:{mha}:{splits}")
+    splits: int, short: bool = False,
+) -> AttentionCase | None:  # fmt: skip
+    key = f"{sq}:{sk}:{d}:{paged}:{causal}:{local}:{alibi}:{new_kv}:{mha}:{splits}"
+    rng = random.Random(f"peer-fa2-kvcache-short:{key}" if short else f"peer-fa2-kvcache:{key}")
     h, hk = _HEADS[mha]
-    seqlen_new = sq  # seqlen_new_eq_seqlen_q=True
+    seqlen_new = rng.randint(1, sq) if short else sq  # seqlen_new_eq_seqlen_q: False / True
+    if short and seqlen_new == sq:
+        return None  # the seqlen_new_eq_seqlen_q=True case
     hi = (sk - seqlen_new + 1) if new_kv else (sk + 1)
     cache = [rng.randrange(0 if new_kv else 1, hi) for _ in range(2)]
     requests = tuple((sq, c + (seqlen_new if new_kv else 0)) for c in cache)
@@ -56,6 +64,7 @@ def _fa2_kvcache_case(
         window=window,
         alibi=alibi,
         append=new_kv,
+        append_len=seqlen_new if short else None,
         num_splits=1 if splits == 1 else None,
         kv_layout="contiguous" if paged is None else "NHD",
         block_size=paged,
@@ -70,13 +79,17 @@ def peer_fa2_kvcache() -> list[AttentionCase]:
         _SEQLENS, (32, 59, 64, 80, 128, 256), (None, 256), (False, True), (False, True), (False, True),
         (False, True), ("mha", "mqa", "gqa"), (1, 0),
     )  # fmt: skip
-    for (sq, sk), d, paged, causal, local, alibi, new_kv, mha, splits in grid:
-        if sq > sk and new_kv:
-            continue  # the test's own skip
-        try:
-            out.append(_fa2_kvcache_case(sq, sk, d, paged, causal, local, alibi, new_kv, mha, splits))
-        except ValueError:
-            continue  # a combination the case model refuses (counted by the tests)
+    combos = [c for c in grid if not (c[0][0] > c[0][1] and c[6])]  # sq > sk with new_kv: the test's own skip
+    for short in (False, True):  # seqlen_new_eq_seqlen_q True, then False (appended: earlier ids unchanged)
+        for (sq, sk), d, paged, causal, local, alibi, new_kv, mha, splits in combos:
+            if short and not new_kv:
+                continue
+            try:
+                case = _fa2_kvcache_case(sq, sk, d, paged, causal, local, alibi, new_kv, mha, splits, short)
+            except ValueError:
+                continue  # a combination the case model refuses (counted by the tests)
+            if case is not None:
+                out.append(case)
     return out
 
 

@@ -368,6 +368,7 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
         "sinks": bool(get("sinks", False)),
         "scale": scale,
         "append": bool(get("append", False)),
+        "append_len": _append_len(requests) if get("append", False) else None,
         "num_splits": num_splits,
         "quant": str(get("quant", "none")),
         "quant_q": bool(get("quant_q", True)),
@@ -378,6 +379,22 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
         "cp_world": cp_world,
         "cp_rank": rng.randrange(cp_world) if cp_world > 1 else 0,
     }
+
+
+#: Probability that an appending draw appends fewer new keys than query tokens (``append_len``), where its q_lens
+#: allow one (some q_len >= 2).
+P_SHORT_APPEND = 0.3
+
+
+def _append_len(requests: list[tuple[int, int]]) -> int | None:
+    """A short append's ``append_len`` for an appending draw, or None (every query token a new key).  Drawn from its
+    own generator, seeded by the requests, so the rest of the draw stream is what it was before this field."""
+    sub = random.Random(repr(tuple(requests)))
+    low = min(q for q, _ in requests)
+    if low < 1 or max(q for q, _ in requests) < 2 or sub.random() >= P_SHORT_APPEND:
+        return None
+    n = sub.randint(1, low)
+    return None if all(n == q for q, _ in requests) else n
 
 
 def work_of(requests: list[tuple[int, int]], h: int, dims: int) -> int:
