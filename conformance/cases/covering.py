@@ -227,11 +227,13 @@ def cover(
     base: Iterable[AttentionCase],
     *,
     seed: int = 0,
-    tiers: Sequence[Mapping[str, Sequence[Hashable]]] = (space.PLAIN,),
+    tiers: Sequence[Mapping[str, Sequence[Hashable]]] = (space.PLAIN, *space.EARLIER),
 ) -> tuple[AttentionCase, ...]:
     """The cases a suite adds to ``base`` (its hand-picked cases) to cover ``strengths``, tier by tier: first the
-    tuples possible inside each sub-space of ``tiers`` (default :data:`space.PLAIN`) by cases inside it (only
-    the base cases inside it count as covering them), then the rest of the space.  ``tiers=()``: one array."""
+    tuples possible inside each sub-space of ``tiers`` by cases inside it (only the base cases and earlier rows
+    inside it count as covering them), then the rest of the space.  The default tiers are :data:`space.PLAIN`, then
+    the space before each growth (:data:`space.EARLIER`), so a level added to an axis adds rows after the ones the
+    space had without it, which keep their ids.  ``tiers=()``: one array."""
     seeds = [space.classify(c) for c in base]
     rows: list[Point] = []
     for within in tiers:

@@ -37,7 +37,6 @@ from conformance.cases import covering
 from conformance.cases.case import AttentionCase
 from conformance.cases.case_cache import cached_cases
 from conformance.cases.found import found_cases
-from conformance.cases.suite_append import append_cases
 from conformance.cases.suite_backward import DEFAULT_BACKWARD, SMOKE_BACKWARD, backward_covering
 from conformance.cases.suite_default import DEFAULT, QUANT_MLA
 from conformance.cases.suite_full import FULL
@@ -110,14 +109,9 @@ def backward_cases(name: str) -> tuple[AttentionCase, ...]:
 
 
 SUITES: dict[str, Callable[[], list[AttentionCase]]] = {
-    "smoke": lambda: _union(SMOKE, tuple(graph_small_cases()) + backward_cases("smoke") + append_cases("smoke")),
+    "smoke": lambda: _union(SMOKE, tuple(graph_small_cases()) + backward_cases("smoke")),
     "default": lambda: _union(
-        DEFAULT,
-        covering_cases("default")
-        + found_cases()
-        + tuple(graph_small_cases())
-        + backward_cases("default")
-        + append_cases("default"),
+        DEFAULT, covering_cases("default") + found_cases() + tuple(graph_small_cases()) + backward_cases("default")
     ),
     "full": lambda: _union(
         FULL,
@@ -125,8 +119,7 @@ SUITES: dict[str, Callable[[], list[AttentionCase]]] = {
         + covering_cases("full")
         + found_cases()
         + tuple(graph_small_cases())
-        + backward_cases("default")
-        + append_cases("full"),
+        + backward_cases("default"),
     ),
     "perf": perf_cases,
     "engines": _engine_cases,

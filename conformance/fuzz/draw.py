@@ -351,6 +351,7 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
     num_splits = None if splits is None else (1 if splits == 1 else rng.randint(2, rng.choice((8, 8, 8, 64))))
     # cp level (2, 1) stands for any world > 1: the draw picks the world (2 to 4 ranks) and the rank
     cp_world = 1 if get("cp", (1, 0)) == (1, 0) else rng.randint(2, 4)
+    append_len = _append_len(requests) if get("append") == "short" else None
     return {
         "requests": tuple(requests),
         "num_heads": h,
@@ -367,8 +368,8 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
         "alibi": bool(get("alibi", False)),
         "sinks": bool(get("sinks", False)),
         "scale": scale,
-        "append": bool(get("append", False)),
-        "append_len": _append_len(requests) if get("append", False) else None,
+        "append": get("append", False) is not False and (get("append") != "short" or append_len is not None),
+        "append_len": append_len,
         "num_splits": num_splits,
         "quant": str(get("quant", "none")),
         "quant_q": bool(get("quant_q", True)),
@@ -381,20 +382,13 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
     }
 
 
-#: Probability that an appending draw appends fewer new keys than query tokens (``append_len``), where its q_lens
-#: allow one (some q_len >= 2).
-P_SHORT_APPEND = 0.3
-
-
 def _append_len(requests: list[tuple[int, int]]) -> int | None:
-    """A short append's ``append_len`` for an appending draw, or None (every query token a new key).  Drawn from its
-    own generator, seeded by the requests, so the rest of the draw stream is what it was before this field."""
-    sub = random.Random(repr(tuple(requests)))
-    low = min(q for q, _ in requests)
-    if low < 1 or max(q for q, _ in requests) < 2 or sub.random() >= P_SHORT_APPEND:
-        return None
-    n = sub.randint(1, low)
-    return None if all(n == q for q, _ in requests) else n
+    """The ``append_len`` of a draw at the ``short`` append level: uniform in ``[1, min(q_len, kv_len)]`` and below
+    the longest q_len, drawn from its own generator (seeded by the requests, so the draw's other fields are those of
+    the stream); None where the requests allow no short append (a request without queries or keys, every q_len 1):
+    :func:`draw` then makes the draw a plain case."""
+    hi = min(min(q for q, _ in requests), min(k for _, k in requests), max(q for q, _ in requests) - 1)
+    return random.Random(repr(tuple(requests))).randint(1, hi) if hi >= 1 else None
 
 
 def work_of(requests: list[tuple[int, int]], h: int, dims: int) -> int:
