@@ -12,7 +12,7 @@ read it, so a new axis, level or constraint is one entry here:
 * a new level: append it to the axis's ``values`` (and, for ``batch`` / ``heads``, to :data:`BATCH_SHAPES` /
   :data:`HEADS`, which map a level to the small request list or head counts :func:`build` uses; a heads level
   of a real model is one :data:`HEAD_MODELS` entry naming its registry model); teach :func:`classify` to bucket
-  cases into it;
+  cases into it; the axis's earlier levels in :data:`EARLIER` keep the cases the covering arrays added before it;
 * a new axis: one :class:`Axis` in :data:`AXES` (its first value is the default, the value a case has when the
   axis does not apply), one line in :func:`build` and one in :func:`classify`;
 * a new constraint: one :class:`Constraint` in :data:`CONSTRAINTS`.

@@ -15,7 +15,9 @@ A draw has two stages:
    near the drawn level, any multiple of 8 up to 256 and now and then one that is not (which adapters must
    refuse where their kernel does), d != dv pairs around 192/128, 576/512 and 64/512, block sizes off the
    levels up to 1024, window extents and chunk sizes around the sequence lengths, soft-caps, scales from 0.001
-   to 2 (the default ``head_dim ** -0.5`` passed explicitly too) and split counts up to 64.
+   to 2 (the default ``head_dim ** -0.5`` passed explicitly too) and split counts up to 64.  The ``short`` append
+   level gets an ``append_len`` from a generator of its own (:func:`_append_len`); the ``fp8`` one is an append with
+   the drawn fp8 quantization.
 
 3. **Invariance.**  From a generator of its own (so the drawn fields above are the same with or without it), a
    draw with at least two requests becomes an invariance case with probability :data:`P_INVARIANCE`: ``run``,
