@@ -8,16 +8,16 @@ axes), *seeded* with existing rows: the tuples a suite's hand-picked cases alrea
 :func:`~conformance.cases.space.classify`) are not asked for again, so only what they leave uncovered adds
 rows and the existing case ids stay as they are.
 
-:func:`cover` (what the suites call) builds it in tiers: first every tuple possible inside
-:data:`space.PLAIN` (equal head dims, 16-bit, contiguous or NHD, no chunk mask, no quantization, no modifier)
-by plain cases, then the space before each level added to an existing axis (:data:`space.EARLIER`), then the rest
-of the space.  A tier restricted to an axis's earlier levels gives the rows the space without the new levels gave
-(the generator's level codes keep their order and the new levels never fit), so a new level adds rows after them.  In one tier the greedy choice fills rows with whatever covers
-most, so 862 of 1,207 ``default`` rows were quantized and fa2 (by its declared features) ran 33 of them,
-covering 34 % of the kernel triples it can run; with the plain tier first ``default`` added 1,657 rows (20 axes) and fa2
-ran 819, covering all of them (``attnconf cases --coverage --backend B`` measures this per backend).  With the model
-registry's heads and dims levels (14 x 14 heads x dims levels, every pair of them met in each batch shape)
-``default`` adds 2,927 rows, of which fa2 runs 1,617.
+:func:`cover` (what the suites call) builds it in tiers: first every tuple possible inside :data:`space.PLAIN`
+(equal head dims, 16-bit, contiguous or NHD, no chunk mask, no quantization, no modifier) by plain cases, then the
+space before each level added to an existing axis (:data:`space.EARLIER`), then the rest of the space. A tier
+restricted to an axis's earlier levels gives the rows the space without the new levels gave (the generator's level
+codes keep their order and the new levels never fit), so a new level adds rows after them. In one tier the greedy
+choice fills rows with whatever covers most, so 862 of 1,207 ``default`` rows were quantized and fa2 (by its
+declared features) ran 33 of them, covering 34 % of the kernel triples it can run; with the plain tier first
+``default`` added 1,657 rows (20 axes) and fa2 ran 819, covering all of them (``attnconf cases --coverage --backend
+B`` measures this per backend). With the model registry's heads and dims levels (14 x 14 heads x dims levels, every
+pair of them met in each batch shape) ``default`` adds 2,927 rows, of which fa2 runs 1,617.
 
 The generator is a greedy one-row-at-a-time AETG/IPOG-style construction, written here rather than taken from
 PyPI because the two libraries measured did not fit: ``allpairspy`` 2.5.1 (``n=3`` with a filter) returned 325
