@@ -259,13 +259,14 @@ def kvcache_caches(
     return k_cache, v_cache, table, torch.tensor(keep, dtype=torch.int32, device=inputs.device), width
 
 
-def padded_new_tokens(inputs: CaseInputs, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``inputs.k_new``/``v_new`` (packed, ``q_len`` per request) as ``(b, q_len, hk, d)`` views."""
+def padded_new_tokens(inputs: CaseInputs, new_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``inputs.k_new``/``v_new`` (packed, ``new_len`` per request: ``q_len``, or ``append_len`` for a short
+    append) as ``(b, new_len, hk, d)`` views."""
     case = inputs.case
     if inputs.k_new is None or inputs.v_new is None:
         raise ValueError("the case appends but inputs.k_new / v_new are missing")
-    kn = inputs.k_new.reshape(case.batch, q_len, case.num_kv_heads, case.head_dim)
-    vn = inputs.v_new.reshape(case.batch, q_len, case.num_kv_heads, case.dv)
+    kn = inputs.k_new.reshape(case.batch, new_len, case.num_kv_heads, case.head_dim)
+    vn = inputs.v_new.reshape(case.batch, new_len, case.num_kv_heads, case.dv)
     return kn, vn
 
 

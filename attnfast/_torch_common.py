@@ -25,6 +25,7 @@ Conventions of this module:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -250,10 +251,12 @@ def _dequant_kv(
 def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
     """Per-request tensors as a kernel without paging or append support must be given them.
 
-    * paged: with ``append``, ``k_new``/``v_new`` are first written into a *clone* of the cache at
-      positions ``kv_len - q_len ..`` through the block table (the engine's write; the clone keeps
-      the inputs untouched so the case can be rerun), then every request's keys are gathered.
-    * contiguous with ``append``: the cache is the first ``kv_len - q_len`` keys of ``inputs.k``
+    * paged: with ``append``, ``k_new``/``v_new`` (``n`` per request, ``case.new_kv_lens``: ``q_len``, or
+      ``append_len`` for a short append) are first written into a *clone* of the cache at positions
+      ``kv_len - n ..`` through the block table (the engine's write; the clone keeps the inputs untouched so
+      the case can be rerun), then every request's keys are gathered.  An fp8 append writes the stored
+      ``quant.k_new``/``v_new`` into the stored cache (the kernel's copy; the descales are the cache's).
+    * contiguous with ``append``: the cache is the first ``kv_len - n`` keys of ``inputs.k``
       and the new tokens are written after them, so ``k_new`` (not ``k``'s copy of the new
       tokens) is what is attended.
     * quantized: the stored keys/values (packed, or gathered from the stored-dtype caches with the
@@ -273,21 +276,25 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
         k_cache, v_cache = k_cache.clone(), v_cache.clone()
     cu_k = [int(x) for x in inputs.cu_seqlens_k.tolist()]
     totals = cp_totals(inputs, case)
+    new_lens = case.new_kv_lens
+    cu_new = [0, *itertools.accumulate(new_lens)]
     for b, (ql, kl) in enumerate(case.requests):
         q = inputs.q[cu_q[b] : cu_q[b + 1]]
         qv = None if inputs.qv is None else inputs.qv[cu_q[b] : cu_q[b + 1]]
         new = slice(cu_q[b], cu_q[b + 1])
+        n, new_kv = new_lens[b], slice(cu_new[b], cu_new[b + 1])
         k_token_scale = None
         if case.paged:
             assert k_cache is not None and v_cache is not None and inputs.block_table is not None
             bs = case.block_size
             assert bs is not None
             row = inputs.block_table[b].to(dev)
-            if case.append and ql:
-                assert inputs.k_new is not None and inputs.v_new is not None
-                blocks, offs = _token_slots(row, torch.arange(kl - ql, kl, device=dev), bs)
-                _write_paged(k_cache, blocks, offs, hnd, inputs.k_new[new])
-                _write_paged(v_cache, blocks, offs, hnd, inputs.v_new[new])
+            if case.append and n:
+                holder = inputs if quant is None else quant  # fp8: the new keys as stored, into the stored cache
+                assert holder.k_new is not None and holder.v_new is not None
+                blocks, offs = _token_slots(row, torch.arange(kl - n, kl, device=dev), bs)
+                _write_paged(k_cache, blocks, offs, hnd, holder.k_new[new_kv])
+                _write_paged(v_cache, blocks, offs, hnd, holder.v_new[new_kv])
             blocks, offs = _token_slots(row, torch.arange(kl, device=dev), bs)
             k = _read_paged(k_cache, blocks, offs, hnd)
             v = _read_paged(v_cache, blocks, offs, hnd)
@@ -301,10 +308,10 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
                 k_token_scale = quant.k_descale[keys]
         else:
             k, v = inputs.k_of(b), inputs.v_of(b)
-            if case.append and ql:
+            if case.append and n:
                 assert inputs.k_new is not None and inputs.v_new is not None
-                k = torch.cat([k[: kl - ql], inputs.k_new[new].to(k.dtype)])
-                v = torch.cat([v[: kl - ql], inputs.v_new[new].to(v.dtype)])
+                k = torch.cat([k[: kl - n], inputs.k_new[new_kv].to(k.dtype)])
+                v = torch.cat([v[: kl - n], inputs.v_new[new_kv].to(v.dtype)])
         if quant is not None:
             q, qv = _dequant_q(case, inputs, b, new)
             k, v = _dequant_kv(case, inputs, b, k, v, k_token_scale)

@@ -6,7 +6,11 @@ Entry point per case (:func:`fa2_entry`):
   the cache), pins ``num_splits > 1`` (only that entry point takes ``num_splits``), or is a decode
   / spec-decode batch (every request has the same ``q_len`` in ``1..16``).  Queries become a
   padded ``(b, q_len, h, d)`` view; ``cache_seqlens`` (int32) holds the keys already in the cache
-  (``kv_len - q_len`` when appending, else ``kv_len``); the cache is the paged cache with
+  (``kv_len - q_len`` when appending, ``kv_len - append_len`` for a short append, else ``kv_len``); the new
+  keys ``k``/``v`` are ``(b, seqlen_new, hk, d)`` with ``seqlen_new`` the case's ``append_len`` (else ``q_len``):
+  ``flash_attn_with_kvcache`` (2.8.3) writes them at ``cache_seqlens`` and aligns the query rows to the end of
+  ``cache_seqlens + seqlen_new`` keys, as the peer test ``tests/test_flash_attn.py::test_flash_attn_kvcache``
+  (2.8.3, ``seqlen_new_eq_seqlen_q=False``) checks it; the cache is the paged cache with
   ``block_table``, or a contiguous ``(b, max_kv, hk, d)`` copy whose unused slots hold stale finite
   values.  ``num_splits`` is the case's, or FA2's own heuristic (0) when the case leaves it unset:
   that is the path engines run (and the one whose speed matters); the heuristic's result depends on
@@ -172,7 +176,8 @@ def _kvcache_call(case: AttentionCase, inputs: CaseInputs, common: dict, window:
     ngroups = case.num_heads // case.num_kv_heads
     min_width = ngroups if case.append and q_len == 1 else 1
     k_cache, v_cache, table, cache_seqlens, width = kvcache_caches(case, inputs, min_width)
-    k_new, v_new = padded_new_tokens(inputs, q_len) if case.append else (None, None)
+    # a short append (append_len < q_len) passes seqlen_new = append_len: FA2 takes any seqlen_new <= the cache width
+    k_new, v_new = padded_new_tokens(inputs, case.new_kv_lens[0]) if case.append else (None, None)
     h, d = case.num_heads, case.head_dim
     kwargs = dict(
         q=inputs.q.view(case.batch, q_len, h, d),
@@ -212,10 +217,11 @@ class FA2Backend(Backend):
         "fp32": "FA2 takes fp16 and bf16 inputs only",
         "dv": "FA2 needs the value head dim equal to the qk head dim",
         "hnd": "FA2 reads NHD pages (num_blocks, block_size, hk, d) only",
+        "append_quant": "FA2 takes fp16 and bf16 inputs only: it has no quantized cache to append to",
     }
     #: seed 004's path for FA2: V zero-padded to the qk head dim, output stripped; the backward of
     #: flash_attn_varlen_func and its ``deterministic`` argument.
-    accepts = frozenset({"v_pad", "graph", "backward", "bwd_deterministic"})
+    accepts = frozenset({"v_pad", "graph", "backward", "bwd_deterministic", "append_short"})
     #: ``flash_attn_with_kvcache(..., num_splits=0, ...)`` (2.8.3); ``flash_attn_varlen_func`` takes none, hence
     #: :meth:`pins_splits`.
     batch_invariance_via = "num_splits"

@@ -12,8 +12,11 @@ Entry point per case (:func:`fa3_entry`):
   ``max_seqlen_q/k``, ``return_attn_probs=True`` for ``(out, lse)``;
 * ``flash_attn_with_kvcache`` for paged KV or append: q stays packed (``cu_seqlens_q``,
   ``max_seqlen_q``); ``page_table`` is the block table (any page size); ``cache_seqlens`` (int32)
-  counts the keys already in the cache (``kv_len - q_len`` when appending); new keys are packed
-  ``k``/``v`` with ``cu_seqlens_k_new = cu_seqlens_q`` (one new key per query); a contiguous
+  counts the keys already in the cache (``kv_len - n`` when appending ``n`` keys per request: ``q_len``, or the
+  case's ``append_len`` for a short append); new keys are packed ``k``/``v`` with ``cu_seqlens_k_new`` (their
+  cumulative counts, ``cu_seqlens_q`` when every query is a new key; hopper/test_flash_attn.py
+  ``test_flash_attn_kvcache`` at commit 01afd16d, ``seqlen_new_eq_seqlen_q=False``, aligns the query rows to the end
+  of ``cache_seqlens + seqlen_new`` keys); a contiguous
   appending case gets a ``(b, max_kv, hk, d)`` cache whose unused slots hold stale finite values.
   An HND cache is passed as its ``(num_blocks, page, hk, d)`` strided view (FA3 reads the cache
   through its strides, as vLLM does for HND layouts).
@@ -132,7 +135,7 @@ def fa3_plan(case: AttentionCase, inputs: CaseInputs, num_sms: int | None = None
         cache_seqlens=cache_seqlens,
         page_table=table,
         cu_seqlens_q=inputs.cu_seqlens_q,
-        cu_seqlens_k_new=inputs.cu_seqlens_q if case.append else None,
+        cu_seqlens_k_new=inputs.cu_seqlens_k_new if case.append else None,
         max_seqlen_q=max(case.q_lens),
         return_softmax_lse=True,
         **common,
@@ -165,7 +168,12 @@ class FA3Backend(Backend):
         "alibi": "FA3 has no ALiBi argument",
         "sinks": "upstream FA3 (hopper/flash_attn_interface.py) has no attention-sink argument",
         "fp32": "FA3 takes fp16, bf16 and fp8 e4m3 inputs only",
+        "append_quant": (
+            "this adapter passes no fp8 inputs (fp8_e4m3 undeclared); FA3's fp8 append would pass k/v already in "
+            "e4m3 with the cache's k_descale/v_descale (hopper/test_flash_attn.py test_flash_attn_kvcache)"
+        ),
     }
+    accepts = frozenset({"append_short"})
     #: both entry points take ``num_splits`` (``hopper/flash_attn_interface.py``: ``flash_attn_varlen_func``,
     #: ``flash_attn_with_kvcache``)
     batch_invariance_via = "num_splits"

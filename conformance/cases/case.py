@@ -24,8 +24,12 @@ takes precomputed scheduler metadata (vLLM's CUDA-graph path).  ``cp_world`` / `
 parallelism as vLLM's FA3 fork takes it (``cp_world_size``, ``cp_rank``, ``cp_tot_seqused_k``): the call's keys
 (``kv_len``) are one rank's interleave-1 shard of a longer sequence, local key ``j`` being absolute key ``j *
 cp_world + cp_rank``, and the causal rule holds in absolute positions; each sequence's total comes with the inputs
-(``CaseInputs.cp_tot_seqused_k``).  Features that arrived after the adapter API (:data:`OPT_IN_FEATURES`) are
-refused by an adapter unless it declares them.
+(``CaseInputs.cp_tot_seqused_k``).  ``append`` (a kvcache append): the call writes each request's new keys
+into the cache itself, the last ``q_len`` of its ``kv_len`` keys, or only the last ``append_len`` (a *short
+append*, ``1 <= append_len <= q_len``, below some ``q_len``: flash-attention's ``seqlen_new < seqlen_q``); the
+query rows stay aligned to the end of the ``kv_len`` keys either way.  With an fp8 ``quant`` the new keys and
+values are given already in fp8, quantized with the cache's descales (FA3's fp8 kvcache append).  Features that
+arrived after the adapter API (:data:`OPT_IN_FEATURES`) are refused by an adapter unless it declares them.
 
 Backward (``backward``, :mod:`conformance.backward`): the case is a training call whose gradients dQ, dK, dV (and
 d sinks) are judged too, with an upstream gradient ``dout`` drawn from the seed; ``deterministic`` asks for the
@@ -94,6 +98,7 @@ class AttentionCase(CaseDerived):
     scale: float | None = None
     chunk: int | None = None
     append: bool = False
+    append_len: int | None = None
     num_splits: int | None = None
     quant: str = "none"
     quant_q: bool = True
@@ -156,8 +161,7 @@ class AttentionCase(CaseDerived):
                 yield problem
         if self.chunk is not None and self.chunk <= 0:
             yield f"chunk must be positive or None, got {self.chunk}"
-        if self.append and any(ql > kl for ql, kl in self.requests):
-            yield "append needs q_len <= kv_len for every request (the new tokens are the last q_len keys)"
+        yield from self._append_problems()
         if self.num_splits is not None and self.num_splits < 1:
             yield f"num_splits must be >= 1 or None, got {self.num_splits}"
         yield from self._quant_problems()
@@ -177,6 +181,26 @@ class AttentionCase(CaseDerived):
             )
         if self.v_padded and self.qv:
             yield "v_padded cannot be combined with qv (qv is scored against V at head_dim_v; its padded call has none)"
+
+    def _append_problems(self):
+        if self.append_len is None:
+            if self.append and any(ql > kl for ql, kl in self.requests):
+                yield "append needs q_len <= kv_len for every request (the new tokens are the last q_len keys)"
+            return
+        if not self.append:
+            yield "append_len needs append=True (it counts the new keys the call writes into the cache)"
+            return
+        ql = self.q_lens
+        if self.append_len < 1 or any(self.append_len > q for q in ql) or all(self.append_len == q for q in ql):
+            yield (
+                f"append_len must be in [1, q_len] for every request and below some q_len (equal to every q_len "
+                f"it is append_len=None), got {self.append_len} with q_lens {sorted(set(ql))}"
+            )
+        elif any(self.append_len > kl for kl in self.kv_lens):
+            yield (
+                f"append_len ({self.append_len}) must be <= kv_len for every request (the new keys are the last "
+                f"append_len keys), got kv_lens {sorted(set(self.kv_lens))}"
+            )
 
     def _cp_problems(self):
         if self.cp_world < 1 or not 0 <= self.cp_rank < self.cp_world:
@@ -208,10 +232,10 @@ class AttentionCase(CaseDerived):
             yield "quant_q must be True for the int8 types (they quantize q by definition)"
         if family == "int8" and self.qv:
             yield "qv cannot be combined with an int8 type (seed 001's int8 modes have no MLA path)"
-        if self.append:
+        if self.append and family != "fp8":
             yield (
-                "append cannot be combined with quant: engines quantize new keys while writing the cache "
-                "(attnref.quant.write_kv_cache_fp8 / _int8) before the kernel reads it"
+                "append with quant needs an fp8 type (FA3 appends new keys given in fp8 with the cache's descales); "
+                "int8 new keys are quantized by the engine while writing the cache (attnref.quant.write_kv_cache_int8)"
             )
 
     # ------------------------------------------------------------------ JSON

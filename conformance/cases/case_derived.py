@@ -68,9 +68,17 @@ class CaseDerived:
         return [k for _, k in self.requests]
 
     @property
+    def new_kv_lens(self) -> list[int]:
+        """Keys the call writes into the cache per request: ``append_len`` (a short append), else ``q_len`` when
+        appending, else 0.  They are the last keys of each request's ``kv_len``."""
+        if not self.append:
+            return [0] * len(self.requests)
+        return [ql if self.append_len is None else self.append_len for ql, _ in self.requests]
+
+    @property
     def cached_kv_lens(self) -> list[int]:
-        """Keys already in the cache before the call: ``kv_len - q_len`` when appending, else ``kv_len``."""
-        return [kl - (ql if self.append else 0) for ql, kl in self.requests]
+        """Keys already in the cache before the call: ``kv_len`` less the new keys (:attr:`new_kv_lens`)."""
+        return [kl - n for (_, kl), n in zip(self.requests, self.new_kv_lens)]
 
     @property
     def total_q(self) -> int:
@@ -115,6 +123,10 @@ class CaseDerived:
         for name in ("causal", "alibi", "sinks", "append"):
             if getattr(self, name):
                 f.add(name)
+        if self.append_len is not None:
+            f.add("append_short")
+        if self.append and self.quant != "none":
+            f.add("append_quant")
         if self.has_window:
             f.add("window")
         if self.chunk is not None:
@@ -181,7 +193,7 @@ class CaseDerived:
         if self.scale is not None:
             parts.append(f"scale{_fmt_num(self.scale)}")
         if self.append:
-            parts.append("append")
+            parts.append("append" if self.append_len is None else f"append{self.append_len}")
         if self.num_splits is not None:
             parts.append(f"split{self.num_splits}")
         if self.quant != "none":

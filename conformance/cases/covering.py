@@ -8,14 +8,16 @@ axes), *seeded* with existing rows: the tuples a suite's hand-picked cases alrea
 :func:`~conformance.cases.space.classify`) are not asked for again, so only what they leave uncovered adds
 rows and the existing case ids stay as they are.
 
-:func:`cover` (what the suites call) builds it in two tiers: first every tuple possible inside
-:data:`space.PLAIN` (equal head dims, 16-bit, contiguous or NHD, no chunk mask, no quantization, no modifier)
-by plain cases, then the rest of the space.  In one tier the greedy choice fills rows with whatever covers
-most, so 862 of 1,207 ``default`` rows were quantized and fa2 (by its declared features) ran 33 of them,
-covering 34 % of the kernel triples it can run; with the plain tier first ``default`` added 1,657 rows (20 axes) and fa2
-ran 819, covering all of them (``attnconf cases --coverage --backend B`` measures this per backend).  With the model
-registry's heads and dims levels (14 x 14 heads x dims levels, every pair of them met in each batch shape)
-``default`` adds 2,927 rows, of which fa2 runs 1,617.
+:func:`cover` (what the suites call) builds it in tiers: first every tuple possible inside :data:`space.PLAIN`
+(equal head dims, 16-bit, contiguous or NHD, no chunk mask, no quantization, no modifier) by plain cases, then the
+space before each level added to an existing axis (:data:`space.EARLIER`), then the rest of the space. A tier
+restricted to an axis's earlier levels gives the rows the space without the new levels gave (the generator's level
+codes keep their order and the new levels never fit), so a new level adds rows after them. In one tier the greedy
+choice fills rows with whatever covers most, so 862 of 1,207 ``default`` rows were quantized and fa2 (by its
+declared features) ran 33 of them, covering 34 % of the kernel triples it can run; with the plain tier first
+``default`` added 1,657 rows (20 axes) and fa2 ran 819, covering all of them (``attnconf cases --coverage --backend
+B`` measures this per backend). With the model registry's heads and dims levels (14 x 14 heads x dims levels, every
+pair of them met in each batch shape) ``default`` adds 2,927 rows, of which fa2 runs 1,617.
 
 The generator is a greedy one-row-at-a-time AETG/IPOG-style construction, written here rather than taken from
 PyPI because the two libraries measured did not fit: ``allpairspy`` 2.5.1 (``n=3`` with a filter) returned 325
@@ -227,11 +229,13 @@ def cover(
     base: Iterable[AttentionCase],
     *,
     seed: int = 0,
-    tiers: Sequence[Mapping[str, Sequence[Hashable]]] = (space.PLAIN,),
+    tiers: Sequence[Mapping[str, Sequence[Hashable]]] = (space.PLAIN, *space.EARLIER),
 ) -> tuple[AttentionCase, ...]:
     """The cases a suite adds to ``base`` (its hand-picked cases) to cover ``strengths``, tier by tier: first the
-    tuples possible inside each sub-space of ``tiers`` (default :data:`space.PLAIN`) by cases inside it (only
-    the base cases inside it count as covering them), then the rest of the space.  ``tiers=()``: one array."""
+    tuples possible inside each sub-space of ``tiers`` by cases inside it (only the base cases and earlier rows
+    inside it count as covering them), then the rest of the space.  The default tiers are :data:`space.PLAIN`, then
+    the space before each growth (:data:`space.EARLIER`), so a level added to an axis adds rows after the ones the
+    space had without it, which keep their ids.  ``tiers=()``: one array."""
     seeds = [space.classify(c) for c in base]
     rows: list[Point] = []
     for within in tiers:

@@ -27,6 +27,7 @@ a CPU rerun of one case see the same numbers.  Choices that make bugs visible:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -61,12 +62,13 @@ class CaseInputs:
     ``k``/``v`` hold every key of every request (the new tokens last within each request); for a
     quantized case q/k/v/qv are the dequantized values in fp32 and ``quant`` holds what the kernel is
     given (the paged caches then have the stored dtype);
-    the paged fields are set when ``case.paged``.  With ``case.append`` the paged cache (or, for a
-    contiguous case, ``k_cache_padded``) holds only the first ``kv_len - q_len`` keys of each
-    request and the kernel is expected to write ``k_new``/``v_new`` itself.  ``cp_tot_seqused_k`` (int32
-    ``(batch,)``) is set exactly for a context-parallel case (``case.cp_world > 1``): each sequence's keys over
-    all ranks, of which ``k``/``v`` hold the rank's share (:func:`cp_totals`).  ``dout`` (``(total_q, h, dv)``, the
-    case dtype) is set exactly for a backward case (``case.backward``): the upstream gradient of the output
+    the paged fields are set when ``case.paged``. With ``case.append`` the paged cache (or, for a contiguous case,
+    ``k_cache_padded``) holds only the first ``kv_len - n`` keys of each request and the kernel is expected to write
+    ``k_new``/``v_new`` itself: packed, ``n`` per request (``case.new_kv_lens``: ``q_len``, or ``append_len`` for a
+    short append), delimited by ``cu_seqlens_k_new``. ``cp_tot_seqused_k`` (int32 ``(batch,)``) is set exactly for a
+    context-parallel case (``case.cp_world > 1``): each sequence's keys over all ranks, of which ``k``/``v`` hold
+    the rank's share (:func:`cp_totals`). ``dout`` (``(total_q, h, dv)``, the case dtype) is set exactly for a
+    backward case (``case.backward``): the upstream gradient of the output
     (:func:`conformance.cases.data_inputs.grad_out`).
     """
 
@@ -84,6 +86,7 @@ class CaseInputs:
     block_table: torch.Tensor | None = None
     k_new: torch.Tensor | None = None
     v_new: torch.Tensor | None = None
+    cu_seqlens_k_new: torch.Tensor | None = None
     qv: torch.Tensor | None = None
     quant: QuantTensors | None = None
     mla_cache: torch.Tensor | None = None
@@ -247,12 +250,17 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
         totals = [max(0, kl * w + r - b % w) for b, kl in enumerate(case.kv_lens)]
         inputs.cp_tot_seqused_k = torch.tensor(totals, dtype=torch.int32)
     if case.append:
+        new_lens = case.new_kv_lens
         idx = (
-            torch.cat([torch.arange(cu_k[b + 1] - ql, cu_k[b + 1]) for b, (ql, _) in enumerate(case.requests)])
-            if case.total_q
+            torch.cat([torch.arange(cu_k[b + 1] - n, cu_k[b + 1]) for b, n in enumerate(new_lens)])
+            if sum(new_lens)
             else torch.zeros(0, dtype=torch.long)
         )
         inputs.k_new, inputs.v_new = k[idx], v[idx]
+        if quant is not None:  # an fp8 append: the new keys as stored, with the cache's descales
+            assert quant.v is not None, "case validation allows an append with fp8 quant only"
+            quant.k_new, quant.v_new = quant.k[idx], quant.v[idx]
+        inputs.cu_seqlens_k_new = torch.tensor([0, *itertools.accumulate(new_lens)], dtype=torch.int32)
     if case.paged:
         stored_k = k if quant is None else quant.k
         stored_v = v if quant is None or quant.v is None else quant.v

@@ -45,7 +45,8 @@ class QuantTensors:
     ``q``/``qv``/``v`` are None where that tensor stays in the activation dtype (``quant_q`` False,
     or v of ``int8_t2``); the paged caches of the case live in ``CaseInputs.k_cache``/``v_cache``
     in the stored dtype, with ``k_scale_cache`` ``(num_blocks, hk, block_size)`` holding the int8
-    per-token K scales slot by slot.
+    per-token K scales slot by slot.  ``k_new``/``v_new`` (an fp8 append, ``CaseInputs.k_new``'s rows) are the
+    new keys and values as stored: quantized with the cache's own descales, which the kernel copies into the cache.
     """
 
     fmt: str
@@ -57,6 +58,8 @@ class QuantTensors:
     v: torch.Tensor | None = None
     v_descale: torch.Tensor | None = None
     k_scale_cache: torch.Tensor | None = None
+    k_new: torch.Tensor | None = None
+    v_new: torch.Tensor | None = None
 
 
 def token_rows(per_seq: torch.Tensor, lens: list[int]) -> torch.Tensor:

@@ -12,7 +12,7 @@ read it, so a new axis, level or constraint is one entry here:
 * a new level: append it to the axis's ``values`` (and, for ``batch`` / ``heads``, to :data:`BATCH_SHAPES` /
   :data:`HEADS`, which map a level to the small request list or head counts :func:`build` uses; a heads level
   of a real model is one :data:`HEAD_MODELS` entry naming its registry model); teach :func:`classify` to bucket
-  cases into it;
+  cases into it; the axis's earlier levels in :data:`EARLIER` keep the cases the covering arrays added before it;
 * a new axis: one :class:`Axis` in :data:`AXES` (its first value is the default, the value a case has when the
   axis does not apply), one line in :func:`build` and one in :func:`classify`;
 * a new constraint: one :class:`Constraint` in :data:`CONSTRAINTS`.
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.space_axes import (
+    APPEND_LEVELS,
     AXES,
     BATCH_SHAPES,
     CONSTRAINTS,
@@ -43,14 +44,17 @@ from conformance.cases.space_axes import (
     PLAIN,
     WIDE_BATCH_SHAPES,
     WIDE_HEADS,
+    EARLIER,
     Axis,
     Constraint,
     Point,
+    short_append_len,
     valid,
     violations,
 )
 from conformance.cases.space_classify import (
     classify,
+    classify_append,
     classify_batch,
     classify_dims,
     classify_heads,
@@ -60,13 +64,15 @@ from conformance.cases.space_classify import (
 from conformance.cases.space_search import COMPONENTS, extensible, possible_tuples, valid_points
 from conformance.cases.space_search import _COMPONENT_OF as _COMPONENT_OF  # re-exported for the tests
 from conformance.cases.space_search import _component_points as _component_points  # the tests' brute force
-from conformance.cases.sweep import build_case
+from conformance.cases.sweep import BATCHES, build_case
 
 __all__ = [
+    "APPEND_LEVELS",
     "AXES",
     "BATCH_SHAPES",
     "COMPONENTS",
     "CONSTRAINTS",
+    "EARLIER",
     "EQUAL_DIMS",
     "FA_HEAD_DIM_TEMPLATES",
     "HEADS",
@@ -80,6 +86,7 @@ __all__ = [
     "Constraint",
     "build",
     "classify",
+    "classify_append",
     "classify_batch",
     "classify_dims",
     "classify_heads",
@@ -87,6 +94,7 @@ __all__ = [
     "describe",
     "extensible",
     "possible_tuples",
+    "short_append_len",
     "valid",
     "valid_points",
     "violations",
@@ -98,7 +106,8 @@ def build(point: Point) -> AttentionCase:
     """The AttentionCase of a point, through the sweep builder.  Axes the point leaves out take the first level
     that keeps it valid (the axis default where that is allowed: ``{"layout": "NHD"}`` gets block size 1,
     ``{"qv": True}`` the MLA dims).  A wide heads level (32 q heads or more, :data:`WIDE_HEADS`) gets the
-    shortened request list of its batch shape (:data:`WIDE_BATCH_SHAPES`).
+    shortened request list of its batch shape (:data:`WIDE_BATCH_SHAPES`); the ``short`` append level gets the
+    ``append_len`` of :func:`short_append_len` over that list.
 
     Raises ``ValueError`` naming the axis for an unknown axis or level, and naming the constraint for a point
     that breaks one."""
@@ -111,9 +120,10 @@ def build(point: Point) -> AttentionCase:
     for name, axis in AXES.items():
         if name not in p:
             p[name] = next(v for v in axis.values if extensible({**p, name: v}))
+    batch = (WIDE_BATCH_SHAPES if p["heads"] in WIDE_HEADS else BATCH_SHAPES)[p["batch"]]
     return build_case(
         {
-            "batch": (WIDE_BATCH_SHAPES if p["heads"] in WIDE_HEADS else BATCH_SHAPES)[p["batch"]],
+            "batch": batch,
             "heads": HEADS[p["heads"]],
             "dims": p["dims"],
             "dtype": p["dtype"],
@@ -122,7 +132,8 @@ def build(point: Point) -> AttentionCase:
             "softcap": p["softcap"],
             "alibi": p["alibi"],
             "sinks": p["sinks"],
-            "append": p["append"],
+            "append": p["append"] is not False,
+            "append_len": short_append_len(BATCHES[batch]) if p["append"] == "short" else None,
             "num_splits": p["num_splits"],
             "scale": p["scale"],
             "quant": p["quant"],

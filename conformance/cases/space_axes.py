@@ -10,7 +10,7 @@ change then; sweep case ids never do).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from conformance.cases.case import DESCALES, DTYPES, LAYOUTS, QUANTS
@@ -18,9 +18,11 @@ from conformance.cases.sweep import BATCHES, MASKS, MLA_DIMS
 from conformance.models.load import builtin_registry
 
 __all__ = [
+    "APPEND_LEVELS",
     "AXES",
     "BATCH_SHAPES",
     "CONSTRAINTS",
+    "EARLIER",
     "EQUAL_DIMS",
     "FA_HEAD_DIM_TEMPLATES",
     "HEADS",
@@ -32,6 +34,7 @@ __all__ = [
     "WIDE_HEADS",
     "Axis",
     "Constraint",
+    "short_append_len",
     "valid",
     "violations",
 ]
@@ -153,6 +156,10 @@ _BLOCK_SIZES = (1, 16, 32, 64, 128, 256)
 #: Mask levels (keys of :data:`~conformance.cases.sweep.MASKS`), one per masking mode.
 _MASK_LEVELS = ("none", "causal", "w0-0", "w16-0", "cw128", "w32-32", "w64-inf", "winf-16", "chunk64", "cchunk64")
 _SOFTCAP, _SCALE, _SPLITS = 30.0, 0.3, 3
+#: Append levels: none (False), every query token a new key in the activation dtype (True), a *short* append
+#: (``append_len`` < some ``q_len``: flash-attention's ``seqlen_new < seqlen_q``, 16-bit or fp8 new keys) and an
+#: fp8 append of every query token (FA3's fp8 kvcache append: new keys given in fp8 with the cache's descales).
+APPEND_LEVELS: tuple[bool | str, ...] = (False, True, "short", "fp8")
 assert set(_MASK_LEVELS) <= set(MASKS)
 assert all(b in BATCHES for b in WIDE_BATCH_SHAPES.values()) and set(WIDE_BATCH_SHAPES) == set(BATCH_SHAPES)
 
@@ -185,7 +192,13 @@ _AXES: tuple[Axis, ...] = (
     Axis("softcap", (None, _SOFTCAP), False, "logits soft-cap"),
     Axis("alibi", (False, True), False, "ALiBi slopes"),
     Axis("sinks", (False, True), False, "per-head attention sinks"),
-    Axis("append", (False, True), False, "the kernel appends the new k/v to the cache"),
+    Axis(
+        "append",
+        APPEND_LEVELS,
+        False,
+        "the kernel appends the new k/v to the cache: no, the q_len new keys (16-bit), a short append (append_len "
+        "< q_len) or the q_len new keys in fp8 (APPEND_LEVELS)",
+    ),
     Axis("num_splits", (None, 1, _SPLITS), False, "split-KV: heuristic (None), 1, pinned > 1"),
     Axis("scale", (None, _SCALE), False, "softmax scale: default or custom"),
     Axis(
@@ -215,6 +228,26 @@ def _family(quant: str) -> str | None:
     return None if quant == "none" else quant.split("_")[0]
 
 
+def short_append_len(requests: Sequence[tuple[int, int]]) -> int | None:
+    """The ``append_len`` of a short append over ``requests`` (what :func:`~conformance.cases.space.build` gives the
+    ``short`` level): half the shortest query (at least 1), at most the shortest ``kv_len``; None where the case model
+    allows no short append (a request without queries or keys, or every ``q_len`` 1)."""
+    if not requests or min(q for q, _ in requests) < 1 or min(k for _, k in requests) < 1:
+        return None
+    if max(q for q, _ in requests) < 2:
+        return None
+    return max(1, min(min(q for q, _ in requests) // 2, min(k for _, k in requests)))
+
+
+#: Append level -> the quantization families (None: unquantized) its new keys may have.
+_APPEND_QUANT: dict[bool | str, tuple[str | None, ...]] = {
+    False: (None, "fp8", "int8"),
+    True: (None,),
+    "short": (None, "fp8"),
+    "fp8": ("fp8",),
+}
+
+
 #: The constraints between axes: what AttentionCase rejects, and the semantic rule for qv.
 CONSTRAINTS: tuple[Constraint, ...] = (
     Constraint(
@@ -226,14 +259,23 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     Constraint(
         "append_needs_q_le_kv",
         ("append", "batch"),
-        lambda append, batch: not append or all(q <= k for q, k in _requests_of(batch)),
-        "append writes the q_len new tokens as the last keys, so every request needs q_len <= kv_len",
+        lambda append, batch: append in (False, "short") or all(q <= k for q, k in _requests_of(batch)),
+        "an append of every query token (True, fp8) writes the q_len new tokens as the last keys, so every request "
+        "needs q_len <= kv_len",
     ),
     Constraint(
-        "append_without_quant",
+        "short_append_fits_batch",
+        ("append", "batch"),
+        lambda append, batch: append != "short" or short_append_len(_requests_of(batch)) is not None,
+        "a short append writes 1 <= append_len <= every q_len and kv_len new keys, below some q_len: no request "
+        "without queries or keys, and some q_len >= 2",
+    ),
+    Constraint(
+        "append_quant",
         ("append", "quant"),
-        lambda append, quant: not (append and quant != "none"),
-        "engines quantize new keys while writing the cache, before the kernel reads it: no append with quant",
+        lambda append, quant: _family(quant) in _APPEND_QUANT[append],
+        "append True is unquantized, fp8 is fp8 (FA3 takes the new keys in fp8 with the cache's descales), a short "
+        "append either; int8 new keys are quantized by the engine while writing the cache, never appended",
     ),
     Constraint(
         "quant_needs_16bit_dtype",
@@ -302,6 +344,14 @@ PLAIN: dict[str, tuple[Hashable, ...]] = {
     "quant": ("none",),
     **{a.name: (a.default,) for a in _AXES if not a.kernel},
 }
+
+
+#: The space as it was before levels were added to an existing axis, oldest first, each as a sub-space of today's
+#: (axis -> the levels it had then).  The covering arrays cover each one in turn, after :data:`PLAIN` and before the
+#: whole space (:func:`conformance.cases.covering.cover`), so the cases they added before a level arrived keep their
+#: rows and ids and only the tuples the new levels make possible add cases, after them.  Issue 31: the append levels
+#: ``short`` and ``fp8``.
+EARLIER: tuple[dict[str, tuple[Hashable, ...]], ...] = ({"append": (False, True)},)
 
 
 def violations(point: Point) -> list[str]:

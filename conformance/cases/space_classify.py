@@ -13,7 +13,15 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.space_axes import _BLOCK_SIZES, _DV_GT_D, _DV_LT_D, _SCALE, _SOFTCAP, _SPLITS, EQUAL_DIMS, HEADS
 from conformance.cases.space_axes import Point
 
-__all__ = ["classify", "classify_batch", "classify_dims", "classify_heads", "classify_mask", "describe"]
+__all__ = [
+    "classify",
+    "classify_append",
+    "classify_batch",
+    "classify_dims",
+    "classify_heads",
+    "classify_mask",
+    "describe",
+]
 
 
 def classify_batch(requests: tuple[tuple[int, int], ...]) -> str:
@@ -122,6 +130,16 @@ def classify_mask(causal: bool, window: tuple[int | None, int | None], chunk: in
     return "w32-32"
 
 
+def classify_append(case: AttentionCase) -> bool | str:
+    """Append level: no append -> False; a short append (``append_len`` set) -> short, whatever its quantization;
+    an append of every query token -> fp8 with a quantized cache (the case model allows fp8 only), else True."""
+    if not case.append:
+        return False
+    if case.append_len is not None:
+        return "short"
+    return True if case.quant == "none" else "fp8"
+
+
 def _nearest_block(bs: int) -> int:
     return min(_BLOCK_SIZES, key=lambda x: (abs(math.log2(x) - math.log2(bs)), x))
 
@@ -142,7 +160,7 @@ def classify(case: AttentionCase) -> dict[str, Hashable]:
         "softcap": None if case.softcap is None else _SOFTCAP,
         "alibi": case.alibi,
         "sinks": case.sinks,
-        "append": case.append,
+        "append": classify_append(case),
         "num_splits": None if case.num_splits is None else (1 if case.num_splits <= 1 else _SPLITS),
         "scale": None if case.scale is None else _SCALE,
         "descale": case.descale,

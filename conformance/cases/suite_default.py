@@ -15,7 +15,7 @@ from conformance.cases.sweep import (
     Sweep,
 )
 
-__all__ = ["DEFAULT", "DIMS", "HEADS", "MAIN", "QUANT_MLA"]
+__all__ = ["APPEND", "DEFAULT", "DIMS", "HEADS", "MAIN", "QUANT_MLA"]
 
 MAIN = ("pfvar", "dec", "spec4", "chunk", "mixdf", "mixdl")
 HEADS = ((8, 8), (8, 2), (8, 1), (32, 8))
@@ -121,6 +121,26 @@ QUANT_MLA: tuple[Sweep, ...] = (
         {"mask": "causal", "heads": (8, 2), "dims": (128, 128)},
     ),
 )
+
+#: Appends as flash-attention's kvcache tests make them (issue 31; the covering arrays add more, on the space's
+#: canonical batches): short appends (``append_len`` < q_len, the peers' ``seqlen_new_eq_seqlen_q=False``) where FA2
+#: runs them (one q_len for the batch: spec4, pf37; a block size of 256) and FA3 (varlen q too: chunk), and fp8
+#: appends (FA3's fp8 kvcache append: the new keys given in e4m3 with the cache's descales, per tensor or per
+#: (sequence, kv head)), of every query token and short.
+APPEND: tuple[Sweep, ...] = (
+    Sweep(
+        "append_short",
+        {"batch": ("spec4", "pf37", "chunk"), "kv": (CONTIG, ("NHD", 16), ("NHD", 256)), "append_len": (1, 3)},
+        {"append": True, "mask": "causal", "heads": (8, 2), "dims": (128, 128)},
+    ),
+    Sweep(
+        "append_fp8",
+        {"batch": ("dec", "spec4"), "descale": ("tensor", "head"), "append_len": (None, 1)},
+        {"append": True, "quant": "fp8_e4m3", "mask": "causal", "heads": (8, 1), "dims": (128, 128), "kv": ("NHD", 16)},
+        where=lambda p: p["batch"] != "dec" or p["append_len"] is None,  # every q_len 1: no short append
+    ),
+)
+
 
 DEFAULT: tuple[Sweep, ...] = (
     Sweep(
@@ -269,4 +289,4 @@ DEFAULT: tuple[Sweep, ...] = (
         {"batch": ("pf4k", "dec16k", "chunk8k"), "mask": ("causal", "cw128"), "kv": (CONTIG, ("NHD", 256))},
         {"heads": (8, 1), "dims": (128, 128)},
     ),
-) + QUANT_MLA
+) + (*QUANT_MLA, *APPEND)

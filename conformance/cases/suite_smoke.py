@@ -87,4 +87,24 @@ SMOKE: tuple[Sweep, ...] = (
         {"batch": ("s_dec", "s_spec"), "cp": ((2, 1), (4, 3)), "kv": (CONTIG, ("NHD", 16))},
         {"mask": "causal", "heads": (4, 2), "dims": (64, 64)},
     ),
+    # a short append (append_len < q_len) into a contiguous and an HND cache; fp8 appends (FA3's), one short
+    Sweep(
+        "append_short",
+        {"kv": (CONTIG, ("HND", 16))},
+        {"batch": "s_spec", "append": True, "append_len": 1, "mask": "causal", "heads": (4, 2), "dims": (64, 64)},
+    ),
+    Sweep(
+        "append_fp8",
+        {"append_len": (None, 2)},
+        {
+            "batch": "s_spec",
+            "append": True,
+            "quant": "fp8_e4m3",
+            "descale": "head",
+            "kv": ("NHD", 16),
+            "mask": "causal",
+            "heads": (4, 2),
+            "dims": (64, 64),
+        },
+    ),
 )

@@ -5,10 +5,10 @@ returned in a stable order.  The sweeps live by suite family (:mod:`conformance.
 value is a one-line change there; the runner, reports and tests pick it up without edits.
 
 Suites: ``smoke`` (~150 small cases, a minute on 2 CPU cores, six small graph and invariance cases and nine backward
-cases included), ``default`` (~5,400, the CI suite on a GPU: 2,146 hand-picked sweep cases, 2,927 covering-array
+cases included), ``default`` (~5,450, the CI suite on a GPU: 2,170 hand-picked sweep cases, 2,953 covering-array
 cases, the fuzzer's findings, :mod:`conformance.cases.found`, the six small graph and invariance cases and 305
-backward cases, :mod:`conformance.cases.suite_backward`), ``full`` (~17,800: 15,622 sweep cases with long contexts
-up to 32k, default's covering, found and backward cases and 1,004 covering cases of its own), ``perf`` (long
+backward cases, :mod:`conformance.cases.suite_backward`), ``full`` (~18,200: 15,646 sweep cases with long contexts
+up to 32k, default's covering, found and backward cases and 1,372 covering cases of its own), ``perf`` (long
 prefill and paged decode for timing against the roofline), ``engines`` (engine replays), ``models`` (real
 models' configurations, :mod:`conformance.models`), ``graphs`` (CUDA-graph mode and invariances,
 :mod:`conformance.graphs`), ``limits`` (probes of the kernels' limits, :mod:`conformance.cases.limits`),
@@ -24,7 +24,8 @@ tuples they leave uncovered add cases, and the sweep cases keep their ids and co
 levels (:data:`~conformance.cases.space.PLAIN`) are covered by plain cases first (fa2 runs 1,617 of default's
 2,927), so a backend that refuses fp8, sinks or an HND cache still runs them; the added cases use the space's
 small canonical batches.  ``attnconf cases --suite S --coverage [--backend B]`` prints the figures.  The added
-cases (and their ids) change when the sweeps or the space change; the sweep cases never do.
+cases (and their ids) change when the sweeps or the space change, except that a level added to an axis with its
+earlier levels in :data:`~conformance.cases.space.EARLIER` only adds cases after them; the sweep cases never change.
 """
 
 from __future__ import annotations

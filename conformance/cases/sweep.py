@@ -8,7 +8,7 @@ Axis names used by the grids of :mod:`conformance.cases.suites`:
 * ``heads``: (num_heads, num_kv_heads); ``dims``: (head_dim, head_dim_v); ``dtype``: bf16 / fp16
 * ``kv``: ("contiguous", None) or (layout, block size), block sizes 1..256, NHD and HND
 * ``mask``: a causal / window / chunk combination from :data:`MASKS`
-* ``softcap``, ``alibi``, ``sinks``, ``append``, ``num_splits``, ``scale``: case fields as they are
+* ``softcap``, ``alibi``, ``sinks``, ``append``, ``append_len``, ``num_splits``, ``scale``: case fields as they are
 * ``quant``, ``quant_q``, ``descale``: quantization (``conformance.cases.case.QUANTS``)
 * ``qv``, ``v_padded``, ``scheduler_metadata``: MLA absorbed, padded V, FA3 scheduler metadata
 * ``cp``: ``(cp_world, cp_rank)``, a context-parallel call over one rank's key shard (default ``(1, 0)``)
@@ -147,6 +147,7 @@ def build_case(point: Mapping[str, Any]) -> AttentionCase:
         sinks=point.get("sinks", False),
         scale=point.get("scale"),
         append=point.get("append", False),
+        append_len=point.get("append_len"),
         num_splits=point.get("num_splits"),
         quant=point.get("quant", "none"),
         quant_q=point.get("quant_q", True),

@@ -15,7 +15,9 @@ A draw has two stages:
    near the drawn level, any multiple of 8 up to 256 and now and then one that is not (which adapters must
    refuse where their kernel does), d != dv pairs around 192/128, 576/512 and 64/512, block sizes off the
    levels up to 1024, window extents and chunk sizes around the sequence lengths, soft-caps, scales from 0.001
-   to 2 (the default ``head_dim ** -0.5`` passed explicitly too) and split counts up to 64.
+   to 2 (the default ``head_dim ** -0.5`` passed explicitly too) and split counts up to 64.  The ``short`` append
+   level gets an ``append_len`` from a generator of its own (:func:`_append_len`); the ``fp8`` one is an append with
+   the drawn fp8 quantization.
 
 3. **Invariance.**  From a generator of its own (so the drawn fields above are the same with or without it), a
    draw with at least two requests becomes an invariance case with probability :data:`P_INVARIANCE`: ``run``,
@@ -351,6 +353,7 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
     num_splits = None if splits is None else (1 if splits == 1 else rng.randint(2, rng.choice((8, 8, 8, 64))))
     # cp level (2, 1) stands for any world > 1: the draw picks the world (2 to 4 ranks) and the rank
     cp_world = 1 if get("cp", (1, 0)) == (1, 0) else rng.randint(2, 4)
+    append_len = _append_len(requests) if get("append") == "short" else None
     return {
         "requests": tuple(requests),
         "num_heads": h,
@@ -367,7 +370,8 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
         "alibi": bool(get("alibi", False)),
         "sinks": bool(get("sinks", False)),
         "scale": scale,
-        "append": bool(get("append", False)),
+        "append": get("append", False) is not False and (get("append") != "short" or append_len is not None),
+        "append_len": append_len,
         "num_splits": num_splits,
         "quant": str(get("quant", "none")),
         "quant_q": bool(get("quant_q", True)),
@@ -378,6 +382,15 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
         "cp_world": cp_world,
         "cp_rank": rng.randrange(cp_world) if cp_world > 1 else 0,
     }
+
+
+def _append_len(requests: list[tuple[int, int]]) -> int | None:
+    """The ``append_len`` of a draw at the ``short`` append level: uniform in ``[1, min(q_len, kv_len)]`` and below
+    the longest q_len, drawn from its own generator (seeded by the requests, so the draw's other fields are those of
+    the stream); None where the requests allow no short append (a request without queries or keys, every q_len 1):
+    :func:`draw` then makes the draw a plain case."""
+    hi = min(min(q for q, _ in requests), min(k for _, k in requests), max(q for q, _ in requests) - 1)
+    return random.Random(repr(tuple(requests))).randint(1, hi) if hi >= 1 else None
 
 
 def work_of(requests: list[tuple[int, int]], h: int, dims: int) -> int:

@@ -35,8 +35,8 @@ _DTYPE_RANK = {"bf16": 0, "fp16": 1, "fp32": 2}
 #: Case fields the passes below simplify by name; any other field (one added to the case model after this
 #: module) is simplified by resetting it to its default (:func:`_other_moves`).
 _HANDLED = frozenset(
-    "requests num_heads num_kv_heads head_dim head_dim_v dtype kv_layout block_size causal window softcap alibi "
-    "sinks scale chunk append num_splits quant quant_q descale qv v_padded scheduler_metadata engine scenario "
+    "requests num_heads num_kv_heads head_dim head_dim_v dtype kv_layout block_size causal window softcap alibi sinks "
+    "scale chunk append append_len num_splits quant quant_q descale qv v_padded scheduler_metadata engine scenario "
     "batch_name".split()
 )
 
@@ -60,6 +60,7 @@ def complexity(case: AttentionCase) -> int:
     c += case.causal + sum(2 + w for w in case.window if w is not None)
     c += 0 if case.chunk is None else 2 + case.chunk
     c += (case.softcap is not None) + case.alibi + case.sinks + (case.scale is not None) + case.append
+    c += case.append_len is not None
     c += 0 if case.num_splits is None else 1 + case.num_splits
     if case.quant != "none":
         c += 5 + (case.descale is not None) + (not case.quant_q)
@@ -110,8 +111,10 @@ def _mode_moves(case: AttentionCase) -> Iterator[tuple[str, AttentionCase | None
         yield "drop V padding", _try(case, v_padded=False)
     if case.scheduler_metadata:
         yield "drop scheduler metadata", _try(case, scheduler_metadata=False)
+    if case.append_len is not None:
+        yield f"append_len {case.append_len} -> None", _try(case, append_len=None)
     if case.append:
-        yield "drop append", _try(case, append=False)
+        yield "drop append", _try(case, append=False, append_len=None)
     if case.num_splits is not None:
         yield f"num_splits {case.num_splits} -> None", _try(case, num_splits=None)
     for name in ("alibi", "sinks"):

@@ -275,6 +275,10 @@ CPU_CASES = [
     C([(2, 300), (2, 513)], kv_layout="NHD", block_size=256, causal=True, append=True, alibi=True),
     C([(40, 300), (17, 17)], kv_layout="NHD", block_size=256, causal=True),
     C([(1, 40), (1, 1), (1, 97)], append=True),
+    # short appends (seqlen_new < seqlen_q): the fake writes the k rows it is given at cache_seqlens
+    C([(4, 40), (4, 97)], causal=True, append=True, append_len=1),
+    C([(16, 300), (16, 5)], kv_layout="NHD", block_size=256, causal=True, window=(64, 0), append=True, append_len=5),
+    C([(3, 20), (3, 3)], append=True, append_len=2, alibi=True),
 ]
 
 
@@ -319,6 +323,10 @@ GPU_CASES = {
     "paged_splits": C([(1, 900), (1, 600)], num_splits=2, **PG),
     "append_contig": C([(1, 40), (1, 97)], causal=True, append=True),
     "append_paged_spec": C([(3, 300), (3, 20)], causal=True, append=True, **PG),
+    # short appends (seqlen_new < seqlen_q, the peer's seqlen_new_eq_seqlen_q=False): what the H100 must confirm
+    "append_short_contig": C([(4, 40), (4, 97)], causal=True, append=True, append_len=1),
+    "append_short_paged_window": C([(16, 300), (16, 5)], causal=True, window=(64, 0), append=True, append_len=5, **PG),
+    "append_short_noncausal": C([(64, 800), (64, 20)], append=True, append_len=7),
 }
 
 

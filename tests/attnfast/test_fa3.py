@@ -79,7 +79,8 @@ def test_kvcache_arguments():
     assert kw["k_cache"].shape == (inputs.k_cache.shape[0], 16, 2, 64), "HND must be passed as an NHD-shaped view"
     assert kw["k_cache"].data_ptr() == inputs.k_cache.data_ptr(), "the HND view must alias the cache (no copy)"
     assert kw["cache_seqlens"].tolist() == [38, 94] and kw["cache_seqlens"].dtype == torch.int32
-    assert kw["cu_seqlens_k_new"] is inputs.cu_seqlens_q and kw["k"] is inputs.k_new
+    assert kw["cu_seqlens_k_new"] is inputs.cu_seqlens_k_new and kw["k"] is inputs.k_new
+    assert torch.equal(kw["cu_seqlens_k_new"], inputs.cu_seqlens_q)  # every query token a new key
     assert kw["window_size"] == (8, -1) and kw["attention_chunk"] == 32 and kw["num_splits"] == 0
     assert kw["page_table"] is inputs.block_table and kw["max_seqlen_q"] == 3
 
@@ -113,6 +114,9 @@ CASES = {
     "paged_empty_kv": C([(3, 0), (2, 5)], **PG16),
     "append_contig": C([(1, 40), (1, 97)], causal=True, append=True),
     "append_paged_varlen": C([(3, 300), (1, 20), (5, 5)], causal=True, append=True, **PG16),
+    # short appends: cu_seqlens_k_new counts append_len keys per request, not the q_len
+    "append_short_paged_varlen": C([(3, 300), (2, 20), (5, 5)], causal=True, append=True, append_len=2, **PG16),
+    "append_short_contig_window": C([(6, 97), (6, 6)], causal=True, window=(8, 0), append=True, append_len=3),
 }
 CPU_NAMES = [n for n in CASES if max(CASES[n].kv_lens) <= 300 and CASES[n].total_q <= 300]
 

@@ -24,6 +24,8 @@ def C(requests, h=4, hk=4, d=32, **kw) -> AttentionCase:
     return AttentionCase(requests=tuple(requests), num_heads=h, num_kv_heads=hk, head_dim=d, **kw)
 
 
+NHD4 = {"kv_layout": "NHD", "block_size": 4}
+
 CASES = {
     "prefill_causal": C([(7, 7), (16, 16)], causal=True),
     "chunked_causal_gqa": C([(3, 10), (1, 5), (8, 8)], h=4, hk=2, causal=True),
@@ -52,6 +54,8 @@ CASES = {
     "append_paged_nhd": C([(3, 10), (1, 7)], causal=True, kv_layout="NHD", block_size=4, append=True),
     "append_paged_hnd_sinks": C([(2, 5), (1, 1)], causal=True, kv_layout="HND", block_size=1, append=True, sinks=True),
     "append_contiguous": C([(2, 9), (4, 4)], h=4, hk=2, causal=True, append=True),
+    "append_short_paged_window": C([(5, 12), (3, 3)], causal=True, window=(2, 0), append=True, append_len=2, **NHD4),
+    "append_short_contiguous_sq_gt_sk": C([(6, 3), (4, 9)], h=4, hk=2, causal=True, append=True, append_len=3),
     # context parallel: the keys are one rank's interleave-1 shard (totals from make_inputs)
     "cp2_rank1_paged": C(
         [(1, 9), (3, 10), (4, 0), (6, 2)], h=4, hk=2, causal=True, cp_world=2, cp_rank=1, kv_layout="NHD", block_size=4

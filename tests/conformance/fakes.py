@@ -300,17 +300,32 @@ class DeclaresNothingBackend(ExactBackend):
         return {f: "planted: declares nothing" for f in FEATURES}
 
 
+def _written(case: AttentionCase, inputs: CaseInputs, keys: torch.Tensor, new: torch.Tensor | None) -> torch.Tensor:
+    """Packed ``keys`` (every request's kv_len rows) as an appending kernel reads them after its cache write: each
+    request's last ``case.new_kv_lens[b]`` rows are the rows of ``new`` (``k_new`` / ``v_new``, or the stored fp8
+    ``quant.k_new`` / ``v_new``), byte for byte; ``keys`` itself when the case does not append."""
+    if not case.append:
+        return keys
+    assert new is not None, "an append case without its new keys"
+    cu_k = inputs.cu_seqlens_k.tolist()
+    idx = [t for b, n in enumerate(case.new_kv_lens) for t in range(cu_k[b + 1] - n, cu_k[b + 1])]
+    out = keys.view(torch.uint8).clone() if keys.element_size() == 1 else keys.clone()  # fp8: no index_put
+    out[torch.tensor(idx, dtype=torch.long)] = new.view(torch.uint8) if keys.element_size() == 1 else new.to(keys.dtype)
+    return out.view(keys.dtype)
+
+
 class StoredExactBackend(ExactBackend):
     """Computes from what a kernel is handed: the *stored* quantized tensors and their descales, MLA in
-    FlashMLA's 576-wide spelling, V padded and stripped.  Must pass; its subclasses plant one mistake each
-    in that plumbing (the bugs ``../shared/SEMANTICS.md`` section 8 lists for fp8, and MLA's)."""
+    FlashMLA's 576-wide spelling, V padded and stripped, an append's new keys (fp8 ones as stored, with the cache's
+    descales) written over each request's last keys.  Must pass; its subclasses plant one mistake each in that
+    plumbing (the bugs ``../shared/SEMANTICS.md`` section 8 lists for fp8, and MLA's)."""
 
     name = "fake-stored-exact"
     description = "test fake: dequantizes the stored tensors, MLA as [nope | rope], V padding"
     accepts: ClassVar[frozenset[str]] = frozenset(
         {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "v_pad"}
+        | {"append_short", "append_quant"}  # an append's new keys written over the packed keys (_written)
     )
-    refused: ClassVar[dict[str, str]] = {"append": "this fake reads the inputs' keys, it writes no cache"}
 
     # -- the hooks the bug fakes override
     def stored(self, x: torch.Tensor) -> torch.Tensor:
@@ -340,16 +355,20 @@ class StoredExactBackend(ExactBackend):
 
     def dequantized(self, case: AttentionCase, inputs: CaseInputs):
         quant = inputs.quant
-        q, k, v, qv = inputs.q.float(), inputs.k.float(), inputs.v.float(), inputs.qv
+        q, qv = inputs.q.float(), inputs.qv
+        k = _written(case, inputs, inputs.k, inputs.k_new).float()
+        v = _written(case, inputs, inputs.v, inputs.v_new).float()
         if quant is not None:
             h, hk = case.num_heads, case.num_kv_heads
             if quant.q is not None:
                 f = self._per_token(quant.q_descale, case.q_lens, h, "q", quant.fmt)
                 q = self.stored(quant.q) * f
                 qv = None if quant.qv is None else self.stored(quant.qv) * f
-            k = self.stored(quant.k) * self._per_token(quant.k_descale, case.kv_lens, hk, "k", quant.fmt)
+            k_stored = _written(case, inputs, quant.k, quant.k_new)
+            k = self.stored(k_stored) * self._per_token(quant.k_descale, case.kv_lens, hk, "k", quant.fmt)
             if quant.v is not None:
-                v = self.stored(quant.v) * self._per_token(quant.v_descale, case.kv_lens, hk, "v", quant.fmt)
+                v_stored = _written(case, inputs, quant.v, quant.v_new)
+                v = self.stored(v_stored) * self._per_token(quant.v_descale, case.kv_lens, hk, "v", quant.fmt)
         return q, k, v, None if qv is None else qv.float()
 
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:

@@ -10,12 +10,17 @@ new_kv else seqlen_k + 1)``), seeded here; a causal window keeps its left side a
 ``flash_attn_interface`` sets it.  The test's own skip (``seqlen_q > seqlen_k`` with ``new_kv``) has no point.
 
 Left out, each for a reason the suite cannot express or afford: ``rotary_fraction`` > 0 (rotary embedding is not
-attention: the case model has no rotary), ``seqlen_new_eq_seqlen_q=False`` (an append of fewer new keys than query
-tokens: not expressible yet), ``has_leftpad`` (no left padding of the cache), the random per-batch ALiBi slopes
-(``alibi`` uses the standard slopes), and the two pairs with 128k keys (``(1, 131072)``, ``(16, 131072)``: the
+attention: the case model has no rotary), ``has_leftpad`` (no left padding of the cache), the random per-batch ALiBi
+slopes (``alibi`` uses the standard slopes), and the two pairs with 128k keys (``(1, 131072)``, ``(16, 131072)``: the
 inputs are drawn on the CPU so that a case has the same numbers on every device, 1.6 GB a tensor there).
 Combinations the case model refuses would be kept as points without a case (:mod:`conformance.cases.peers.grid`);
 this grid has none (the tests check).
+
+``seqlen_new_eq_seqlen_q=False`` (an append of ``seqlen_new = randint(1, seqlen_q + 1)`` new keys, fewer than the
+query tokens when it draws below ``seqlen_q``): the appending combinations again, after every case above (their ids
+unchanged), each with ``seqlen_new`` and the cache lengths drawn from a generator of its own and made a short append
+(``append_len = seqlen_new``, ``kv_len = cache_seqlens + seqlen_new``: the test's ``key_padding_mask``); a draw of
+``seqlen_new == seqlen_q`` is the ``True`` case already there and has no point of its own.
 """
 
 from __future__ import annotations
@@ -38,15 +43,20 @@ HEADS = {"mha": (6, 6), "mqa": (6, 1), "gqa": (6, 3)}
 
 def _kvcache_case(
     seqlens: tuple[int, int], d: int, paged: int | None, causal: bool, local: bool, alibi: bool, new_kv: bool,
-    mha_type: str, num_splits: int,
+    mha_type: str, num_splits: int, seqlen_new_eq_seqlen_q: bool = True,
 ) -> AttentionCase | None:  # fmt: skip
     sq, sk = seqlens
     if sq > sk and new_kv:
         return None  # the test's own skip
-    key = f"peer-fa2-kvcache:{sq}:{sk}:{d}:{paged}:{causal}:{local}:{alibi}:{new_kv}:{mha_type}:{num_splits}"
-    rng = random.Random(key)
+    short = not seqlen_new_eq_seqlen_q
+    if short and not new_kv:
+        return None  # without an append the parameter changes nothing
+    key = f"{sq}:{sk}:{d}:{paged}:{causal}:{local}:{alibi}:{new_kv}:{mha_type}:{num_splits}"
+    rng = random.Random(f"peer-fa2-kvcache-short:{key}" if short else f"peer-fa2-kvcache:{key}")
     h, hk = HEADS[mha_type]
-    seqlen_new = sq  # seqlen_new_eq_seqlen_q=True
+    seqlen_new = rng.randint(1, sq) if short else sq  # the test: randint(1, seqlen_q + 1) when False
+    if short and seqlen_new == sq:
+        return None  # that draw is the seqlen_new_eq_seqlen_q=True case, already in the grid
     hi = (sk - seqlen_new + 1) if new_kv else (sk + 1)
     cache = [rng.randrange(0 if new_kv else 1, hi) for _ in range(2)]
     requests = tuple((sq, c + (seqlen_new if new_kv else 0)) for c in cache)
@@ -63,6 +73,7 @@ def _kvcache_case(
         window=window,
         alibi=alibi,
         append=new_kv,
+        append_len=seqlen_new if short else None,
         num_splits=1 if num_splits == 1 else None,
         kv_layout="contiguous" if paged is None else "NHD",
         block_size=paged,
@@ -84,6 +95,8 @@ def points() -> Iterator[Point]:
         ("num_splits", (1, 0)),
     )
     yield from walk("test_flash_attn_kvcache", axes, _kvcache_case)
+    # seqlen_new_eq_seqlen_q=False after every case above (their ids and order unchanged): a short append
+    yield from walk("test_flash_attn_kvcache", (*axes, ("seqlen_new_eq_seqlen_q", (False,))), _kvcache_case)
 
 
 PEER_FA2_KVCACHE = PeerSuite("peer-fa2-kvcache", FA2_KVCACHE_SOURCE, ("fa2",), points)

@@ -59,7 +59,7 @@ def test_distinct_cases_have_distinct_ids() -> None:
         (dict(descale="head"), "apply only to a quantized case"),
         (dict(quant="int8_t2", quant_q=False), "quant_q must be True for the int8 types"),
         (dict(quant="fp8_e4m3", dtype="fp32"), "bf16 or fp16 activation dtype"),
-        (dict(quant="fp8_e4m3", append=True, requests=((1, 5),)), "append cannot be combined with quant"),
+        (dict(quant="int8_t1", append=True, requests=((1, 5),)), "append with quant needs an fp8 type"),
         (dict(quant="int8_t1", qv=True, head_dim_v=512), "qv cannot be combined with an int8 type"),
         (dict(qv=True), "qv needs head_dim_v"),
         (dict(v_padded=True, head_dim_v=64), "v_padded needs head_dim_v < head_dim"),

@@ -143,6 +143,40 @@ def test_default_covers_every_pair_and_every_kernel_triple() -> None:
     assert max(sum(q for q, _ in c.requests) for c in added) <= 500
 
 
+def _earlier_rows(strengths, base) -> list[dict]:
+    """What :func:`covering.cover` gave before the levels :data:`space.EARLIER` names arrived: the same tiers on a
+    space whose axes have only their earlier levels (so the generator's level codes and choices are the old ones)."""
+    earlier = {a: v for sub in space.EARLIER for a, v in sub.items()}  # one growth so far: its levels
+    levels = {a: tuple(earlier.get(a, axis.values)) for a, axis in space.AXES.items()}
+    seeds = [space.classify(c) for c in base]
+    rows: list[dict] = []
+    for within in (space.PLAIN, earlier):
+        inside = [p for p in seeds + rows if all(v in within.get(a, (v,)) for a, v in p.items())]
+        rows += covering_array(
+            strengths,
+            seeds=inside,
+            levels=levels,
+            possible=lambda axes, w=within: space.possible_tuples(axes, w),
+            extensible=lambda point, w=within: space.extensible(point, w),
+            components=space.COMPONENTS,
+        )
+    return rows
+
+
+def test_a_new_level_adds_rows_after_the_earlier_spaces_rows() -> None:
+    """Issue 31 added the append levels short and fp8: the rows of the space without them come first, unchanged (so
+    the cases they build keep their ids), and only the tuples the new levels make possible add rows, after them."""
+    strengths = (Strength(covering.ALL_AXES, 2),)
+    base = [c for c in get_suite("smoke") if space.classify(c)["append"] in (False, True)]
+    before = [space.build(r).id for r in _earlier_rows(strengths, base)]
+    got = [c.id for c in covering.cover(strengths, base)]
+    assert got[: len(before)] == before
+    new = [space.classify(c)["append"] for c in covering.cover(strengths, base)[len(before) :]]
+    assert new and set(new) <= {"short", "fp8"} and {"short", "fp8"} <= set(new)
+    # one array over today's space (no earlier tier) does not keep them
+    assert [c.id for c in covering.cover(strengths, base, tiers=(space.PLAIN,))][: len(before)] != before
+
+
 def test_plain_tuples_are_covered_by_plain_cases() -> None:
     """The first tier: every tuple possible inside space.PLAIN is covered by a case inside it, so a backend that
     refuses fp8, sinks, HND or d != dv still runs a case for it."""

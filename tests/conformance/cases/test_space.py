@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from conformance.cases import space
 from conformance.cases.case import AttentionCase
 from conformance.cases.suites import get_suite
+from conformance.cases.sweep import BATCHES
 
 # one violating and one satisfying point per constraint
 CONSTRAINT_EXAMPLES = {
@@ -19,12 +20,31 @@ CONSTRAINT_EXAMPLES = {
         [{"layout": "contiguous", "block_size": None}, {"layout": "HND", "block_size": 1}],
     ),
     "append_needs_q_le_kv": (
-        [{"append": True, "batch": b} for b in ("sq>sk", "cross", "empty-kv")],
-        [{"append": True, "batch": "decode"}, {"append": False, "batch": "cross"}],
+        [{"append": True, "batch": b} for b in ("sq>sk", "cross", "empty-kv")] + [{"append": "fp8", "batch": "cross"}],
+        [
+            {"append": True, "batch": "decode"},
+            {"append": False, "batch": "cross"},
+            {"append": "short", "batch": "sq>sk"},
+        ],
     ),
-    "append_without_quant": (
-        [{"append": True, "quant": "fp8_e4m3"}, {"append": True, "quant": "int8_t2"}],
-        [{"append": True, "quant": "none"}, {"append": False, "quant": "int8_t1"}],
+    "short_append_fits_batch": (
+        [{"append": "short", "batch": b} for b in ("decode", "single-token", "empty-kv")],
+        [{"append": "short", "batch": b} for b in ("spec-decode", "cross", "prefill")]
+        + [{"append": True, "batch": "decode"}],
+    ),
+    "append_quant": (
+        [
+            {"append": True, "quant": "fp8_e4m3"},
+            {"append": True, "quant": "int8_t2"},
+            {"append": "fp8", "quant": "none"},
+        ]
+        + [{"append": "short", "quant": "int8_t1"}, {"append": "fp8", "quant": "int8_t2"}],
+        [
+            {"append": True, "quant": "none"},
+            {"append": False, "quant": "int8_t1"},
+            {"append": "fp8", "quant": "fp8_e5m2"},
+        ]
+        + [{"append": "short", "quant": "fp8_e4m3"}, {"append": "short", "quant": "none"}],
     ),
     "quant_needs_16bit_dtype": (
         [{"quant": "fp8_e5m2", "dtype": "fp32"}],
@@ -164,7 +184,7 @@ def test_every_valid_component_assignment_builds_and_round_trips() -> None:
 
 
 def test_classify_every_suite_case_to_a_valid_point() -> None:
-    for name in ("smoke", "default", "perf", "engines"):
+    for name in ("smoke", "default", "perf", "engines", "peer-fa2-kvcache"):  # peer: short appends, empty caches
         for case in get_suite(name):
             point = space.classify(case)
             assert set(point) == set(space.AXES)
@@ -211,6 +231,37 @@ def test_classify_buckets_to_nearest_levels() -> None:
     )
     point = space.classify(case)
     assert point["block_size"] == 64 and point["num_splits"] == 3 and point["heads"] == "gqa2"
+
+
+def test_append_levels_classify_and_build() -> None:
+    """An fp8 append classifies to ``fp8``, a short append (16-bit or fp8, an empty cache too: the peers' fewer keys
+    than query rows) to ``short``, each to a valid point; each level builds back to a case of that kind."""
+
+    def case(requests, **kw):
+        return AttentionCase(requests=requests, num_heads=4, num_kv_heads=2, head_dim=64, append=True, **kw)
+
+    fp8 = dict(quant="fp8_e4m3", kv_layout="NHD", block_size=16)
+    examples = [
+        (case(((3, 50), (3, 20)), **fp8), "fp8"),
+        (case(((3, 50), (3, 20)), quant="fp8_e5m2", descale="head"), "fp8"),
+        (case(((3, 50), (3, 20)), append_len=2, **fp8), "short"),
+        (case(((6, 2), (6, 8)), causal=True, append_len=2), "short"),  # kv_len < q_len: sq>sk
+        (case(((3, 50), (3, 20))), True),
+        (AttentionCase(requests=((3, 50),), num_heads=4, num_kv_heads=2, head_dim=64, quant="fp8_e4m3"), False),
+    ]
+    for c, level in examples:
+        point = space.classify(c)
+        assert point["append"] == level and type(point["append"]) is type(level), (c.id, point["append"])
+        assert space.valid(point), (c.id, space.violations(point))
+    fp8_built = space.build({"append": "fp8"})
+    assert fp8_built.append and fp8_built.append_len is None and fp8_built.quant.startswith("fp8")
+    for batch in space.AXES["batch"].values:
+        point = {"append": "short", "batch": batch}
+        if not space.extensible(point):
+            assert space.short_append_len(BATCHES[space.BATCH_SHAPES[batch]]) is None  # decode, single-token, empty-kv
+            continue
+        built = space.build(point)
+        assert built.append_len == space.short_append_len(built.requests) and space.classify(built)["append"] == "short"
 
 
 @settings(max_examples=200)

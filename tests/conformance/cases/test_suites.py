@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.cases.case import FEATURES, AttentionCase
+from conformance.cases.peers.fa2 import SEQLENS as _PEER_SEQLENS
 from conformance.cases.suites import get_suite, suite_names
 
 SIZES = {
@@ -17,7 +18,7 @@ SIZES = {
     "graphs": (20, 100),
     "limits": (300, 1000),
     "training": (30, 60),
-    "peer-fa2-kvcache": (10368, 10368),
+    "peer-fa2-kvcache": (13964, 13964),
     "peer-fa3": (120597, 120597),
     "peer-fa4": (82036, 82036),
     "peer-vllm-flash": (296, 296),
@@ -70,9 +71,18 @@ def test_peer_fa2_kvcache_is_flash_attentions_own_grid():
     model, each mapped as the test builds it."""
     import itertools
 
-    cases = get_suite("peer-fa2-kvcache")
+    everything = get_suite("peer-fa2-kvcache")
     # 9 (seqlen_q, seqlen_k) x 6 d x 2 paged x 2 causal x 2 local x 2 alibi x 2 new_kv x 3 mha x 2 num_splits
-    assert len(cases) == 9 * 6 * 2 * 2 * 2 * 2 * 2 * 3 * 2
+    n_eq = 9 * 6 * 2 * 2 * 2 * 2 * 2 * 3 * 2
+    cases, short = everything[:n_eq], everything[n_eq:]
+    assert all(c.append_len is None for c in cases)
+    # seqlen_new_eq_seqlen_q=False, appended: the appending combinations with seqlen_q > 1 (the 2 pairs with
+    # seqlen_q = 1 draw seqlen_new = 1 = seqlen_q) whose seqlen_new draw fell below seqlen_q
+    assert short and all(c.append and 1 <= c.append_len < c.q_lens[0] for c in short)
+    assert len(short) < 7 * 6 * 2 * 2 * 2 * 2 * 3 * 2  # 7 pairs with seqlen_q > 1; alibi, local, causal, paged, ...
+    for c in short:  # cache_seqlens in [0, seqlen_k - seqlen_new], then the seqlen_new new keys
+        assert all(c.append_len <= k <= max(sk for sq, sk in _PEER_SEQLENS if sq == c.q_lens[0]) for k in c.kv_lens)
+    assert any(k < c.q_lens[0] for c in short for k in c.kv_lens)  # an empty cache: fewer keys than query rows
     assert {c.head_dim for c in cases} == {32, 59, 64, 80, 128, 256} and {c.dtype for c in cases} == {"fp16"}
     assert {(c.num_heads, c.num_kv_heads) for c in cases} == {(6, 6), (6, 1), (6, 3)}
     assert {c.num_splits for c in cases} == {1, None} and {c.block_size for c in cases} == {None, 256}

@@ -66,3 +66,26 @@ def test_cpu_backends_refuse_a_per_tensor_descale_on_a_per_head_call():
     inputs.quant = dataclasses.replace(inputs.quant, k_descale=inputs.quant.k_descale[:1, :1].reshape(1))
     with pytest.raises(ValueError, match=r"descale must have shape \(\d+, \d+\) \(batch, kv heads\)"):
         get_backend("sdpa-cpu").prepare(case, inputs)
+
+
+@pytest.mark.parametrize("feature", ["append_quant", "append_short"])
+def test_stored_exact_reads_an_appends_new_keys_not_the_inputs_copy(feature):
+    """An append's keys are what the kernel was handed as new keys (``quant.k_new`` / ``v_new`` as stored for an fp8
+    append, ``k_new`` / ``v_new`` otherwise), written over each request's last keys: other new bytes give another
+    output, so the bug-free fake cannot pass an append by reading the packed copy of the keys."""
+    import torch
+
+    from conformance.cases.inputs import make_inputs
+
+    case = next(c for c in get_suite("smoke") if feature in c.features())
+    inputs = make_inputs(case, seed=0)
+    fake = fakes.StoredExactBackend()
+    assert fake.supports(case, "cpu"), fake.supports(case, "cpu").reason
+    before = fake.prepare(case, inputs)().out
+    holder = inputs.quant if case.quant != "none" else inputs
+    for name in ("k_new", "v_new"):
+        new = getattr(holder, name)
+        setattr(holder, name, (new.float() * -2).to(new.dtype))
+        assert not torch.equal(fake.prepare(case, inputs)().out, before), name
+        setattr(holder, name, new)
+    assert torch.equal(fake.prepare(case, inputs)().out, before)
