@@ -156,8 +156,8 @@ def test_entries_for_cases_the_run_did_not_include_are_not_stale(ledger_dir: Pat
 
 
 def test_the_suites_are_read_only_until_every_unused_entry_matched(ledger_dir: Path) -> None:
-    """The suites' cases are streamed: once each entry without a result has matched a case, no further case (the
-    215,000 cases of the peer suites, built last) is built."""
+    """The suites' cases are streamed: once each entry without a result has matched a case, no further case is
+    built."""
 
     def suites():
         yield "y_plain-1"
@@ -166,6 +166,20 @@ def test_the_suites_are_read_only_until_every_unused_entry_matched(ledger_dir: P
 
     results = [result("a_win8-0-1", "kern", "fail"), result("c_sink-3", "kern", "crash")]
     assert load_ledger(ledger_dir).classify(results, suite_case_ids=suites).stale == []
+
+
+def test_the_stale_scan_reads_the_harnesss_own_suites_not_the_peer_grids(monkeypatch) -> None:
+    """builtin_suite_cases never builds a peer-* suite (215,000 cases: a report with a stale entry would take
+    minutes), and reads every other suite."""
+    import conformance.cases.suites as suites
+
+    own = AttentionCase(((1, 4),), num_heads=2, num_kv_heads=2, head_dim=8)
+
+    def peer():
+        raise AssertionError("a peer suite was built for the stale scan")
+
+    monkeypatch.setattr(suites, "SUITES", {"smoke": lambda: [own], "peer-fa3": peer, "peer-sgl": peer})
+    assert [c.id for c in builtin_suite_cases()] == [own.id]
 
 
 def test_committed_ledger_entries_match_cases_of_the_builtin_suites() -> None:
