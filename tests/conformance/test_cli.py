@@ -16,9 +16,11 @@ from conformance.cases.suites import get_suite
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_cases_lists_ids_summaries_and_feature_counts(capsys: pytest.CaptureFixture) -> None:
+def test_cases_lists_ids_summaries_and_feature_counts(capsys: pytest.CaptureFixture, monkeypatch) -> None:
     # one line per case: its id and its requests' lengths (every field with --long; issue 28 item 4 moved the
-    # summary there: it made lines of up to 530 characters)
+    # summary there: it made lines of up to 530 characters); wide enough that no line is cut (the cut itself:
+    # test_cli_habits.py), whatever COLUMNS the caller's shell exports
+    monkeypatch.setenv("COLUMNS", "250")
     assert main(["cases", "--suite", "smoke", "--case", "*_causal*"]) == 0
     out = capsys.readouterr().out
     wanted = [c for c in get_suite("smoke") if "_causal" in c.id]
