@@ -395,3 +395,16 @@ def test_a_selected_backend_without_a_record_and_one_not_available_are_named_wit
     assert RunSummary(out=Path("r.jsonl"), results=mixed).unjudged() == [
         ("b", "unsupported: planted refusal (2 of 3 pairs)", 3)
     ]
+
+
+def test_check_resume_compares_values_not_their_spelling(tmp_path: Path) -> None:
+    """A header's sweep read back from JSON has lists where this run has tuples and its dicts' keys in the order it
+    wrote them: the same sweep either way (mutmut survivor of ``_same``: key order was never varied)."""
+    tol = {"bf16": {"factor": 2.0, "atol": 0.0039}, "fp16": {"atol": 0.00049, "factor": 2.0}}
+    recorded = {"suite": "smoke", "seed": 0, "device": "cpu", "selection": {"shard": [0, 2]}, "tol": tol}
+    reordered = {k: dict(reversed(list(v.items()))) for k, v in reversed(list(tol.items()))}
+    now = {**_NOW, "selection": {"shard": (0, 2)}, "tol": reordered}  # a tuple where the file has a list
+    check_resume(tmp_path / "old.jsonl", [Header("smoke", {}, {}, sweep=recorded)], now, has_records=True)
+    changed = {**recorded, "tol": {**tol, "fp16": {"atol": 0.001, "factor": 2.0}}}
+    with pytest.raises(UsageError, match="was run with tol="):
+        check_resume(tmp_path / "old.jsonl", [Header("smoke", {}, {}, sweep=changed)], now, has_records=True)
