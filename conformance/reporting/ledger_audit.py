@@ -265,8 +265,11 @@ def audit(
             per_entry[id(e)].passes_claimed.append((name, r))
         for r, e in verdict.fixed:
             per_entry[id(e)].fixed.append((name, r))
-        refused = {id(r): why for r in verdict.unexpected if (why := refused_now(r)) is not None}
-        out.refused_now.extend((name, r, refused[id(r)]) for r in verdict.unexpected if id(r) in refused)
+        refused = set()
+        for r in verdict.unexpected:
+            if (why := refused_now(r)) is not None:
+                refused.add(id(r))
+                out.refused_now.append((name, r, why))
         for r, e in verdict.unlisted:
             if id(r) not in refused:
                 per_entry[id(e)].unlisted.append((name, r))

@@ -5,7 +5,6 @@ garbled results file); ``attnconf ledger fields``."""
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -436,8 +435,10 @@ def test_an_error_of_a_call_the_adapter_now_refuses_is_refused_now_not_unexplain
         ("nosuch", case(head_dim=20, kv_layout="contiguous", block_size=None), "error", HEAD_SIZE),
     ]
     for backend, c, status, reason in rows:
-        rec = CheckResult(c.id, backend, "fam", Status(status), c.to_json(), version="2.11.0", reason=reason)
-        append_record(path, dataclasses.replace(rec, device="cuda"))
+        rec = CheckResult(
+            c.id, backend, "fam", Status(status), c.to_json(), version="2.11.0", reason=reason, device="cuda"
+        )
+        append_record(path, rec)
     empty = tmp_path / "none"
     empty.mkdir()
     argv = ("audit", str(path), "--ledger-dir", str(empty), "--no-suites")
