@@ -172,9 +172,12 @@ def _kvcache_call(case: AttentionCase, inputs: CaseInputs, common: dict, window:
     # ngroups query rows of hk heads (seqlenq_ngroups_swapped) and then demands "If key is supplied, it must have
     # seqlen <= the seqlen of the KV cache" of those ngroups rows: an appending call needs a cache at least
     # ngroups wide (the fuzzer on the H100: MQA 2/1 appending one token to an empty cache of width 1).  The
-    # capacity changes no result (cache_seqlens bounds the keys), so every one-token GQA append gets it.
+    # capacity changes no result (cache_seqlens bounds the keys), so every one-token GQA append gets it.  Any
+    # appending call is held to the same check with seqlen_q = q_len (flash_api.cpp, mha_fwd_kvcache: "seqlen_q <=
+    # seqlen_k"): a short append of q_len tokens into a cache narrower than q_len (peer-fa2-kvcache on the H100:
+    # q_len 128, kv_lens 127/126, append_len 126) needs the cache q_len wide.
     ngroups = case.num_heads // case.num_kv_heads
-    min_width = ngroups if case.append and q_len == 1 else 1
+    min_width = (ngroups if q_len == 1 else q_len) if case.append else 1
     k_cache, v_cache, table, cache_seqlens, width = kvcache_caches(case, inputs, min_width)
     # a short append (append_len < q_len) passes seqlen_new = append_len: FA2 takes any seqlen_new <= the cache width
     k_new, v_new = padded_new_tokens(inputs, case.new_kv_lens[0]) if case.append else (None, None)
