@@ -11,12 +11,14 @@ broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
   backend judged no case (every pair unsupported; ``--allow-unjudged`` accepts it), 130 when interrupted
   (Ctrl-C; the records are kept, the message says how to resume).  It ends by listing the unexpected problems
   (status, backend, case id, one-line reason, repro), the known ones per ledger entry and each backend that
-  judged nothing; ``--json PATH`` writes the same as JSON.
+  judged nothing; ``--json PATH`` writes the same as JSON; ``--report DIR`` writes the report of the results file
+  after the run, the exit status staying the run's.
 * ``warmup``: ``run --compile-only``: compile the JIT kernels of a selection into their disk cache, no results
   file (:mod:`conformance.running.compile_phase`); 0, 130 when interrupted.
 * ``--version``: the package version; 0.
-* ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`); 0,
-  2 when a file is missing or unreadable or the files hold no result (skipped lines are counted on stderr).
+* ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`), opening
+  on the verdict; ``--baseline OLD`` adds what changed since OLD (``compare``'s comparison); 0, 2 when a file is
+  missing or unreadable, the files hold no result (skipped lines are counted on stderr) or OLD cannot be compared.
 * ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed, 4
   when a backend family judged nothing in both files (``--allow-unjudged``), 2
   when the files may not be compared (:mod:`conformance.reporting.compare_inputs`: unreadable, empty, skipped

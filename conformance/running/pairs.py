@@ -62,6 +62,9 @@ class RunConfig:
     ledger_dir: Path | None = None
     #: ``--json``: the machine-readable summary goes here
     summary_json: Path | None = None
+    #: ``--report DIR``: the report of the results file (``report.md``, ``report.html``) is written there after the
+    #: run (:mod:`conformance.reporting.report_render`)
+    report: Path | None = None
     #: ``--allow-unjudged``: a backend that judged no case (every pair unsupported) does not fail the run
     allow_unjudged: bool = False
     #: ``--profile``: print where the time went at the end (:mod:`conformance.running.profile`)

@@ -173,6 +173,16 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         "file there kept as a numbered backup",
     )
     r.add_argument(
+        "--report",
+        type=Path,
+        metavar="DIR",
+        help="after the run, write the report of the results file (the whole file, a resumed run's earlier records "
+        "included) into DIR: report.md, report.html and the PNGs, as attnconf report FILE --out DIR writes them "
+        "(an earlier report there is replaced, any other file of those names kept as a numbered backup); the exit "
+        "status stays the run's; DIR is checked before any worker starts (a file, or one naming --out or --json, "
+        "exit 2; unwritable, exit 3); not written when the run is interrupted",
+    )
+    r.add_argument(
         "--profile",
         action="store_true",
         help="print where the time went at the end (by default the end shows the verdict, the counts and the "
