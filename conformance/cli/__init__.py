@@ -202,6 +202,16 @@ def _quiet_stdout() -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
+    from conformance.models.registry import RegistryError
+
+    try:
+        return _dispatch_command(argv)
+    except RegistryError as exc:  # a model file edited by hand (docs/guides/add-model.md): loaded at import
+        print(f"attnconf: the model registry is refused: {exc}", file=sys.stderr)
+        return Exit.USAGE
+
+
+def _dispatch_command(argv: list[str]) -> int:
     from conformance.cli import inventory, results
     from conformance.cli import run as run_cmd
 
