@@ -23,9 +23,10 @@ values shown as JSON and cut to :data:`SHOWN_CHARS` characters.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
@@ -169,16 +170,34 @@ def _ints(case: Any) -> Iterator[tuple[str, int]]:
             yield f.name, value
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _fit(values: Iterable[Any]) -> bool:
+    """Whether every integer among ``values``, in their tuples and in those tuples' tuples, fits in 64 bits: a
+    superset of what :func:`_ints` yields, checked without naming each (a case builds in a fraction of the time)."""
+    for value in values:
+        if isinstance(value, int):
+            if not INT64_MIN <= value <= INT64_MAX:
+                return False
+        elif isinstance(value, tuple) and not _fit(value):
+            return False
+    return True
+
+
 def value_problems(case: Any) -> Iterator[str]:
     """The limits of :mod:`this module <conformance.cases.case_json>`'s docstring, checked on a built case; a
     problem here stops the case's other checks (they would compute sizes from values beyond the limits)."""
-    wide = [(name, v) for name, v in _ints(case) if not INT64_MIN <= v <= INT64_MAX]
+    names = _field_names(type(case))
+    values = [getattr(case, name) for name in names]
+    wide = [] if _fit(values) else [(name, v) for name, v in _ints(case) if not INT64_MIN <= v <= INT64_MAX]
     for name, v in wide[:3]:
         yield f"{name} must fit in a 64-bit integer (|x| < 2**63), got {show(v)}"
-    for f in dataclasses.fields(case):
-        value = getattr(case, f.name)
+    for name, value in zip(names, values):
         if isinstance(value, str) and not value.isprintable():
-            yield f"{f.name} must be printable text (no control characters), got {show(value)}"
+            yield f"{name} must be printable text (no control characters), got {show(value)}"
     if wide:
         return
     rows = _cache_rows(case)

@@ -19,11 +19,11 @@ SIZES = {
     "limits": (300, 1000),
     "training": (30, 60),
     "peer-fa2-kvcache": (13964, 13964),
-    "peer-fa3": (120597, 120597),
+    "peer-fa3": (126465, 126465),
     "peer-fa4": (82036, 82036),
     "peer-vllm-flash": (296, 296),
     "peer-vllm-flashmla": (144, 144),
-    "peer-sgl": (1032, 1032),
+    "peer-sgl": (1330, 1330),
 }
 
 
