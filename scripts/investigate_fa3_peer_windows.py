@@ -430,7 +430,11 @@ def classify(paths: list[Path], tsv: Path | None) -> list[dict]:
         lines = ["\t".join(cols)] + [
             "\t".join("" if r.get(c) is None else str(r.get(c, "")) for c in cols) for r in rows
         ]
-        tsv.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        text = "\n".join(lines) + "\n"
+        if tsv.suffix == ".gz":
+            tsv.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+        else:
+            tsv.write_text(text, encoding="utf-8")
     return rows
 
 
@@ -495,13 +499,14 @@ def shrink(case: AttentionCase) -> AttentionCase:
     return case.replace(requests=reqs, num_heads=group, num_kv_heads=1, window=window)
 
 
-def grid(records: Path, small: bool = False) -> list[tuple[str, str, AttentionCase]]:
+def grid(records: Path, small: bool = False, shard: tuple[int, int] = (0, 1)) -> list[tuple[str, str, AttentionCase]]:
     """``(label, base case id, case)``: each of the 23, the claimed pass and the :data:`MINIMAL` cases, each followed
-    by its neighbours (deduplicated)."""
+    by its neighbours (deduplicated); ``shard`` ``(i, n)`` keeps every n-th base case from the i-th, with its
+    neighbours."""
     bases = {**_base_cases(records), **{c.id: c for c in MINIMAL}}
     out: list[tuple[str, str, AttentionCase]] = []
     seen: set[str] = set()
-    for base_id, base in bases.items():
+    for base_id, base in list(bases.items())[shard[0] :: shard[1]]:
         base = shrink(base) if small else base
         items = [("base", base)] + (
             [("d128", base.replace(head_dim=128))] if base_id == CLAIMED_PASS else neighbours(base)
@@ -770,15 +775,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("fa3-vllm", "sdpa-cpu", "sdpa-cuda"), help="backend (default fa3-vllm)")
     ap.add_argument("--records", type=Path, default=RECORDS, help="where the 23 cases are read from")
     ap.add_argument("--out", type=Path, default=Path("investigate-fa3-peer-windows.jsonl"))
-    ap.add_argument("--shard", default="0/1", help="I/N: every N-th case of the grid from the I-th")
+    ap.add_argument("--shard", default="0/1", help="I/N: every N-th base case from the I-th, with its neighbours")
     ap.add_argument("--case", action="append", default=[], help="only grid cases whose id or base id match the glob")
     ap.add_argument("--limit", type=int, default=0, help="at most this many cases (0: all)")
     ap.add_argument("--small", action="store_true", help="CPU-sized twins of the cases (the smoke run)")
     ap.add_argument("--list", action="store_true", help="print the grid and the model's verdicts, run nothing")
     ap.add_argument("--classify", type=Path, nargs="+", help="records to classify (no grid, no kernel)")
-    ap.add_argument("--tsv", type=Path, help="with --classify: write the per-record table here")
+    ap.add_argument("--tsv", type=Path, help="with --classify: write the per-record table here (gzip: *.gz)")
     args = ap.parse_args(argv)
     if args.classify:
+        if args.tsv is not None and args.tsv.exists():
+            ap.error(f"--tsv: {args.tsv} exists (this script writes a new file only)")
         classify(args.classify, args.tsv)
         return 0
     try:
@@ -786,11 +793,10 @@ def main(argv: list[str] | None = None) -> int:
         assert 0 <= index < count
     except (ValueError, AssertionError):
         ap.error(f"--shard: expected I/N with 0 <= I < N, got {args.shard!r}")
-    cases = grid(args.records, small=args.small)
+    cases = grid(args.records, small=args.small, shard=(index, count))
     if args.case:
         cases = [c for c in cases if any(fnmatch.fnmatchcase(c[2].id, p) or fnmatch.fnmatchcase(c[1], p)
                                          for p in args.case)]  # fmt: skip
-    cases = cases[index::count]
     if args.limit:
         cases = cases[: args.limit]
     if args.list:
@@ -801,9 +807,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(cases)} cases")
         return 0
     backend = args.only or ("fa3-vllm" if args.device.startswith("cuda") else "sdpa-cpu")
+    done = set()
+    if args.out.exists():  # resume: a case recorded without an error is not run again
+        for line in args.out.read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a stop: its case runs again
+            if "error" not in row and row.get("backend") == backend:
+                done.add(row["case_id"])
+    todo = [c for c in cases if c[2].id not in done]
+    if len(todo) < len(cases):
+        print(f"{len(cases) - len(todo)} cases already in {args.out}", flush=True)
     t0 = time.time()
     with args.out.open("a", encoding="utf-8") as fh:  # one line per case as it ends: a stopped run keeps its rows
-        for label, base, case in cases:
+        for label, base, case in todo:
             try:
                 row = study(label, base, case, backend, args.device)
             except Exception as exc:  # keep going: each case is its own measurement
@@ -813,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(_short(row), flush=True)
             fh.write(json.dumps(row, default=str) + "\n")
             fh.flush()
-    print(f"{len(cases)} cases in {time.time() - t0:.0f} s -> {args.out}", flush=True)
+    print(f"{len(todo)} cases in {time.time() - t0:.0f} s -> {args.out}", flush=True)
     return 0
 
 
