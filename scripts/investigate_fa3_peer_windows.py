@@ -712,6 +712,7 @@ def study(label: str, base_id: str, case: AttentionCase, backend: Any, device: s
         "threshold": threshold,
         "wrong_rows": int(bad.sum()),
         "rows_beyond_1e-3": int((gap > LSE_TOL).sum()),
+        "kernel_only_beyond_1e-3": int(((gap > LSE_TOL) & ~model_mask).sum()),
         "model_rows": int(model_mask.sum()),
         "both": int(both.sum()),
         "kernel_only": int((bad & ~model_mask).sum()),
