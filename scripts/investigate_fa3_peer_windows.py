@@ -22,11 +22,8 @@ Every tile config but head dim 64 in bf16/fp16 with a window (192 x 160, no over
 commit a8937124 ("Fix local attention") fixed the same shift in ``block.h`` only, and refuses windows with context
 parallelism because they "require proper n_offset handling in block boundary calculations in mainloop and block.h".
 
-Over the committed records (``--classify``) the model marks every fa3-vllm window failure with an output error (the
-23, fa3-vllm[2]'s 163, and 23 that fa3-vllm[1] explains by their LSE alone) and no pass (3,018 with a window in the
-kernel's call); it reproduces the first wrong rows measured by ``scripts/investigate_fa3_window_d256.py`` (640 at
-d256 and d192 window 512, 768 at d96, 4224 at window 4096, none at d64/d128).  It says the extra keys are on the
-*right* of the window, where fa3-vllm[2]'s text says left (that script only fitted left extents).
+What the model says over the committed records (``--classify``), and how it compares with the GPU measurement
+behind fa3-vllm[2] (``scripts/investigate_fa3_window_d256.py``), is in ``reports/h100-2026-11-27-peers/triage.md``.
 
 **The GPU run** checks the model against the kernel, case by case (the 23 and their neighbours, each differing in one
 field; :func:`grid`): the harness's verdict (``check_backend``), then outside the harness, in float64 from the
@@ -35,8 +32,9 @@ scores ``scale * q.k``, soft-cap ``cap * tanh(s / cap)``, the window bottom-righ
 ``(sq, sk)`` sees key j iff ``i + sk - sq - left <= j <= i + sk - sq + right``, right 0 under causal), sinks in the
 softmax denominator (LSE ``log(sum exp(s) + exp(sink))``).  Per (row, head): the kernel's LSE and output against
 that, the harness's reference against it, and the kernel against the same formula over the keys the *model* says
-the kernel sees.  Reported per case: the rows where the kernel is off (LSE beyond :data:`LSE_TOL`), the rows the
-model marks, both, either alone; the largest distance of the kernel from the model's keys; for each wrong row the
+the kernel sees.  Reported per case: the rows where the kernel is off (LSE beyond :data:`LSE_TOL` and 3 times the
+same-precision baseline's farthest row; and beyond :data:`LSE_TOL` alone), the rows the model marks, both, either
+alone; the largest distance of the kernel from the model's keys; for each wrong row the
 best contiguous extension of its window that the kernel's LSE fits, on the right and on the left (independent of the
 model); the keyless rows' LSE (-inf or the sink: fa3-vllm[1]); the reference's largest distance from float64.
 
@@ -630,7 +628,8 @@ def side_fit(case: AttentionCase, inputs: Any, lse_k: Any, bad: list[tuple[int, 
         if case.softcap:
             s = case.softcap * torch.tanh(s / case.softcap)
         base = [s[lo:hi]] + ([sinks[hh : hh + 1]] if sinks is not None else [])
-        base_lse = torch.logsumexp(torch.cat(base), 0) if sum(x.numel() for x in base) else torch.tensor(-math.inf)
+        empty = torch.tensor(-math.inf, dtype=torch.float64, device=device)
+        base_lse = torch.logsumexp(torch.cat(base), 0) if sum(x.numel() for x in base) else empty
         got = lse_k[hh, cu_q[b] + i].double()
         for side, ext in (("right", s[hi:]), ("left", s[:lo].flip(0))):
             if ext.numel() == 0:
