@@ -74,14 +74,13 @@ def _rows_without_keys(case: AttentionCase) -> int:
 
 def _fa2_seqlen_k(case: AttentionCase) -> int:
     """The ``seqlen_k`` FA2 normalises the window against: ``max_seqlen_k`` for varlen, the cache width for kvcache
-    (as attnfast.fa2 builds the call: attnfast._fa_common.kvcache_caches)."""
-    from attnfast._fa_common import uniform_q_len
-    from attnfast.fa2 import VARLEN, fa2_entry
+    (as attnfast.fa2 builds the call: attnfast._fa_common.kvcache_caches, with the width the adapter asks for,
+    attnfast.fa2.fa2_kvcache_min_width)."""
+    from attnfast.fa2 import VARLEN, fa2_entry, fa2_kvcache_min_width
 
     if fa2_entry(case) == VARLEN:
         return max(case.kv_lens)
-    q_len = uniform_q_len(case)
-    min_width = case.num_heads // case.num_kv_heads if case.append and q_len == 1 else 1
+    min_width = fa2_kvcache_min_width(case)
     if not case.paged:
         return max(1, max(case.kv_lens), min_width)
     bs = case.block_size
