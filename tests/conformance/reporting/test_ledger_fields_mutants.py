@@ -193,12 +193,16 @@ def keyless_prefixes(c: AttentionCase) -> list[int]:
 @settings(max_examples=150)
 def test_keyless_tiles_follow_from_the_keyless_rows_of_each_request(c):
     """``keyless_query_tile`` is the largest T of 128 .. 1 with min(T, sq) <= n for some request (0 when every row
-    sees a key); ``fa3_keyless_m_block`` holds when some request's first FA3 tile (128 // g rows) has no key."""
+    sees a key); ``fa3_keyless_m_block`` holds when some request's first tile of the fork's forward (kBlockM packed
+    rows: rows 0 .. (kBlockM - 1) // g) has no key."""
+    from attnfast.decisions import fa3_vllm_fwd_tile
+
     g = c.num_heads // c.num_kv_heads
+    first = (fa3_vllm_fwd_tile(c)[0] - 1) // g + 1
     dims = list(zip(c.q_lens, keyless_prefixes(c)))
     tile = max((t for t in LADDER for sq, n in dims if n and min(t, sq) <= n), default=0)
     assert field("keyless_query_tile", c) == tile
-    assert field("fa3_keyless_m_block", c) is any(sq and n >= min(sq, 127 // g + 1) for sq, n in dims)
+    assert field("fa3_keyless_m_block", c) is any(sq and n >= min(sq, first) for sq, n in dims)
 
 
 def test_keyless_query_tile_is_the_largest_power_of_two_of_keyless_rows_up_to_128():
@@ -211,13 +215,18 @@ def test_keyless_query_tile_is_the_largest_power_of_two_of_keyless_rows_up_to_12
     assert field("keyless_query_tile", case(requests=((200, 200), (5, 5)), causal=True)) == 0
 
 
-@pytest.mark.parametrize(("g", "rows"), [(1, 128), (8, 16), (3, 43), (16, 8), (256, 1)])
-def test_fa3_first_tile_is_keyless_from_its_128_over_g_rows_on(g, rows):
-    """FA3's first tile holds rows 0 .. 127 // g: keyless with that many keyless rows, not with one fewer; a
-    request shorter than the tile is keyless only as a whole; every row seeing a key leaves every tile keyed,
-    also the last tile of one row (129 = 128 + 1 rows)."""
-    heads = dict(num_heads=g, num_kv_heads=1, head_dim=64)
-    assert field("fa3_keyless_m_block", case(requests=((rows + 5, 5),), causal=True, **heads)) is True
+@pytest.mark.parametrize(("g", "d", "rows"), [(1, 64, 192), (1, 128, 128), (8, 64, 24), (3, 128, 43), (16, 64, 12),
+                                              (256, 128, 1)])  # fmt: skip
+def test_fa3_first_tile_is_keyless_from_its_kblockm_over_g_rows_on(g, d, rows):
+    """The fork's first tile holds rows 0 .. (kBlockM - 1) // g (kBlockM 192 at head dim 64, 128 at 128: the fork's
+    tile_size.h): keyless with that many keyless rows, not with one fewer; a request shorter than the tile is
+    keyless only as a whole; every row seeing a key leaves every tile keyed, also the last tile of one row."""
+    from attnfast.decisions import fa3_vllm_fwd_tile
+
+    heads = dict(num_heads=g, num_kv_heads=1, head_dim=d)
+    keyless = case(requests=((rows + 5, 5),), causal=True, **heads)
+    assert (fa3_vllm_fwd_tile(keyless)[0] - 1) // g + 1 == rows
+    assert field("fa3_keyless_m_block", keyless) is True
     assert field("fa3_keyless_m_block", case(requests=((rows + 4, 5),), causal=True, **heads)) is False
     assert field("fa3_keyless_m_block", case(requests=((rows, 0),), **heads)) is True
     assert field("fa3_keyless_m_block", case(requests=((129, 129), (1, 1)), causal=True, **heads)) is False
