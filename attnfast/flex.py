@@ -84,6 +84,7 @@ def make_mask_mod(
         ok = kv_idx < sk
         if world > 1:  # causal in absolute positions: key kv_idx is absolute key kv_idx * world + rank
             a = kv_idx * world + rank
+            assert cp_total is not None  # checked above
             ok = ok & (a <= q_idx + cp_shift) & (a < cp_total)
             return ok | (kv_idx == sk) if sinks else ok
         if left is not None:

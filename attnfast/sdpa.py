@@ -349,7 +349,7 @@ def sdpa_choices(calls: list[_Prepared]) -> str:
     cannot tell."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    names = {int(getattr(m, "value", m)): n for n, m in SDPBackend.__members__.items()}
+    names = {int(m.value): n for n, m in SDPBackend.__members__.items()}
     counts: dict[str, int] = {}
     try:
         for c in calls:
