@@ -145,7 +145,7 @@ class Comparison:
         return self.compared_errors - len(self.numerics_changed)
 
     @property
-    def exit_status(self) -> int:
+    def exit_status(self) -> Exit:
         """1 regressed; 4 a family judged nothing (unless ``allow_unjudged``); else 0."""
         if self.regressed:
             return Exit.PROBLEMS
