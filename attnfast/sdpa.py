@@ -338,7 +338,7 @@ class _SdpaBase(Backend):
                 out[c.q0 : c.q0 + c.sq] = o
             return KernelOutput(out, lse)
 
-        run.variant = {"sdpa": chosen}  # type: ignore[attr-defined]  # the record's extra["variant"]
+        setattr(run, "variant", {"sdpa": chosen})  # the record's extra["variant"], a function attribute
         return run
 
 
