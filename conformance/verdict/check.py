@@ -238,7 +238,7 @@ def _available(backend: Backend) -> Any:
         except Exception as exc:  # noqa: BLE001 - a broken probe is a reason, not a crash of the sweep
             cached = Support(False, f"is_available() raised {_exc_line(exc)}")
         try:
-            backend._attnconf_available = cached  # type: ignore[attr-defined]
+            setattr(backend, "_attnconf_available", cached)  # a memo on the adapter object, which declares none
         except AttributeError:
             pass
     return cached
