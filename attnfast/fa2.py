@@ -126,7 +126,7 @@ def fa2_kvcache_min_width(case: AttentionCase) -> int:
 def _shape_support(case: AttentionCase) -> Support:
     if max(case.head_dim, case.dv) > MAX_HEAD_DIM:
         return Support(False, f"head dim {case.head_dim}: FA2 supports head dims up to {MAX_HEAD_DIM}")
-    if case.paged and case.block_size % PAGE_MULTIPLE:
+    if case.block_size is not None and case.block_size % PAGE_MULTIPLE:  # set exactly when paged
         return Support(
             False,
             f"block size {case.block_size}: FA2 paged KV needs a block size divisible by {PAGE_MULTIPLE}",

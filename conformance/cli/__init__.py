@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from conformance.exits import Exit, UsageError
 
@@ -89,7 +90,7 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
     def _get_values(self, action, arg_strings):

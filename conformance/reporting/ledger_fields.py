@@ -84,6 +84,7 @@ def _fa2_seqlen_k(case: AttentionCase) -> int:
     if not case.paged:
         return max(1, max(case.kv_lens), min_width)
     bs = case.block_size
+    assert bs is not None  # set exactly when paged
     cols = max(max(1, -(-n // bs)) for n in case.kv_lens)
     cols = max(cols, -(-min_width // bs))
     return cols * bs

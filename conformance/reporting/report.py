@@ -76,7 +76,7 @@ SECTIONS = (
 GROUP_SHOWN = 20
 STATUSES = [s.value for s in Status]
 #: What a header written by another tool (or an older runner) may lack; the templates need every key.
-_RUN_DEFAULTS = {
+_RUN_DEFAULTS: dict[str, Any] = {
     "device": "?",
     "seed": "?",
     "shard": None,
@@ -169,7 +169,7 @@ def _case(r: CheckResult) -> AttentionCase | None:
 
 def _failure(r: CheckResult, entry: LedgerEntry | None = None) -> dict[str, Any]:
     case = _case(r)
-    row = {
+    row: dict[str, Any] = {
         "backend": r.backend,
         "case_id": r.case_id,
         "status": r.status.value,
@@ -369,26 +369,27 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
     ]
     ratios = {b: [r.stats.error_ratio for r in by_backend[b] if r.stats is not None] for b in backends}
     timed = sorted(
-        (r for r in results if r.timing is not None and not is_backward_timing(r)), key=lambda r: (r.case_id, r.backend)
+        ((r, r.timing) for r in results if r.timing is not None and not is_backward_timing(r)),
+        key=lambda rt: (rt[0].case_id, rt[0].backend),
     )
     perf = [
         {
             "backend": r.backend,
             "case_id": r.case_id,
-            "median_ms": _fmt(r.timing.median_ms, ".4g"),
-            "p20_ms": _fmt(r.timing.p20_ms, ".4g"),
-            "p80_ms": _fmt(r.timing.p80_ms, ".4g"),
-            "tflops": _fmt(r.timing.tflops, ".1f"),
-            "gbps": _fmt(r.timing.gbps, ".0f"),
-            "roofline": _fmt(r.timing.roofline_pct, ".0f"),
-            "bound": r.timing.bound or "",
-            "method": r.timing.method,
+            "median_ms": _fmt(t.median_ms, ".4g"),
+            "p20_ms": _fmt(t.p20_ms, ".4g"),
+            "p80_ms": _fmt(t.p80_ms, ".4g"),
+            "tflops": _fmt(t.tflops, ".1f"),
+            "gbps": _fmt(t.gbps, ".0f"),
+            "roofline": _fmt(t.roofline_pct, ".0f"),
+            "bound": t.bound or "",
+            "method": t.method,
             "status": r.status.value,
         }
-        for r in timed
+        for r, t in timed
     ]
     ratio_png = plotting.error_ratio_histograms(ratios) if plots else None
-    tput = {b: [(r.case_id, r.timing.tflops) for r in timed if r.backend == b] for b in backends}
+    tput = {b: [(r.case_id, t.tflops) for r, t in timed if r.backend == b] for b in backends}
     tput_png = plotting.throughput_plot(tput) if plots and perf else None
     runs_ctx = _merge_shards(
         [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NoReturn
 
 from conformance.running.selection import add_selection_args
 from conformance.exits import UsageError
@@ -223,7 +224,7 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
 class _Quiet(argparse.ArgumentParser):
     """A parser that raises :class:`UsageError` instead of printing and exiting."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
 

@@ -427,6 +427,7 @@ def _write_report(config: RunConfig, code: int) -> int:
     (2 refused, 3 unwritable: :mod:`conformance.exits`); the line on stderr says which, and how to write it again."""
     from conformance.reporting.report_render import write_report
 
+    assert config.report is not None  # run() calls this for --report only
     again = f"attnconf report {config.out} --out {config.report}"
     try:
         md, html = write_report([config.out], config.report, config.ledger_dir, flag="--report")

@@ -139,10 +139,11 @@ def _points(suite: PeerSuite) -> tuple[Point, ...]:
     seen: set[str] = set()
     out = []
     for point in suite.grids():
-        if point.case is not None:
-            if point.case.id in seen:
+        case = point.case
+        if case is not None:
+            if case.id in seen:
                 point = replace(point, case=None, dropped=SAME_CALL)
             else:
-                seen.add(point.case.id)
+                seen.add(case.id)
         out.append(point)
     return tuple(out)
