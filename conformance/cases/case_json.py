@@ -190,7 +190,8 @@ def _fit(values: Iterable[Any]) -> bool:
 def value_problems(case: Any) -> Iterator[str]:
     """The limits of :mod:`this module <conformance.cases.case_json>`'s docstring, checked on a built case; a
     problem here stops the case's other checks (they would compute sizes from values beyond the limits)."""
-    names = _field_names(type(case))
+    cls: type = type(case)
+    names = _field_names(cls)
     values = [getattr(case, name) for name in names]
     wide = [] if _fit(values) else [(name, v) for name, v in _ints(case) if not INT64_MIN <= v <= INT64_MAX]
     for name, v in wide[:3]:
