@@ -14,6 +14,9 @@ lists the pairs whose split count changed.  Two ways, by what each kernel lets a
 Every function here is a pure function of shapes and integers (no kernel import), so it is tested on CPU with values
 worked out from the source (``tests/attnfast/test_decisions.py``); the GPU tests check each against the kernel.  The
 source lines each reproduces are cited in its docstring; ``docs/concepts/backends.md`` says what each adapter records.
+
+Size: one concept, what a kernel decides for a call, reproduced from each family's host code beside the summaries
+read back from the kernels that report it; the fork's tile rules sit beside upstream's they differ from.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ and the report says how many there were).  Files are read by :func:`conformance.
 a missing or unreadable file, or one without any record, is a :class:`conformance.results_file.ResultsFileError`;
 lines that are not records are skipped and kept in :attr:`RunSet.files` (``attnconf report`` counts them on
 stderr and exits 2 when the files hold no result at all).
+
+Size: one report's context, a few lines per section in the order of :data:`SECTIONS` (their layout is in the
+templates); the verdict and baseline sections added in issue 28 belong to the same page.
 """
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ its time split (``extra["t"]``, :mod:`conformance.running.profile`); the summary
 Exit status of a run: :attr:`conformance.running.outcome.RunSummary.exit_code` (unexpected problems, by the
 known-failure ledger; ``--strict``; 4 when a selected backend judged no case, unless ``--allow-unjudged``; 130
 when interrupted).
+
+Size: the sweep's one loop and its bookkeeping (selection, workers, records, resume, the summary it returns);
+its parts live in :mod:`conformance.running.pairs`, :mod:`~conformance.running.pool` and their siblings.
 """
 
 from __future__ import annotations
