@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conformance.cases.found import FOUND
 from conformance.results_file import read_records
-from conformance.reporting.ledger import load_ledger
+from conformance.ledger.entries import load_ledger
 
 
 def main() -> None:

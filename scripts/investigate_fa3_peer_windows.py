@@ -346,7 +346,7 @@ def _rows_over(reason: str) -> str:
 def classify_record(d: dict, ledger: Any) -> dict[str, Any]:
     """One record's fields, error figures, explaining (or claiming) ledger entry and the model's verdict."""
     from conformance.records import CheckResult
-    from conformance.reporting.ledger_fields import case_view
+    from conformance.ledger.fields import case_view
 
     case = AttentionCase.from_json(d["case"])
     view = case_view(case)
@@ -406,7 +406,7 @@ def classify_record(d: dict, ledger: Any) -> dict[str, Any]:
 
 
 def classify(paths: list[Path], tsv: Path | None) -> list[dict]:
-    from conformance.reporting.ledger import load_ledger
+    from conformance.ledger.entries import load_ledger
 
     ledger = load_ledger()
     rows = []

@@ -41,7 +41,7 @@ def main() -> None:
     worker = _Worker()
     known: dict[str, list] = {}
     if args.skip_known:
-        from conformance.reporting.ledger import load_ledger
+        from conformance.ledger.entries import load_ledger
 
         ledger = load_ledger()
         known = {spec: ledger.for_backend(spec) for spec in args.backend}

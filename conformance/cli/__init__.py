@@ -39,7 +39,7 @@ and every subcommand's work imports what it needs when it runs.
 
 The subcommands live by group (:mod:`conformance.cli.run`, :mod:`conformance.cli.results` for report / compare /
 merge, :mod:`conformance.cli.inventory` for backends / cases / suites, :mod:`conformance.fuzz.cli`,
-:mod:`conformance.reporting.ledger_cli`); this module builds the parser from them and dispatches.
+:mod:`conformance.ledger.cli`); this module builds the parser from them and dispatches.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     from conformance.cli import inventory, results
     from conformance.cli import run as run_cmd
     from conformance.fuzz.cli import add_parser as add_fuzz_parser
-    from conformance.reporting.ledger_cli import add_parser as add_ledger_parser
+    from conformance.ledger.cli import add_parser as add_ledger_parser
 
     p = _Parser(prog="attnconf", description="Attention-kernel conformance harness.")
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
@@ -244,7 +244,7 @@ def _dispatch_command(argv: list[str]) -> int:
 
             return fuzz_main(args, argv)
         if args.command == "ledger":
-            from conformance.reporting.ledger_cli import main as ledger_main
+            from conformance.ledger.cli import main as ledger_main
 
             return ledger_main(args)
         if args.command == "suites":

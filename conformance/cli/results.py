@@ -225,7 +225,7 @@ def report(args: argparse.Namespace) -> int:
     the files are written all or nothing (:func:`conformance.outputs.write_many`)."""
     from conformance.outputs import write_many
     from conformance.results_file import ResultsFileError
-    from conformance.reporting.ledger import LedgerDirError, load_ledger_dir
+    from conformance.ledger.entries import LedgerDirError, load_ledger_dir
     from conformance.reporting.report import load_runs
     from conformance.reporting.report_render import check_report_dir, report_outputs
     from conformance.reporting.report_summary import report_json

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from conformance.records import CheckResult, judged_results
 from conformance.results_file import load_results, ResultsFileError
-from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases
-from conformance.reporting.ledger_fields import case_view
+from conformance.ledger.entries import Ledger, LedgerEntry, builtin_suite_cases
+from conformance.ledger.fields import case_view
 
 if TYPE_CHECKING:
     from attnfast.base import Backend

@@ -72,7 +72,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _fields() -> int:
-    from conformance.reporting.ledger_fields import FIELDS
+    from conformance.ledger.fields import FIELDS
 
     for name, f in FIELDS.items():
         print(f"{name:28} {f.kind + (' or none' if f.nullable else ''):14} {f.help}")
@@ -80,7 +80,7 @@ def _fields() -> int:
 
 
 def _print(result, out) -> None:
-    from conformance.reporting.ledger_audit import by_backend
+    from conformance.ledger.audit import by_backend
 
     w = out.write
     w(
@@ -153,8 +153,8 @@ def main(args: argparse.Namespace) -> int:
     :func:`conformance.cli.main`'s: 141, quietly)."""
     if args.ledger_command == "fields":
         return _fields()
-    from conformance.reporting.ledger import load_ledger_dir
-    from conformance.reporting.ledger_audit import audit
+    from conformance.ledger.entries import load_ledger_dir
+    from conformance.ledger.audit import audit
 
     try:
         ledger = load_ledger_dir(args.ledger_dir)

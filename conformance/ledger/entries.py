@@ -13,7 +13,7 @@
     flaky = false                     # optional: true when the bug does not show on every run
     partial = "why"                   # optional: the bug shows on some cases of the predicate only, by a rule
                                       # inside it nobody knows yet (passes prove nothing; say why)
-    [failure.when]                    # the cause, as conditions on the case (ledger_predicate.py)
+    [failure.when]                    # the cause, as conditions on the case (predicate.py)
     head_dim = [80, 96]
     fa4_sm90_paged_loader = "non_tma"
     no_features = ["causal", "window"]
@@ -53,9 +53,9 @@ from conformance._toml import TOMLDecodeError, load_toml_file
 from conformance.cases.case import AttentionCase
 from conformance.exits import UsageError
 from conformance.records import CheckResult, Status
-from conformance.reporting.ledger_fields import CaseView, case_view
-from conformance.reporting.ledger_predicate import Predicate, parse_predicate, parse_version, parse_versions
-from conformance.reporting.ledger_predicate import version_side as _version_side
+from conformance.ledger.fields import CaseView, case_view
+from conformance.ledger.predicate import Predicate, parse_predicate, parse_version, parse_versions
+from conformance.ledger.predicate import version_side as _version_side
 
 __all__ = [
     "DEFAULT_DIR",

@@ -10,7 +10,7 @@ condition must hold:
 * ``features = [...]``: the case has all of these :data:`~conformance.cases.case.FEATURES`;
   ``no_features = [...]``: it has none of them.
 
-Field names are those of :data:`conformance.reporting.ledger_fields.FIELDS`; an unknown name or feature, a value of
+Field names are those of :data:`conformance.ledger.fields.FIELDS`; an unknown name or feature, a value of
 the wrong type, an unknown op or an empty table is a ``ValueError`` at load time.  A field whose value is None
 (``block_size`` of a contiguous case) equals nothing, is ``not`` / ``not_in`` anything and fails every comparison.
 
@@ -28,7 +28,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from conformance.cases.case import FEATURES
-from conformance.reporting.ledger_fields import FIELDS, CaseView
+from conformance.ledger.fields import FIELDS, CaseView
 
 __all__ = ["Condition", "Predicate", "When", "parse_predicate", "parse_versions", "parse_version", "version_side"]
 

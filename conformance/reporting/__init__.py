@@ -1,3 +1,2 @@
-"""Reading results: Markdown/HTML reports (:mod:`.report`, :mod:`.plots`, ``templates/``), the
-known-failure ledgers (:mod:`.ledger`, data in ``conformance/ledgers/``), upgrade diffs
+"""Reading results: Markdown/HTML reports (:mod:`.report`, :mod:`.plots`, ``templates/``), upgrade diffs
 (:mod:`.compare`) and shard merging (:mod:`.shards`, :mod:`.shard_parts`)."""

@@ -47,7 +47,7 @@ from conformance.reporting.variant_table import variant_sections
 from conformance.backward.table import backward_section
 from conformance.reporting.model_table import model_sections
 from conformance.reporting.fuzz_table import fuzz_findings
-from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases
+from conformance.ledger.entries import Ledger, LedgerEntry, builtin_suite_cases
 from conformance.records import CheckResult, Header, judged_results, NONFINITE_PASS, Status
 from conformance.results_file import load_results, ResultsFile
 from conformance.running.outcome import short_reason, unjudged_backends

@@ -14,7 +14,7 @@ from typing import Any
 
 from conformance.exits import OutputError, UsageError
 from conformance.outputs import Output, check_outputs, marker, same_file, write_many
-from conformance.reporting.ledger import load_ledger
+from conformance.ledger.entries import load_ledger
 from conformance.reporting.plots import PLOT_KIND
 from conformance.reporting.report import (
     HTML_KIND,

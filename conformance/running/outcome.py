@@ -3,7 +3,7 @@ end-of-run listing a CI log can act on, the ``--json`` summary, and the exit sta
 
 **Exit status** of ``attnconf run`` (:attr:`RunSummary.exit_code`, :class:`conformance.exits.Exit`), the first
 that applies: 130 when interrupted (Ctrl-C); 1 when some problem (fail, error, crash, timeout) is unexpected, i.e.
-no known-failure ledger entry (:mod:`conformance.reporting.ledger`) explains it, and with ``strict``
+no known-failure ledger entry (:mod:`conformance.ledger.entries`) explains it, and with ``strict``
 (``--strict``) also on any known problem and on any unexpected pass (a steady ledger entry whose case passed: the
 bug may be fixed); 4 (``NO_EVIDENCE``) when a selected backend judged no case (:meth:`RunSummary.unjudged`: every
 pair of it ``unsupported``, e.g. a backend not installed on this machine, or no pair of it recorded), unless
@@ -177,7 +177,7 @@ class RunSummary:
         return unjudged_backends(self.results, self.backends)
 
     def finish(self, ledger: Any, strict: bool = False) -> None:
-        """Sort the problems against ``ledger`` (a :class:`conformance.reporting.ledger.Ledger`)."""
+        """Sort the problems against ``ledger`` (a :class:`conformance.ledger.entries.Ledger`)."""
         verdict = ledger.classify(self.results)
         self.unexpected = list(verdict.unexpected)
         self.known = list(verdict.known)

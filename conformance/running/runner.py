@@ -384,7 +384,7 @@ def main_run(config: RunConfig) -> int:
     ones, known ones per ledger entry), write the ``--json`` summary and, unless interrupted, the ``--report``
     (:func:`_write_report`); the exit status of ``attnconf run``
     (:attr:`conformance.running.outcome.RunSummary.exit_code`)."""
-    from conformance.reporting.ledger import load_ledger_dir
+    from conformance.ledger.entries import load_ledger_dir
 
     try:
         ledger = load_ledger_dir(config.ledger_dir)  # --ledger-dir missing, not a directory, malformed: exit 2

@@ -14,7 +14,7 @@ import pytest
 
 from conformance.verdict.check import CaseContext, check_backend, prepare_context
 from conformance.running.env import resolve_backend
-from conformance.reporting.ledger import Ledger, load_ledger
+from conformance.ledger.entries import Ledger, load_ledger
 from conformance.records import Status
 from conformance.cases.suites import get_suite
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.reporting.ledger import DEFAULT_DIR, builtin_suite_cases, load_ledger
-from conformance.reporting.ledger_fields import case_view
+from conformance.ledger.entries import DEFAULT_DIR, builtin_suite_cases, load_ledger
+from conformance.ledger.fields import case_view
 from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, Status
 from conformance.results_file import read_records
@@ -283,7 +283,7 @@ def test_a_predicate_matches_a_record_without_a_suite_batch_name(tmp_path: Path)
 
 def test_a_ledger_directory_that_cannot_be_used_is_refused_in_one_line_naming_the_option(tmp_path: Path) -> None:
     from conformance.exits import Exit
-    from conformance.reporting.ledger import LedgerDirError, load_ledger_dir
+    from conformance.ledger.entries import LedgerDirError, load_ledger_dir
 
     missing, afile, bad = tmp_path / "none", tmp_path / "f.toml", tmp_path / "bad"
     afile.write_text("")

@@ -327,7 +327,7 @@ def test_a_signature_names_status_layout_modes_keyless_rows_and_what_failed() ->
     import dataclasses
 
     from conformance.records import ErrorStats
-    from conformance.reporting.ledger_audit import signature
+    from conformance.ledger.audit import signature
 
     def rec(c, status="fail", reason="", stats=None):
         return CheckResult(c.id, "kern", "fam", Status(status), c.to_json(), reason=reason, stats=stats)
@@ -359,8 +359,8 @@ def test_unlisted_records_are_stated_in_full_and_grouped_largest_first(tmp_path:
     """Each unlisted record's file, case, version, status and reason (cut at 200), and the groups the text output
     shows: by status and the reason's first line, the largest first, then by status and message (mutmut survivors
     of ``EntryAudit.to_json`` and ``unlisted_groups``)."""
-    from conformance.reporting.ledger import load_ledger_dir
-    from conformance.reporting.ledger_audit import audit
+    from conformance.ledger.entries import load_ledger_dir
+    from conformance.ledger.audit import audit
 
     long = "E" * 250
     runs = write_reasons(
@@ -389,8 +389,8 @@ def test_the_audit_adds_up_over_files_and_reads_files_without_a_header(tmp_path:
     """Counts accumulate over every file (records, problems, explained, per-entry files, explained records whose
     version is not a PEP 440 one), and a file of records without a header line is read (mutmut survivors of
     ``audit``'s accumulators and ``need_header=False``)."""
-    from conformance.reporting.ledger import load_ledger_dir
-    from conformance.reporting.ledger_audit import audit
+    from conformance.ledger.entries import load_ledger_dir
+    from conformance.ledger.audit import audit
 
     one = write_reasons(tmp_path / "one.jsonl", [(case(), "fail", "r"), (case(requests=((3, 50),)), "fail", "r")])
     bare = tmp_path / "bare.jsonl"  # records only: no header line
@@ -407,8 +407,8 @@ def test_the_audit_adds_up_over_files_and_reads_files_without_a_header(tmp_path:
 
 def test_an_unexplained_group_shows_three_examples_with_their_reasons_cut_at_200(tmp_path: Path) -> None:
     """(mutmut survivors of ``Group.to_json``: the example count and the reason's cut)."""
-    from conformance.reporting.ledger import Ledger
-    from conformance.reporting.ledger_audit import audit
+    from conformance.ledger.entries import Ledger
+    from conformance.ledger.audit import audit
 
     reason = "max_error: " + "x" * 300
     runs = write_reasons(tmp_path / "g.jsonl", [(case(requests=((n, 40),)), "fail", reason) for n in (1, 2, 3, 4)])

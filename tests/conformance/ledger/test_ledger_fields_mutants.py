@@ -22,7 +22,7 @@ from attnref.mask import row_bounds
 from attnref.varlen import cp_sequence_options
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import make_inputs
-from conformance.reporting.ledger_fields import FIELDS, _fa2_seqlen_k, _own, _visible_bounds, case_view
+from conformance.ledger.fields import FIELDS, _fa2_seqlen_k, _own, _visible_bounds, case_view
 from conformance.verdict.reference import case_options
 
 

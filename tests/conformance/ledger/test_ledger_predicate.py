@@ -9,8 +9,8 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, Status
-from conformance.reporting.ledger import LedgerEntry, load_ledger
-from conformance.reporting.ledger_fields import FIELDS, case_view
+from conformance.ledger.entries import LedgerEntry, load_ledger
+from conformance.ledger.fields import FIELDS, case_view
 
 
 def case(**kw) -> AttentionCase:

@@ -9,7 +9,7 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, Status
-from conformance.reporting.ledger import load_ledger
+from conformance.ledger.entries import load_ledger
 
 
 def c(**kw) -> AttentionCase:
@@ -248,7 +248,7 @@ def test_the_shipped_ledger_over_the_committed_fuzz_campaigns() -> None:
     refusals declared since."""
     from pathlib import Path
 
-    from conformance.reporting.ledger_audit import audit
+    from conformance.ledger.audit import audit
 
     files = sorted((Path(__file__).resolve().parents[3] / "reports" / "fuzz-h100-2026-11-24").rglob("*.jsonl.gz"))
     if not files:
@@ -331,7 +331,7 @@ def test_the_shipped_ledger_over_every_committed_run() -> None:
     the error records of calls the adapters refuse since are exactly the refused-now ones."""
     from pathlib import Path
 
-    from conformance.reporting.ledger_audit import audit
+    from conformance.ledger.audit import audit
 
     files = sorted((Path(__file__).resolve().parents[3] / "reports").rglob("*.jsonl.gz"))
     if len(files) < 56:

@@ -9,7 +9,7 @@ import pytest
 
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
-from conformance.reporting.ledger import load_ledger
+from conformance.ledger.entries import load_ledger
 from conformance.records import CheckResult, ErrorStats, Header, Status, Timing
 from conformance.results_writer import append_record
 from conformance.reporting.report import build_context, load_runs

@@ -15,7 +15,7 @@ import pytest
 from conformance.cli import main
 from conformance.records import CheckResult, Header, Status
 from conformance.reporting.report import build_context, load_runs, problem_groups
-from conformance.reporting.ledger import load_ledger
+from conformance.ledger.entries import load_ledger
 from conformance.reporting.report_render import _inline_md, write_report
 from conformance.results_writer import append_record
 from tests.conformance.reporting.report_data import LEDGER, WINDOWS, write_baseline, write_results

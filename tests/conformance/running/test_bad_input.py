@@ -328,7 +328,7 @@ def test_any_ledger_entry_loads_or_is_refused_with_a_value_error(tmp_path_factor
     """Whatever a ``[[failure]]`` table holds (a valid entry with any keys set to any TOML-like value),
     :func:`load_ledger` loads it or raises one ``ValueError`` line, which the commands print with exit 2: never
     another exception."""
-    from conformance.reporting import ledger as ledger_mod
+    from conformance.ledger import entries as ledger_mod
 
     entry = {"reason": "r", "when": when or {"head_dim": 16}, **changes}
     directory = tmp_path_factory.mktemp("ledger")

@@ -22,7 +22,7 @@ from conformance.cases.suites import get_suite
 from conformance.cli import main
 from conformance.records import CheckResult, Header, Status
 from conformance.results_file import read_records
-from conformance.reporting.ledger import load_ledger
+from conformance.ledger.entries import load_ledger
 from conformance.running import runner
 from conformance.running.outcome import RunSummary
 from conformance.running.outfile import backup_path, check_resume, move_aside
