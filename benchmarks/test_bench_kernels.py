@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conformance.cases.inputs import make_inputs
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.perf.timing import make_timer
 
 PERF = get_suite("perf")

@@ -36,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from conformance.cases.suites import get_suite  # noqa: E402
+from conformance.suites.registry import get_suite  # noqa: E402
 from conformance.fuzz.campaign import Budget, FuzzConfig, run_fuzz  # noqa: E402
 from conformance.fuzz.draw import DrawLimits  # noqa: E402
 from conformance.fuzz.group import fuzz_role  # noqa: E402

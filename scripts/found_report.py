@@ -1,4 +1,4 @@
-"""The fuzzer's findings as one Markdown table: each minimal case kept in ``default`` (``conformance/cases/found.py``),
+"""The fuzzer's findings as one Markdown table: each minimal case kept in ``default`` (``conformance/suites/found.py``),
 the backends it was found on, its status in a results file of those cases, and the ledger entry that explains it
 (or the adapter fix).
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from conformance.cases.found import FOUND
+from conformance.suites.found import FOUND
 from conformance.results_file import read_records
 from conformance.ledger.entries import load_ledger
 

@@ -39,7 +39,7 @@ def main() -> None:
 
     from attnfast.registry import get_backend
     from conformance.cases.inputs import make_inputs
-    from conformance.cases.suites import get_suite
+    from conformance.suites.registry import get_suite
     from conformance.verdict.baseline import baseline
     from conformance.verdict.check import check_backend, composition_of, prepare_context
     from conformance.verdict.reference import reference

@@ -180,7 +180,7 @@ def controls_on_suite(suite: str, every: int, seed: int) -> dict[str, Any]:
     """The CPU backends and the bug-free fakes on every ``every``-th case of ``suite`` under this verdict and under
     the fixed atol: the statuses, every pair whose status changed, the largest error ratio of each."""
     from attnfast.registry import get_backend
-    from conformance.cases.suites import get_suite
+    from conformance.suites.registry import get_suite
 
     backends = [get_backend("sdpa-cpu"), get_backend("flex-cpu"), *(c() for c in (*CONTROLS, fakes.StoredExactBackend))]
     cases = get_suite(suite)[::every]

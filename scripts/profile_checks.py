@@ -34,7 +34,7 @@ def main() -> None:
     p.add_argument("--skip-known", action="store_true", help="leave out pairs a ledger entry matches by case")
     args = p.parse_args()
 
-    from conformance.cases.suites import get_suite
+    from conformance.suites.registry import get_suite
     from conformance.running.worker import _Worker
 
     cases = get_suite(args.suite)[args.offset :: args.every]

@@ -24,7 +24,7 @@ plus, on ``pack8k`` of one layer kind per model, the ``outliers`` and ``offset_v
 (:mod:`conformance.cases.data_inputs`), and the deterministic backward (``bwd_deterministic``) for two models.
 
 A case records its model like the ``models`` suite (``batch_name`` ``<model>@<layer>.tp1.<batch>``), so
-:func:`conformance.models.suite.case_model` reads it back and ``attnconf run --model NAME`` selects it.
+:func:`conformance.suites.models.case_model` reads it back and ``attnconf run --model NAME`` selects it.
 ``lengths="small"`` gives the same cases at CPU sizes (:data:`SMALL_BATCHES`, at most 320 tokens a batch: the 4096
 windows then see every key, gpt-oss's 128-token window still bites in the 140-token document).
 """

@@ -1,15 +1,14 @@
-"""What is run: the case model (:mod:`.case`), its tensors (:mod:`.inputs`), sweep axes and grids
-(:mod:`.sweep`) and the named suites (:mod:`.suites`, their sweeps by family in ``suite_*.py``; their one-line
-descriptions in :mod:`.suite_descriptions`).
+"""The case model: what is run (:mod:`.case`, its tables, derived values and JSON), its tensors (:mod:`.inputs`,
+:mod:`.quant_inputs`, :mod:`.data_inputs`; an engine's paged cache, :mod:`.paged_kv`), sweep axes and grids
+(:mod:`.sweep`), the case space as data (:mod:`.space`) and covering arrays over it (:mod:`.covering`).  The named
+suites built from them are :mod:`conformance.suites`, a layer above (``docs/reference/layout.md``).
 
 A new case field goes into :class:`~.case.AttentionCase` (with a default, so old records keep their
 ids) and, if it changes the tensors, into :func:`~.inputs.make_inputs`; a new axis value is one
-table entry in :mod:`.sweep`; a new sweep is one entry in its family's
-``suite_*.py`` (a new suite one entry in :data:`.suites.SUITES` and its line in
-:data:`.suite_descriptions.SUITE_DESCRIPTIONS`).
+table entry in :mod:`.sweep`; a new sweep is one entry in its family's module of :mod:`conformance.suites`.
 
 The names below are imported on first use (PEP 562), not with the package: importing a torch-free submodule
-(:mod:`.case_tables`' feature names, :mod:`.suite_descriptions`) does not import torch, so ``attnconf --help``
+(:mod:`.case_tables`' feature names) does not import torch, so ``attnconf --help``
 stays fast.
 """
 

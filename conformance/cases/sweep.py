@@ -1,7 +1,7 @@
 """Sweep axes and the declarative grid: named batch compositions, masking modes, KV layouts, and
 :class:`Sweep` (axes x constraint -> :class:`~conformance.cases.case.AttentionCase`).
 
-Axis names used by the grids of :mod:`conformance.cases.suites`:
+Axis names used by the grids of :mod:`conformance.suites.registry`:
 
 * ``batch``: a named batch composition from :data:`BATCHES` (prefill, decode, spec-decode,
   chunked prefill, mixed with decodes first or last, sq > sk, cross, empty kv, long contexts)

@@ -32,7 +32,7 @@ broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
 * ``cases``: the cases of a suite, selected as ``run`` selects them (``--case``, ``--feature``, ``--exclude``,
   ``--exclude-feature``: :mod:`conformance.running.selection`), one line each in the terminal's width (``--long``:
   every field, ``--json``: for scripts); 0.
-* ``suites``: the named suites, one line each (:mod:`conformance.cases.suite_descriptions`; ``--json``); 0.
+* ``suites``: the named suites, one line each (:mod:`conformance.suites.descriptions`; ``--json``); 0.
 
 ``--help`` (of any subcommand) and ``--version`` import no torch: the parsers are built from torch-free modules
 and every subcommand's work imports what it needs when it runs.

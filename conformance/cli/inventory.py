@@ -9,7 +9,7 @@ import json
 import sys
 from collections import Counter
 
-from conformance.cases.suite_descriptions import SUITE_DESCRIPTIONS, suites_epilog
+from conformance.suites.descriptions import SUITE_DESCRIPTIONS, suites_epilog
 
 __all__ = [
     "CASES_WIDTH",
@@ -105,7 +105,7 @@ def add_suites_parser(sub) -> None:
         "suites",
         help="list the named suites, one line each",
         description="The suites --suite takes (run, warmup, cases), each with one line on what it holds "
-        "(conformance/cases/suite_descriptions.py). Exit status 0.",
+        "(conformance/suites/descriptions.py). Exit status 0.",
     )
     su.add_argument("--json", action="store_true", help='a JSON list of {"name", "description"}, in the same order')
 
@@ -184,7 +184,7 @@ def backends(args: argparse.Namespace) -> int:
 def cases(args: argparse.Namespace) -> int:
     """``attnconf cases``: the selected cases of a suite (and, for a ``peer-*`` suite, its grid's points without a
     case, by reason), or (``--coverage``) its coverage of the case space."""
-    from conformance.cases.peers import PEERS
+    from conformance.suites.peers import PEERS
     from conformance.running.selection import select_cases, selection_kwargs
     from conformance.exits import UsageError
 

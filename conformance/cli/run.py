@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from conformance.cases.suite_descriptions import suites_epilog
+from conformance.suites.descriptions import suites_epilog
 from conformance.exits import UsageError
 from conformance.running.run_args import add_run_arguments
 

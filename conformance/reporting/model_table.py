@@ -24,7 +24,7 @@ __all__ = ["model_sections"]
 
 
 def _ref(r: CheckResult):
-    from conformance.models import case_model
+    from conformance.suites.models import case_model
 
     if not isinstance(r.case, dict) or "@" not in str(r.case.get("batch_name", "")):
         return None

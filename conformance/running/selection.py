@@ -181,7 +181,7 @@ def select_cases(
     filters = bool(patterns or keep or exclude or drop)
     cases: list[AttentionCase] = []
     if suite is not None:
-        from conformance.cases.suites import get_suite, suite_names
+        from conformance.suites.registry import get_suite, suite_names
 
         if suite not in suite_names():
             raise UsageError(f"--suite must be one of {suite_names()}, got {suite!r}")
@@ -194,7 +194,7 @@ def select_cases(
             and not (drop and _has_group(c, drop))
         ]
         if model_names:
-            from conformance.models import select_model_cases
+            from conformance.suites.models import select_model_cases
 
             cases = select_model_cases(cases, model_names)
     elif filters:

@@ -131,7 +131,7 @@ DEFAULT_BACKWARD: tuple[Sweep, ...] = (
 
 def backward_covering(base: Iterable[AttentionCase], seed: int = 0) -> tuple[AttentionCase, ...]:
     """The backward cases that, with the backward cases of ``base``, cover every pair of levels of
-    :data:`BACKWARD_SPACE` (about 2 s; :func:`conformance.cases.suites.backward_cases` builds it once)."""
+    :data:`BACKWARD_SPACE` (about 2 s; :func:`conformance.suites.registry.backward_cases` builds it once)."""
     seeds = [space.classify(c) for c in base if c.backward]
     rows = covering.covering_array(STRENGTHS, seeds=seeds, seed=seed, within=BACKWARD_SPACE)
     return tuple(space.build(row).replace(backward=True) for row in rows)

@@ -3,8 +3,9 @@ machine and version, not once per command.
 
 :func:`cached_cases` returns what ``build()`` returns, bit for bit: the cache holds the cases' JSON and is keyed by
 the SHA-256 of every source file of :mod:`conformance.cases` (the case model, the case space, the covering-array
-search and the suite tables) and of :mod:`attnref` (the case model validates against it), the name of the list
-and this module's format version; any edit to those files is another key.  A missing, unreadable or corrupt entry
+search), :mod:`conformance.suites` (the suite tables), :mod:`conformance.models` (its code and ``data/*.toml``: the
+space's head counts are real models') and :mod:`attnref` (the case model validates against it), the name of the
+list and this module's format version; any edit to those files is another key.  A missing, unreadable or corrupt entry
 is rebuilt and rewritten (atomically: a temporary file renamed into place), one process at a time (a second
 process waits for the first one's entry: the two workers of a test run build the ``default`` covering array once);
 a cache directory that cannot be written only costs the build.  The cases' ids are checked against the entry's
@@ -48,12 +49,14 @@ def source_key() -> str:
     """SHA-256 over the sources the built lists depend on (path and bytes of each, in a fixed order)."""
     import attnref
     import conformance.cases as cases_pkg
+    import conformance.models as models_pkg
+    import conformance.suites as suites_pkg
 
     h = hashlib.sha256(f"attnconf-cases-v{FORMAT}".encode())
-    for pkg in (cases_pkg, attnref):
+    for pkg in (cases_pkg, suites_pkg, models_pkg, attnref):
         assert pkg.__file__ is not None  # regular packages, not namespace ones
         root = Path(pkg.__file__).resolve().parent
-        for path in sorted(root.rglob("*.py")):
+        for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".toml")):
             h.update(str(path.relative_to(root)).encode() + b"\0")
             h.update(path.read_bytes() + b"\0")
     return h.hexdigest()

@@ -1,4 +1,4 @@
-"""One line per named suite (:data:`conformance.cases.suites.SUITES`), for ``attnconf suites``, ``run --help`` and
+"""One line per named suite (:data:`conformance.suites.registry.SUITES`), for ``attnconf suites``, ``run --help`` and
 ``cases --help``.
 
 Kept apart from the suite table so that the help texts are built without importing torch (the table imports the

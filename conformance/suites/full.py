@@ -1,11 +1,11 @@
 """Suite ``full``'s sweeps: ``default``'s and, beyond them, the cross products over more batches, dims, masks,
 modifiers, quantizations, MLA shapes and long contexts up to 32k (13,577 sweep cases; the suite adds covering
-cases of its own, :mod:`conformance.cases.suites`).
+cases of its own, :mod:`conformance.suites.registry`).
 """
 
 from __future__ import annotations
 
-from conformance.cases.suite_default import DEFAULT, DIMS, HEADS, MAIN
+from conformance.suites.default import DEFAULT, DIMS, HEADS, MAIN
 from conformance.cases.sweep import CONTIG, MASKS, MLA_DIMS, MLA_PREFILL_DIMS, MLA_SCALE, PAGED, Sweep
 
 __all__ = ["FULL"]

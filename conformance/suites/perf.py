@@ -1,7 +1,7 @@
 """Suite ``perf``: the timing cases, long prefill (1k-32k, causal and windowed), paged decode (4k-128k),
 d 64/128/256, GQA 8, their fp8 twins and MLA absorbed decode, and training's backward (:func:`perf_backward_cases`);
 written out case by case (they are sized for the roofline, not swept).  Registered in
-:mod:`conformance.cases.suites`.
+:mod:`conformance.suites.registry`.
 """
 
 from __future__ import annotations

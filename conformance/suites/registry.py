@@ -1,20 +1,20 @@
 """Named suites: unions of declarative sweeps (:mod:`conformance.cases.sweep`), deduplicated by case id and
-returned in a stable order.  The sweeps live by suite family (:mod:`conformance.cases.suite_smoke`,
-:mod:`~conformance.cases.suite_default`, :mod:`~conformance.cases.suite_full`; ``perf``'s written-out cases in
-:mod:`~conformance.cases.suite_perf`); this module assembles them into :data:`SUITES`.  Adding a sweep or an axis
+returned in a stable order.  The sweeps live by suite family (:mod:`conformance.suites.smoke`,
+:mod:`~conformance.suites.default`, :mod:`~conformance.suites.full`; ``perf``'s written-out cases in
+:mod:`~conformance.suites.perf`); this module assembles them into :data:`SUITES`.  Adding a sweep or an axis
 value is a one-line change there; the runner, reports and tests pick it up without edits.
 
 Suites: ``smoke`` (~150 small cases, a minute on 2 CPU cores, six small graph and invariance cases and nine backward
 cases included), ``default`` (~5,450, the CI suite on a GPU: 2,170 hand-picked sweep cases, 2,953 covering-array
-cases, the fuzzer's findings, :mod:`conformance.cases.found`, the six small graph and invariance cases and 305
-backward cases, :mod:`conformance.cases.suite_backward`), ``full`` (~18,200: 15,646 sweep cases with long contexts
+cases, the fuzzer's findings, :mod:`conformance.suites.found`, the six small graph and invariance cases and 305
+backward cases, :mod:`conformance.suites.backward`), ``full`` (~18,200: 15,646 sweep cases with long contexts
 up to 32k, default's covering, found and backward cases and 1,372 covering cases of its own), ``perf`` (long
 prefill and paged decode for timing against the roofline), ``engines`` (engine replays), ``models`` (real
 models' configurations, :mod:`conformance.models`), ``graphs`` (CUDA-graph mode and invariances,
-:mod:`conformance.graphs`), ``limits`` (probes of the kernels' limits, :mod:`conformance.cases.limits`),
+:mod:`conformance.graphs`), ``limits`` (probes of the kernels' limits, :mod:`conformance.suites.limits`),
 ``training`` (backward cases as training builds them: packed documents and unpadded batches of sliding-window,
 soft-cap and sink models, :mod:`conformance.backward.training`), ``peer-*`` (the kernels' own test grids, one
-module per source: :mod:`conformance.cases.peers`).
+module per source: :mod:`conformance.suites.peers`).
 
 Covering arrays (:mod:`conformance.cases.covering` over :mod:`conformance.cases.space`): ``default`` adds the
 cases that make it cover every pair of levels of all axes and every triple of the kernel axes
@@ -36,19 +36,19 @@ from functools import lru_cache
 from conformance.backward.training import training_cases
 from conformance.cases import covering
 from conformance.cases.case import AttentionCase
-from conformance.cases.case_cache import cached_cases
-from conformance.cases.found import found_cases
-from conformance.cases.suite_backward import DEFAULT_BACKWARD, SMOKE_BACKWARD, backward_covering
-from conformance.cases.suite_default import DEFAULT, QUANT_MLA
-from conformance.cases.suite_full import FULL
-from conformance.cases.peers import PEER_SUITES
-from conformance.cases.suite_perf import perf_cases
-from conformance.cases.suite_smoke import SMOKE
+from conformance.suites.cache import cached_cases
+from conformance.suites.found import found_cases
+from conformance.suites.backward import DEFAULT_BACKWARD, SMOKE_BACKWARD, backward_covering
+from conformance.suites.default import DEFAULT, QUANT_MLA
+from conformance.suites.full import FULL
+from conformance.suites.peers import PEER_SUITES
+from conformance.suites.perf import perf_cases
+from conformance.suites.smoke import SMOKE
 from conformance.cases.sweep import BATCHES, MASKS, Sweep
-from conformance.cases.limits import limits_cases
+from conformance.suites.limits import limits_cases
 from conformance.graphs.suite import graphs_suite
 from conformance.graphs.suite import small_cases as graph_small_cases
-from conformance.models.suite import model_cases
+from conformance.suites.models import model_cases
 
 __all__ = [
     "BATCHES",
@@ -82,7 +82,7 @@ def covering_cases(name: str) -> tuple[AttentionCase, ...]:
     """The cases the covering arrays add to suite ``default`` or ``full`` (after its sweep cases), seeded with
     them (``full``: its sweeps and default's covering cases), plain tuples by plain cases first
     (:func:`conformance.cases.covering.cover`); built once per machine and source version
-    (:mod:`conformance.cases.case_cache`), then read from the disk cache."""
+    (:mod:`conformance.suites.cache`), then read from the disk cache."""
     if name == "default":
         return cached_cases(
             "covering-default", lambda: covering.cover(covering.DEFAULT_STRENGTHS, _union(DEFAULT), seed=COVERING_SEED)
@@ -100,7 +100,7 @@ def covering_cases(name: str) -> tuple[AttentionCase, ...]:
 @lru_cache(maxsize=None)
 def backward_cases(name: str) -> tuple[AttentionCase, ...]:
     """The backward cases of suite ``smoke`` (its small sweeps) or ``default`` (its sweeps and the covering array
-    of the backward sub-space, :mod:`conformance.cases.suite_backward`, built once per machine and source version
+    of the backward sub-space, :mod:`conformance.suites.backward`, built once per machine and source version
     like :func:`covering_cases`; ``full`` holds them too)."""
     if name == "smoke":
         return tuple(_union(SMOKE_BACKWARD))

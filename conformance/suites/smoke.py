@@ -1,6 +1,6 @@
 """Suite ``smoke``'s sweeps: about 140 small forward cases (a minute on 2 CPU cores), one or two of every mode and
 modifier, for a first run and for CI on CPU; the suite adds nine backward ones
-(:mod:`conformance.cases.suite_backward`).  Assembled into the suite by :mod:`conformance.cases.suites`.
+(:mod:`conformance.suites.backward`).  Assembled into the suite by :mod:`conformance.suites.registry`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 
 REPO = Path(__file__).resolve().parents[2]
 

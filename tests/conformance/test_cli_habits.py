@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.suite_descriptions import LINE_MAX, SUITE_DESCRIPTIONS
-from conformance.cases.suites import get_suite, suite_names
+from conformance.suites.descriptions import LINE_MAX, SUITE_DESCRIPTIONS
+from conformance.suites.registry import get_suite, suite_names
 from conformance.cli import main
 from conformance.cli.inventory import case_lines
 from conformance.console import LineProgress, progress

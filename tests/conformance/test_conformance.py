@@ -16,7 +16,7 @@ from conformance.verdict.check import CaseContext, check_backend, prepare_contex
 from conformance.running.env import resolve_backend
 from conformance.ledger.entries import Ledger, load_ledger
 from conformance.records import Status
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -30,7 +30,7 @@ from typing import Callable
 
 import pytest
 
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.cli import main
 from conformance.outputs import is_own
 

@@ -2,18 +2,18 @@
 source, each citing its repository, commit or tag, file and test functions, listing every parameter value and what
 is left out and why (:mod:`.fa2`, :mod:`.fa3`, :mod:`.fa4`, :mod:`.vllm`, :mod:`.sgl`); :mod:`.grid` walks a grid
 point by point and keeps every combination without a case with its reason (refused by the case model, pending a
-case field, the same call as another point).  :data:`PEER_SUITES` is what :data:`conformance.cases.suites.SUITES`
+case field, the same call as another point).  :data:`PEER_SUITES` is what :data:`conformance.suites.registry.SUITES`
 reads.
 """
 
 from __future__ import annotations
 
-from conformance.cases.peers.fa2 import PEER_FA2_KVCACHE
-from conformance.cases.peers.fa3 import PEER_FA3
-from conformance.cases.peers.fa4 import PEER_FA4
-from conformance.cases.peers.grid import PeerSuite
-from conformance.cases.peers.sgl import PEER_SGL
-from conformance.cases.peers.vllm import PEER_VLLM_FLASH, PEER_VLLM_FLASHMLA
+from conformance.suites.peers.fa2 import PEER_FA2_KVCACHE
+from conformance.suites.peers.fa3 import PEER_FA3
+from conformance.suites.peers.fa4 import PEER_FA4
+from conformance.suites.peers.grid import PeerSuite
+from conformance.suites.peers.sgl import PEER_SGL
+from conformance.suites.peers.vllm import PEER_VLLM_FLASH, PEER_VLLM_FLASHMLA
 
 __all__ = ["PEERS", "PEER_SUITES", "PeerSuite"]
 

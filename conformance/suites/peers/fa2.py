@@ -13,7 +13,7 @@ Left out, each for a reason the suite cannot express or afford: ``rotary_fractio
 attention: the case model has no rotary), ``has_leftpad`` (no left padding of the cache), the random per-batch ALiBi
 slopes (``alibi`` uses the standard slopes), and the two pairs with 128k keys (``(1, 131072)``, ``(16, 131072)``: the
 inputs are drawn on the CPU so that a case has the same numbers on every device, 1.6 GB a tensor there).
-Combinations the case model refuses would be kept as points without a case (:mod:`conformance.cases.peers.grid`);
+Combinations the case model refuses would be kept as points without a case (:mod:`conformance.suites.peers.grid`);
 this grid has none (the tests check).
 
 ``seqlen_new_eq_seqlen_q=False`` (an append of ``seqlen_new = randint(1, seqlen_q + 1)`` new keys, fewer than the
@@ -29,7 +29,7 @@ import random
 from collections.abc import Iterator
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.peers.grid import PeerSuite, Point, walk
+from conformance.suites.peers.grid import PeerSuite, Point, walk
 
 __all__ = ["FA2_KVCACHE_SOURCE", "PEER_FA2_KVCACHE", "peer_fa2_kvcache"]
 

@@ -38,8 +38,8 @@ its own ``[max(1, seqlen_new - 20), seqlen_new]`` (the test's ``key_new_padding_
 tokens, the one count where every sequence appends as many, below some ``q_len`` (a *short append*).  These
 appends, the ones the case model took later (:func:`_late_append`), come after every other point, so the earlier
 cases keep their ids and their order; a ``seqlen_new`` draw of ``seqlen_q`` is the ``True`` point's call
-(:data:`~conformance.cases.peers.grid.SAME_CALL`), and a ``varlen_q`` append whose new keys are neither has no case
-(:data:`~conformance.cases.peers.grid.UNEVEN_APPEND`: one ``append_len`` for the batch, at most every ``q_len``;
+(:data:`~conformance.suites.peers.grid.SAME_CALL`), and a ``varlen_q`` append whose new keys are neither has no case
+(:data:`~conformance.suites.peers.grid.UNEVEN_APPEND`: one ``append_len`` for the batch, at most every ``q_len``;
 at ``seqlen_q`` 1 every sequence appends its one token, and a draw of ``seqlen_new`` 1 makes every count 1).
 
 Left out, each with its reason.  Every test: ``pack_gqa`` (the inner loop's False / True: not a case field, the
@@ -53,7 +53,7 @@ unused tokens).  Kvcache: ``rotary_fraction`` 0.5, 1 (rotary embedding is not at
 then only False, and ``rotary_interleaved`` has no effect: one case for both values); ``has_leftpad`` (no left
 padding); ``has_batch_idx`` (no cache batch index: the cache rows read are the case's own sequences); the repeated
 call that tests metadata reuse (one call here); ``seqlen_new_eq_seqlen_q=False`` without ``new_kv`` is the
-call with True (:data:`~conformance.cases.peers.grid.SAME_CALL`; the test computes that call's scheduler metadata
+call with True (:data:`~conformance.suites.peers.grid.SAME_CALL`; the test computes that call's scheduler metadata
 with ``max_seqlen_k_new = seqlen_new``, the adapter from the call); the ``varlen_q`` appends whose new keys the
 case model cannot say (above).  Inputs are this harness's (its own descales, sinks and stale cache slots), never the
 test's numbers: the values are the grid's, not the data.
@@ -69,7 +69,7 @@ import random
 from collections.abc import Iterator
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.peers.grid import SAME_CALL, UNEVEN_APPEND, Dropped, PeerSuite, Point, walk, walk_part
+from conformance.suites.peers.grid import SAME_CALL, UNEVEN_APPEND, Dropped, PeerSuite, Point, walk, walk_part
 
 __all__ = ["FA3_SOURCE", "PEER_FA3"]
 
@@ -233,7 +233,7 @@ def _late_append(varlen_q: bool, seqlen_new_eq_seqlen_q: bool, new_kv: bool, dty
 def _append_len(q_lens: list[int], new: list[int]) -> int | None:
     """The case's ``append_len`` for ``new`` keys per sequence beside ``q_lens`` query tokens: None where every
     sequence appends its query tokens, the one count where every sequence appends as many, at most its query tokens;
-    :data:`~conformance.cases.peers.grid.UNEVEN_APPEND` otherwise."""
+    :data:`~conformance.suites.peers.grid.UNEVEN_APPEND` otherwise."""
     if new == q_lens:
         return None
     if len(set(new)) == 1 and new[0] <= min(q_lens):

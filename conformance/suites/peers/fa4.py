@@ -56,7 +56,7 @@ import random
 from collections.abc import Iterator
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.peers.grid import SAME_CALL, Dropped, PeerSuite, Point, walk
+from conformance.suites.peers.grid import SAME_CALL, Dropped, PeerSuite, Point, walk
 
 __all__ = ["FA4_SOURCE", "PEER_FA4"]
 

@@ -1,7 +1,7 @@
 """A peer's test grid walked point by point: every combination of the parameter values it lists, each either mapped
 to an :class:`~conformance.cases.case.AttentionCase` or kept with the reason it has none.
 
-A peer module (:mod:`conformance.cases.peers`) lists a test's values (facts of its source file) and a ``make``
+A peer module (:mod:`conformance.suites.peers`) lists a test's values (facts of its source file) and a ``make``
 function that builds the case of one combination as the test builds its call.  ``make`` returns the case, or None
 for a combination the test itself skips (``pytest.skip``: no call), or raises :class:`Dropped` for a call the case
 model cannot say (:data:`UNEVEN_APPEND`) or says as another point's case (:data:`SAME_CALL`); a

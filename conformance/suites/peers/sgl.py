@@ -24,7 +24,7 @@ padding masks drawn as the test draws them: query lengths in ``[max(1, seqlen_q 
 Left out, each with its reason: ``add_unused_qkv=True`` (tokens inside ``cu_seqlens`` past ``seqused``: the case
 model has no unused tokens); ``rotary_interleaved`` (no effect without rotary: one case for both values);
 ``seqlen_new_eq_seqlen_q=False`` without ``new_kv`` (the same call as True: there are no new keys,
-:data:`~conformance.cases.peers.grid.SAME_CALL`); the test's own numbers (the harness draws its inputs and sinks).
+:data:`~conformance.suites.peers.grid.SAME_CALL`); the test's own numbers (the harness draws its inputs and sinks).
 No combination is refused by the case model (the tests check).
 
 ``seqlen_new_eq_seqlen_q=False`` with ``new_kv``: an append of ``seqlen_new = torch.randint(1, seqlen_q + 1, (1,))``
@@ -32,7 +32,7 @@ new keys (drawn here from a generator of its own) after ``cache_seqlens`` in ``[
 *short append* (``append_len = seqlen_new``, ``kv_len = cache_seqlens + seqlen_new``: the test's
 ``key_padding_mask``); these points come after every other point of the suite (:func:`_short_append`), so the
 earlier cases keep their ids and their order; a draw of ``seqlen_new == seqlen_q`` (always at ``seqlen_q`` 1) is the
-``True`` point's call (:data:`~conformance.cases.peers.grid.SAME_CALL`).
+``True`` point's call (:data:`~conformance.suites.peers.grid.SAME_CALL`).
 
 Backends: ``fa3-vllm`` (it refuses the appends), ``fa3`` (upstream: no sinks nor ``qv``).
 """
@@ -43,7 +43,7 @@ import random
 from collections.abc import Iterator
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.peers.grid import SAME_CALL, Dropped, PeerSuite, Point, walk, walk_part
+from conformance.suites.peers.grid import SAME_CALL, Dropped, PeerSuite, Point, walk, walk_part
 
 __all__ = ["PEER_SGL", "SGL_SOURCE"]
 

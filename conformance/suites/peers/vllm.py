@@ -47,7 +47,7 @@ import random
 from collections.abc import Iterator
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.peers.grid import PeerSuite, Point, walk
+from conformance.suites.peers.grid import PeerSuite, Point, walk
 
 __all__ = ["PEER_VLLM_FLASH", "PEER_VLLM_FLASHMLA", "VLLM_SOURCE"]
 

@@ -1,4 +1,4 @@
-"""The suites' backward cases (conformance/cases/suite_backward.py): valid, covering, listed by the CLI."""
+"""The suites' backward cases (conformance/suites/backward.py): valid, covering, listed by the CLI."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from conformance.cases import space
 from conformance.cases.case_tables import DATA
 from conformance.cases.covering import coverage
-from conformance.cases.suite_backward import BACKWARD_SPACE, DEFAULT_BACKWARD, backward_covering
-from conformance.cases.suites import backward_cases, get_suite
+from conformance.suites.backward import BACKWARD_SPACE, DEFAULT_BACKWARD, backward_covering
+from conformance.suites.registry import backward_cases, get_suite
 from conformance.cli import main
 
 

@@ -8,9 +8,9 @@ import pytest
 from conformance.backward.packing import check_roundtrip, packing_from_position_ids, position_ids_for
 from conformance.backward.training import BATCHES, SMALL_BATCHES, TRAINING_MODELS, training_cases
 from conformance.cases.case import AttentionCase
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.models.load import builtin_registry
-from conformance.models.suite import case_model, select_model_cases
+from conformance.suites.models import case_model, select_model_cases
 
 
 @pytest.fixture(scope="module")

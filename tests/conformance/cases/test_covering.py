@@ -10,9 +10,9 @@ import pytest
 
 from conformance.cases import covering, space
 from conformance.cases.covering import Strength, coverage, covering_array, measures, uncovered
-from conformance.cases.found import found_cases
+from conformance.suites.found import found_cases
 from conformance.graphs.suite import small_cases
-from conformance.cases.suites import DEFAULT, backward_cases, covering_cases, get_suite
+from conformance.suites.registry import DEFAULT, backward_cases, covering_cases, get_suite
 from conformance.cli import main
 
 # ------------------------------------------------------------------ a small space, checked by brute force

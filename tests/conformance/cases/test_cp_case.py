@@ -9,7 +9,7 @@ import torch
 
 from conformance.cases.case import OPT_IN_FEATURES, AttentionCase
 from conformance.cases.inputs import cp_local_len, cp_totals, make_inputs
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.verdict.baseline import baseline
 from conformance.verdict.reference import reference
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from conformance.cases import space
 from conformance.cases.case import AttentionCase
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.cases.sweep import BATCHES
 
 # one violating and one satisfying point per constraint

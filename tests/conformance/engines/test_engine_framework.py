@@ -21,7 +21,7 @@ from attnfast.base import Backend, KernelOutput
 from attnfast.registry import get_backend
 from attnref import merge_states
 from conformance.cases.case import AttentionCase
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.engines import ENGINES, get_engine
 from conformance.engines.merge import MergeStates, merge_attn_states, merge_many_attn_states
 from conformance.engines.vllm_mla import SCENARIOS, VllmMLAPrefill

@@ -12,7 +12,7 @@ import torch
 from attnfast.base import KernelOutput, Support
 from attnfast.registry import get_backend
 from conformance.cases.case import AttentionCase
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.engines import get_engine
 from conformance.engines.invariance import EngineInvariance, promised
 from conformance.records import Status

@@ -16,7 +16,7 @@ import torch
 from attnfast.base import KernelOutput
 from conformance.cases.case import AttentionCase
 from conformance.cases.case_json import CaseError
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.engines import get_engine
 from conformance.engines.base import Request
 from conformance.engines.invariance import EngineInvariance, promised

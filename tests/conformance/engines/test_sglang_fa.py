@@ -24,7 +24,7 @@ import torch
 
 from attnfast.registry import get_backend
 from conformance.cases.case import AttentionCase
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.engines import get_engine
 from conformance.engines.base import Call
 from conformance.engines.sglang import (

@@ -25,7 +25,7 @@ from attnfast.base import KernelOutput
 from attnfast.registry import get_backend
 from attnfast.sdpa import SdpaCpuBackend
 from conformance.cases.case import AttentionCase
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.engines.sglang import (
     FILL_VALUE,
     GRAPH_FINDINGS,

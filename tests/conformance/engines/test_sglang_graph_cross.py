@@ -48,7 +48,7 @@ def _engine(cls) -> SGLangFlashAttention:
 
 # ------------------------------------------------------------------ scenarios
 def test_cross_scenarios_are_suite_cases_and_findings_are_not():
-    from conformance.cases.suites import get_suite
+    from conformance.suites.registry import get_suite
 
     suite = {c.scenario: c for c in get_suite("engines") if c.engine == "sglang_fa" and c.graph}
     assert set(CROSS) <= set(suite) and not set(MIXED) & set(suite)

@@ -19,7 +19,7 @@ import torch
 
 from attnfast.registry import get_backend
 from conformance.cases.case import AttentionCase
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.engines.base import Request
 from conformance.engines.vllm_diff import VllmDifferentialAttention, layer_params
 from conformance.engines.vllm_diff.attention import PAIRS

@@ -171,7 +171,7 @@ def test_the_suites_are_read_only_until_every_unused_entry_matched(ledger_dir: P
 def test_the_stale_scan_reads_the_harnesss_own_suites_not_the_peer_grids(monkeypatch) -> None:
     """builtin_suite_cases never builds a peer-* suite (215,000 cases: a report with a stale entry would take
     minutes), and reads every other suite."""
-    import conformance.cases.suites as suites
+    import conformance.suites.registry as suites
 
     own = AttentionCase(((1, 4),), num_heads=2, num_kv_heads=2, head_dim=8)
 

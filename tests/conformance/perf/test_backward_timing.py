@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.suite_perf import perf_backward_cases, perf_cases
+from conformance.suites.perf import perf_backward_cases, perf_cases
 from conformance.perf import timing as timing_module
 from conformance.perf.roofline import PHASES, attention_bytes, attention_flops, backward_bytes, roofline
 from conformance.perf.timing import make_timer

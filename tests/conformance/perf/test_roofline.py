@@ -19,7 +19,7 @@ from conformance.perf.roofline import (
     union_span,
     visible_pairs,
 )
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 
 
 def brute_force(sq: int, sk: int, left: int | None, right: int | None, chunk: int | None) -> tuple:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from conformance.models import case_model, model_cases
+from conformance.suites.models import case_model, model_cases
 from conformance.records import CheckResult, Header, Status
 from conformance.results_writer import append_record
 from conformance.reporting.model_table import model_sections

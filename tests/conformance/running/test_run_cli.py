@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.cli import main
 from conformance.records import CheckResult, Header, Status
 from conformance.results_file import read_records

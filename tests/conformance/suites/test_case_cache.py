@@ -1,4 +1,4 @@
-"""The disk cache of built case lists (conformance.cases.case_cache): a hit is exactly the build, a stale, corrupt or
+"""The disk cache of built case lists (conformance.suites.cache): a hit is exactly the build, a stale, corrupt or
 unwritable entry costs only a rebuild, and the entry is keyed by the sources."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conformance.cases import case_cache
+from conformance.suites import cache as case_cache
 from conformance.cases.case import AttentionCase
 
 
@@ -52,14 +52,17 @@ def test_another_source_key_is_another_entry(cache, monkeypatch):
     assert build.calls == 2
 
 
-def test_source_key_follows_the_sources(tmp_path, monkeypatch):
+@pytest.mark.parametrize("edited_name", ["space_axes.py", "default.py", "llama.toml", "options.py"])
+def test_source_key_follows_the_sources(tmp_path, monkeypatch, edited_name):
+    """An edit to the case space (cases/), a suite table (suites/), a model's data (models/data/, the space's head
+    counts) or the reference (attnref/) is another key."""
     case_cache.source_key.cache_clear()
     before = case_cache.source_key()
     real = case_cache.Path.read_bytes
 
     def edited(self):
         data = real(self)
-        return data + b"# edited\n" if self.name == "space_axes.py" else data
+        return data + b"# edited\n" if self.name == edited_name else data
 
     monkeypatch.setattr(case_cache.Path, "read_bytes", edited)
     case_cache.source_key.cache_clear()
@@ -124,8 +127,8 @@ def test_default_location(monkeypatch, tmp_path):
 def test_the_cached_covering_cases_are_a_fresh_build(monkeypatch):
     """The suites read the covering arrays through the cache: what they read equals a build with the cache off."""
     from conformance.cases import covering
-    from conformance.cases.suite_default import DEFAULT
-    from conformance.cases.suites import COVERING_SEED, _union, covering_cases
+    from conformance.suites.default import DEFAULT
+    from conformance.suites.registry import COVERING_SEED, _union, covering_cases
 
     cached = covering_cases("default")
     fresh = covering.cover(covering.DEFAULT_STRENGTHS, _union(DEFAULT), seed=COVERING_SEED)
@@ -142,7 +145,7 @@ def test_a_second_process_waits_for_the_first_ones_build(cache, tmp_path):
     script = textwrap.dedent(
         f"""
         import sys, time
-        from conformance.cases import case_cache
+        from conformance.suites import cache as case_cache
         from conformance.cases.case import AttentionCase
         def build():
             open({str(tmp_path / "builds")!r}, "a").write("x")

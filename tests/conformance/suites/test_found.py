@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from attnfast.registry import get_backend
 from conformance.cases import space
-from conformance.cases.found import FOUND, found_cases
-from conformance.cases.suites import get_suite
+from conformance.suites.found import FOUND, found_cases
+from conformance.suites.registry import get_suite
 
 
 def test_found_cases_are_valid_named_and_in_the_gpu_suites() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conformance.cases.limits import BLOCK_SIZES, HEAD_DIMS, HEADS, limits_cases
+from conformance.suites.limits import BLOCK_SIZES, HEAD_DIMS, HEADS, limits_cases
 
 
 def test_limits_cases_are_unique_small_and_cross_the_limits():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.models import builtin_registry
-from conformance.models.suite import BATCHES, ModelRef, case_model, model_cases, select_model_cases
+from conformance.suites.models import BATCHES, ModelRef, case_model, model_cases, select_model_cases
 from conformance.records import Status
 from conformance.running.env import resolve_backend
 from conformance.verdict.check import check_backend, prepare_context

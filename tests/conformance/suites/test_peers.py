@@ -11,10 +11,10 @@ from collections import Counter
 import pytest
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.peers import PEERS, PEER_SUITES
-from conformance.cases.peers import fa3, fa4, sgl, vllm
-from conformance.cases.peers.grid import REFUSED, SAME_CALL, UNEVEN_APPEND, Dropped, PeerSuite, walk, walk_part
-from conformance.cases.suites import SUITES, get_suite
+from conformance.suites.peers import PEERS, PEER_SUITES
+from conformance.suites.peers import fa3, fa4, sgl, vllm
+from conformance.suites.peers.grid import REFUSED, SAME_CALL, UNEVEN_APPEND, Dropped, PeerSuite, walk, walk_part
+from conformance.suites.registry import SUITES, get_suite
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conformance.cases.case import FEATURES, AttentionCase
-from conformance.cases.peers.fa2 import SEQLENS as _PEER_SEQLENS
-from conformance.cases.suites import get_suite, suite_names
+from conformance.suites.peers.fa2 import SEQLENS as _PEER_SEQLENS
+from conformance.suites.registry import get_suite, suite_names
 
 SIZES = {
     "smoke": (80, 170),

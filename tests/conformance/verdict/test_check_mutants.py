@@ -27,7 +27,7 @@ import torch
 from attnfast.base import KernelOutput, Support
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs, make_inputs
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.engines import get_engine
 from conformance.graphs.invariance import INVARIANCE
 from conformance.graphs.replay import GRAPH

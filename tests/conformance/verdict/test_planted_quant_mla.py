@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.cases.suites import get_suite
+from conformance.suites.registry import get_suite
 from conformance.records import Status
 from conformance.verdict.check import check_backend, prepare_context
 from tests.conformance import fakes
