@@ -3,7 +3,8 @@
 One sub-package per engine backend (its scenarios, metadata builder, runner and engine module, one concern per
 module), each engine an :class:`~conformance.engines.base.Engine` (the protocol and how a replay is judged:
 :mod:`conformance.engines.base`); the framework the engines share stays here: :mod:`~conformance.engines.base`,
-:mod:`~conformance.engines.calls` (call cases, paged caches, block managers), :mod:`~conformance.engines.graph_call`
+:mod:`~conformance.engines.calls` (call cases; paged caches and block managers are
+:mod:`conformance.cases.paged_kv`'s), :mod:`~conformance.engines.graph_call`
 (the support rule of an engine's captured CUDA-graph call; the capture and replays are
 :class:`conformance.graphs.captured.CapturedCall`'s), :mod:`~conformance.engines.invariance` (an engine case's
 invariance: its step per variant, request 0 compared bitwise) and :mod:`~conformance.engines.merge`

@@ -19,9 +19,9 @@ import torch
 
 from attnfast.base import Support
 from conformance.cases.case import AttentionCase
+from conformance.cases.paged_kv import blocks_needed, token_slots
 
 from .base import Engine, Request
-from .calls import blocks_needed, token_slots
 from .graph_call import GraphScenario, graph_support
 
 __all__ = [

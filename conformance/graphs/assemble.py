@@ -4,7 +4,7 @@ A batch-composition check runs one request alone, inside its batch, at another p
 other lengths; each of those batches is a new call whose tensors are the original request's very numbers.
 :func:`assemble` builds such a call: requests picked from ``inputs`` by index, each with a key count (a prefix of
 its keys when shorter), packed or paged as the case is (a paged call gets a fresh cache from the engines' block
-manager, :func:`conformance.engines.calls.allocate_cache`: shuffled block ids, stale unused slots).
+manager, :func:`conformance.cases.paged_kv.allocate_cache`: shuffled block ids, stale unused slots).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
-from conformance.engines.calls import allocate_cache, cu_seqlens
+from conformance.cases.paged_kv import allocate_cache, cu_seqlens
 
 __all__ = ["assemble", "assemble_refusal"]
 

@@ -46,12 +46,12 @@ from attnfast.base import KernelOutput
 from attnref import write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.cases.paged_kv import hand_out_blocks, prefix_sums, token_slots
 from conformance.graphs.buffers import DECOY_SCALE
 from conformance.graphs.captured import CapturedCall, live_rows
 from conformance.graphs.composed import ComposedRun
 
 from ..base import call_inputs
-from ..calls import hand_out_blocks, prefix_sums, token_slots
 from .graph_cases import GraphCall, graph_calls, graph_scenario, seq_lens_of, visible_draft_tokens
 from .graph_cross import EncoderDecoderGraphState, allocate_encoder_lens, cross_lengths
 from .graph_state import FILL_VALUE, RunnerBuffers

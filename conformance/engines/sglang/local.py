@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..calls import prefix_sums
+from conformance.cases.paged_kv import prefix_sums
 
 __all__ = ["VirtualBatches", "check_call_metadata", "effective_chunk_size", "make_local_attention_virtual_batches"]
 

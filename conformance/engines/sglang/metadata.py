@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import torch
 
 from conformance.cases.case import AttentionCase
+from conformance.cases.paged_kv import hand_out_blocks, prefix_sums, token_slots
 
 from ..base import Engine
-from ..calls import hand_out_blocks, prefix_sums, token_slots
 from .local import VirtualBatches, check_call_metadata, make_local_attention_virtual_batches
 from .scenarios import Scenario, tree_paths
 

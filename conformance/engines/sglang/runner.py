@@ -24,9 +24,10 @@ from attnfast.base import KernelOutput
 from attnref import expand_descale, gather_kv, write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs, QuantTensors
+from conformance.cases.paged_kv import STALE, prefix_sums
 
 from ..base import Call, Kernel, call_inputs
-from ..calls import STALE, call_case, contiguous_call, prefix_sums
+from ..calls import call_case, contiguous_call
 from ..merge import merge_attn_states
 from .local import check_call_metadata
 from .metadata import (

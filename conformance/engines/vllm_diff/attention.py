@@ -56,9 +56,10 @@ from attnfast.base import KernelOutput
 from attnref import AttnResult
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.cases.paged_kv import STALE, PagedKV, cu_seqlens, hand_out_blocks, token_slots
 
 from ..base import Engine, Kernel
-from ..calls import STALE, PagedKV, call_case, contiguous_call, cu_seqlens, hand_out_blocks, paged_call, token_slots
+from ..calls import call_case, contiguous_call, paged_call
 from ..v0_graph_common import V0GraphEngine
 from .graph import DiffGraphRun, captured_call, check_graph_case, graph_case
 from .metadata import DiffMetadata, diffs, validate_metadata

@@ -53,10 +53,11 @@ from attnfast.base import KernelOutput
 from attnref import dequantize, expand_descale, quantize, window_from_fa2, write_kv_cache, write_kv_cache_fp8
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.cases.paged_kv import STALE, PagedKV, allocate_cache, blocks_needed
 from conformance.cases.quant_inputs import QuantTensors
 
 from ..base import Call, Engine, Kernel
-from ..calls import STALE, PagedKV, allocate_cache, blocks_needed, call_case, contiguous_call, paged_call
+from ..calls import call_case, contiguous_call, paged_call
 from ..v0_graph_common import V0GraphEngine
 from .graph import GRAPH_SCENARIOS, V0GraphRun, captured_call, check_graph_case, graph_case
 from .metadata import Seq, V0Metadata, build_metadata

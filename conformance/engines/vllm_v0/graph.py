@@ -33,11 +33,12 @@ from attnfast.base import KernelOutput
 from attnref import write_kv_cache
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.cases.paged_kv import STALE, token_slots
 from conformance.graphs.captured import CapturedCall
 from conformance.graphs.composed import ComposedRun
 
 from ..base import Request
-from ..calls import STALE, call_case, token_slots
+from ..calls import call_case
 from ..v0_graph_common import PAD_SEQ_LEN, GraphScenario, bucket_width, decode_lists, graph_case, replay_batches
 from ..v0_graph_common import check_graph_case as _check_graph_case
 from ..v0_graph_common import decodes as _d

@@ -37,8 +37,9 @@ from typing import NoReturn
 
 import torch
 
+from conformance.cases.paged_kv import token_slots
+
 from ..base import Request
-from ..calls import token_slots
 
 __all__ = ["PAD_SLOT_ID", "Part", "Seq", "V0Metadata", "build_metadata", "check_metadata"]
 

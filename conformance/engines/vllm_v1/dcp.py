@@ -45,9 +45,10 @@ import torch
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.cases.paged_kv import PagedKV
 
 from ..base import Kernel
-from ..calls import PagedKV, call_case, contiguous_call, paged_call
+from ..calls import call_case, contiguous_call, paged_call
 from ..merge import merge_attn_states
 from .collectives import ThreadGroup, cp_lse_ag_out_rs
 from .dcp_kernel import kernel_cp_calls, kernel_cp_rank_forward

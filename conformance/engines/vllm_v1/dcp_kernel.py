@@ -35,9 +35,10 @@ import torch
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.cases.paged_kv import PagedKV
 
 from ..base import Call, Kernel
-from ..calls import PagedKV, call_case, paged_call
+from ..calls import call_case, paged_call
 from .collectives import cp_lse_ag_out_rs
 from .metadata import get_dcp_local_seq_lens
 from .runner import Step, VllmV1Runner

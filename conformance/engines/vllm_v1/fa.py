@@ -94,10 +94,11 @@ from attnref import AttnResult, gather_kv
 from attnref.paged import as_layout
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.cases.paged_kv import PagedKV, cu_seqlens
 from conformance.cases.quant_inputs import QuantTensors
 
 from ..base import Call, Kernel, Request, call_inputs
-from ..calls import PagedKV, call_case, contiguous_call, cu_seqlens, paged_call
+from ..calls import call_case, contiguous_call, paged_call
 from ..graph_call import graph_support
 from ..merge import merge_attn_states
 from .dcp import dcp_calls, dcp_forward

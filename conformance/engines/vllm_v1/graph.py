@@ -48,11 +48,12 @@ from attnref import write_kv_cache
 from attnref.paged import as_layout
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.cases.paged_kv import STALE
 from conformance.graphs.captured import CapturedCall
 from conformance.graphs.composed import ComposedRun
 
 from ..base import Request
-from ..calls import STALE, call_case
+from ..calls import call_case
 from ..graph_call import GraphScenario as BaseGraphScenario
 from .graph_builder import GraphMetadata, V1GraphBuilder, graph_scheduler, host_scheduler_metadata
 from .metadata import cdiv

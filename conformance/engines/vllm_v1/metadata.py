@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..calls import cu_seqlens
+from conformance.cases.paged_kv import cu_seqlens
 
 __all__ = [
     "NUM_SMS",

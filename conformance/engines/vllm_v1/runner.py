@@ -30,9 +30,9 @@ from attnref import quantize, write_kv_cache
 from attnref.paged import as_layout
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
+from conformance.cases.paged_kv import STALE, cu_seqlens
 
 from ..base import Engine
-from ..calls import STALE, cu_seqlens
 from .metadata import (
     NUM_SMS,
     CommonAttentionMetadata,

@@ -19,7 +19,7 @@ import torch
 
 from attnfast.registry import get_backend
 from conformance.engines import get_engine
-from conformance.engines.calls import STALE
+from conformance.cases.paged_kv import STALE
 from conformance.engines.vllm_diff import (
     RMS_EPS,
     SCENARIOS,
