@@ -38,7 +38,7 @@ from conformance.cases.inputs import CaseInputs
 from .gradients import CaseGrads, gradients
 from .verdict import GRADS, judge, resolve_grad
 
-__all__ = ["BACKWARD", "Backward", "BackwardRun", "bits_equal"]
+__all__ = ["BACKWARD", "Backward", "BackwardRun", "bits_equal", "composition_for"]
 
 
 def bits_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -183,3 +183,8 @@ class Backward:
 
 
 BACKWARD = Backward()
+
+
+def composition_for(case: AttentionCase) -> Backward:
+    """The composition of a ``backward`` case (:data:`conformance.verdict.composition.COMPOSITIONS`)."""
+    return BACKWARD

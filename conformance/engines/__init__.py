@@ -33,12 +33,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from functools import cache
+from typing import TYPE_CHECKING
 
 from conformance.cases.case import AttentionCase
 
 from .base import Engine
 
-__all__ = ["ENGINES", "Engine", "engine_cases", "get_engine"]
+if TYPE_CHECKING:
+    from .invariance import EngineInvariance
+
+__all__ = ["ENGINES", "Engine", "composition_for", "engine_cases", "get_engine"]
 
 #: registry name -> "module:class", the seed each replays in the comment.
 ENGINES: dict[str, str] = {
@@ -67,3 +71,15 @@ def get_engine(name: str) -> Engine:
 def engine_cases() -> list[AttentionCase]:
     """Every scenario of every registered engine (the ``engines`` suite), in registry order."""
     return [case for name in ENGINES if _available(name) for case in get_engine(name).cases()]
+
+
+def composition_for(case: AttentionCase) -> Engine | EngineInvariance:
+    """The composition of an engine case (:data:`conformance.verdict.composition.COMPOSITIONS`): its engine
+    (:func:`get_engine`), or with ``case.invariance`` the engine's invariance run
+    (:class:`~conformance.engines.invariance.EngineInvariance`: its forward per variant)."""
+    engine = get_engine(case.engine)
+    if case.invariance:
+        from .invariance import EngineInvariance  # the invariance machinery, only for the cases that need it
+
+        return EngineInvariance(engine)
+    return engine

@@ -42,7 +42,7 @@ from .assemble import assemble, assemble_refusal
 from .bitwise import diff_rows
 from .composed import ComposedRun
 
-__all__ = ["INVARIANCE", "Invariance", "InvarianceRun", "Variant", "variants"]
+__all__ = ["INVARIANCE", "Invariance", "InvarianceRun", "Variant", "composition_for", "variants"]
 
 #: pinned split counts the ``splits`` invariance tries beside 1 and the heuristic.
 PINNED_SPLITS = (2, 3)
@@ -223,3 +223,8 @@ class Invariance:
 
 
 INVARIANCE = Invariance()
+
+
+def composition_for(case: AttentionCase) -> Invariance:
+    """The composition of an ``invariance`` case (:data:`conformance.verdict.composition.COMPOSITIONS`)."""
+    return INVARIANCE

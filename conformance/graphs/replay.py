@@ -46,7 +46,7 @@ from .buffers import GraphBuffers, bucket_refusal
 from .captured import CapturedCall
 from .composed import ComposedRun
 
-__all__ = ["GRAPH", "GraphReplay", "GraphRun"]
+__all__ = ["GRAPH", "GraphReplay", "GraphRun", "composition_for"]
 
 
 @dataclass
@@ -130,3 +130,8 @@ class GraphReplay:
 
 
 GRAPH = GraphReplay()
+
+
+def composition_for(case: AttentionCase) -> GraphReplay:
+    """The composition of a ``graph`` case (:data:`conformance.verdict.composition.COMPOSITIONS`)."""
+    return GRAPH

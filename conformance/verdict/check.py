@@ -31,6 +31,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs, make_inputs
 from conformance.records import CheckResult, ErrorStats, Status, Timing
 from conformance.verdict.compare import CHECKS, compare, compare_details
+from conformance.verdict.composition import composition_of
 from conformance.verdict.fingerprint import context_tensors, context_fingerprint, digest_of, fingerprints
 from conformance.verdict.reference import reference
 from conformance.verdict.tolerance import resolve
@@ -73,39 +74,6 @@ class CaseContext:
     fingerprint: dict[str, str] | None = None
     #: a kernel changed the context (:func:`check_backend`'s guard): no later backend may be judged against it
     corrupted: bool = False
-
-
-def composition_of(case: AttentionCase) -> Any:
-    """What composes the kernel calls of ``case``: its engine (``case.engine``; with ``case.invariance`` the
-    engine's invariance run, :mod:`conformance.engines.invariance`), the graph replay
-    (``case.graph``, :mod:`conformance.graphs.replay`), the invariance run (``case.invariance``,
-    :mod:`conformance.graphs.invariance`), the backward pass (``case.backward``, :mod:`conformance.backward`), or
-    None for a single call.  Each has ``refuses(case)`` (its own declaration: why it cannot compose the case on any
-    backend, ``""`` when it can; :func:`refusal` reads it first), ``supports(case, backend,
-    device)``, ``prepare(case, inputs, backend, device)``, ``reference`` and ``baseline``; the callable
-    ``prepare`` returns may carry ``notes``, ``extra`` (record fields) and ``problems`` (failures beyond the
-    numerical verdict, e.g. a replay that differs bitwise from its eager call)."""
-    if case.engine:
-        from conformance.engines import get_engine
-
-        if case.invariance:  # an engine's invariance: its forward per variant (conformance.engines.invariance)
-            from conformance.engines.invariance import EngineInvariance
-
-            return EngineInvariance(get_engine(case.engine))
-        return get_engine(case.engine)
-    if case.graph:
-        from conformance.graphs.replay import GRAPH
-
-        return GRAPH
-    if case.invariance:
-        from conformance.graphs.invariance import INVARIANCE
-
-        return INVARIANCE
-    if case.backward:  # a training call: forward judged as usual, gradients by conformance.backward.verdict
-        from conformance.backward.composition import BACKWARD
-
-        return BACKWARD
-    return None
 
 
 def sync(device: str) -> None:
