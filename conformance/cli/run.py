@@ -1,17 +1,25 @@
 """``attnconf run``: its subparser (the options themselves are :mod:`conformance.running.run_args`, which the
-shard merge re-reads too) and the command, a :class:`~conformance.running.runner.RunConfig` handed to the runner.
+shard merge re-reads too) and the command, a :class:`~conformance.running.runner.RunConfig` handed to the runner;
+:func:`main_run` ends it (the ledger's verdict, the ``--json`` summary, the ``--report``), here and not in
+``running/`` because the report is a layer above the runner.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conformance.suites.descriptions import suites_epilog
-from conformance.exits import UsageError
+from conformance.exits import Exit, UsageError
 from conformance.running.run_args import add_run_arguments
 
-__all__ = ["add_parser", "add_warmup_parser", "run", "warmup"]
+if TYPE_CHECKING:
+    from conformance.running.outcome import RunSummary
+    from conformance.running.pairs import RunConfig
+
+__all__ = ["add_parser", "add_warmup_parser", "main_run", "run", "warmup"]
 
 
 def add_parser(sub) -> None:
@@ -43,7 +51,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """``attnconf run``: the options as a :class:`~conformance.running.runner.RunConfig`, run by the runner."""
-    from conformance.running.runner import RunConfig, main_run, parse_shard
+    from conformance.running.runner import RunConfig, parse_shard
     from conformance.running.usage import device_and_backends
 
     device, backends = device_and_backends("run", args.device, args.backend)
@@ -87,6 +95,93 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if config.compile_only and config.report is not None:
         raise UsageError("--report: --compile-only (warmup) writes no results file, so there is nothing to report")
     return main_run(config)
+
+
+def main_run(config: RunConfig) -> int:
+    """Run, print the end of the run to stderr (:meth:`~conformance.running.outcome.RunSummary.terminal`: the
+    verdict line first, the counts explained, the timings with ``--profile``, the listing of problems: unexpected
+    ones, known ones per ledger entry), write the ``--json`` summary and, unless interrupted, the ``--report``
+    (:func:`_write_report`); the exit status of ``attnconf run``
+    (:attr:`conformance.running.outcome.RunSummary.exit_code`)."""
+    from conformance.ledger.entries import load_ledger_dir
+    from conformance.outputs import check_outputs
+    from conformance.running.outcome import resume_command
+    from conformance.running.runner import run as run_sweep, run_inputs
+
+    try:
+        ledger = load_ledger_dir(config.ledger_dir)  # --ledger-dir missing, not a directory, malformed: exit 2
+    except UsageError:
+        raise
+    except ValueError as exc:
+        # The packaged ledgers are broken (a bug of this checkout): run anyway, every problem unexpected.
+        print(f"attnconf run: the known-failure ledger cannot be read, so every problem counts: {exc}", file=sys.stderr)
+        ledger = None
+    # every output checked before any worker starts: --json naming --out (the results) or an input is refused
+    check_outputs([(config.out, "--out"), (config.summary_json, "--json")], run_inputs(config))
+    if config.report is not None and not config.compile_only:
+        from conformance.reporting.report_render import check_report_dir
+
+        others = [(config.out, "--out"), (config.summary_json, "--json")]
+        check_report_dir(config.report, run_inputs(config), "--report", others)
+    summary = run_sweep(config)
+    if config.compile_only:
+        return _end_warmup(config, summary)
+    if ledger is not None:
+        summary.finish(ledger, config.strict)
+    summary.strict = config.strict
+    summary.allow_unjudged = config.allow_unjudged
+    print(summary.terminal(timings=config.profile), file=sys.stderr)
+    if config.summary_json is not None:
+        summary.write_json(config.summary_json, config.argv)
+    if summary.interrupted:
+        print(
+            f"attnconf run: interrupted (Ctrl-C): the workers were stopped; {summary.written} record(s) of this run "
+            f"are kept in {config.out} (fsync'ed), the pairs in flight were dropped; resume with: "
+            f"{resume_command(config.argv)}"
+            + (f" (it writes --report {config.report} when it ends)" if config.report is not None else ""),
+            file=sys.stderr,
+        )
+    elif config.report is not None:
+        return _write_report(config, summary.exit_code)
+    return summary.exit_code
+
+
+def _write_report(config: RunConfig, code: int) -> int:
+    """``--report DIR``: the report of the results file, written after the run; returns the exit status: the run's
+    ``code``, or, when the report cannot be written and the run found nothing to fail on, the report's error's
+    (2 refused, 3 unwritable: :mod:`conformance.exits`); the line on stderr says which, and how to write it again."""
+    from conformance.reporting.report_render import write_report
+
+    assert config.report is not None  # run() calls this for --report only
+    again = f"attnconf report {config.out} --out {config.report}"
+    try:
+        md, html = write_report([config.out], config.report, config.ledger_dir, flag="--report")
+    except ValueError as exc:  # UsageError, OutputError (exit 3), ResultsFileError, a ledger that cannot be read
+        status = getattr(exc, "exit_code", Exit.USAGE)
+        kept = f"; the run's exit status {code} stands" if code else ""
+        print(f"attnconf run: --report {config.report}: not written: {exc}{kept}; retry: {again}", file=sys.stderr)
+        return code or int(status)
+    print(f"attnconf run: report: {html} and {md}", file=sys.stderr)
+    return code
+
+
+def _end_warmup(config: RunConfig, summary: RunSummary) -> int:
+    """The end of ``attnconf warmup`` (``run --compile-only``): the compile phase's line, each kernel that did
+    not compile (its pairs fail or crash in a sweep, with their own records), the ``--json`` summary; exit 0
+    (130 when interrupted)."""
+    from conformance.running.outcome import LIST_MAX, short_reason
+
+    print(f"attnconf warmup: {summary.text()}", file=sys.stderr)
+    failed = summary.compile.failed if summary.compile is not None else []
+    for f in failed[:LIST_MAX]:
+        print(f"  not compiled: {f['backend']} {f['case_id']}: {short_reason(f['reason'], 200)}", file=sys.stderr)
+    if len(failed) > LIST_MAX:
+        print(f"  ... and {len(failed) - LIST_MAX} more (all of them in the --json summary)", file=sys.stderr)
+    if config.summary_json is not None:
+        summary.write_json(config.summary_json, config.argv)
+    if summary.interrupted:
+        print("attnconf warmup: interrupted (Ctrl-C): the kernels compiled so far are in the cache", file=sys.stderr)
+    return summary.exit_code
 
 
 #: ``run`` options ``warmup`` does not list: about the results file, the verdict or the checks' order

@@ -52,7 +52,7 @@ from typing import Any
 from conformance.lock import hold
 from conformance.records import CheckResult, Header, Status
 from conformance.results_writer import append_record, Appender
-from conformance.running.outcome import LIST_MAX, RunSummary, resume_command, short_reason
+from conformance.running.outcome import RunSummary, short_reason
 from conformance.running.outfile import check_resume, check_writable, move_aside, read_for_resume, repair_tail, sweep
 from conformance.running.pairs import (
     RunConfig,
@@ -77,8 +77,7 @@ from conformance.running.pool import Outcome, WorkFeed, serve
 from conformance.running.profile import RunClock, profile_records
 from conformance.running.schedule import load_costs, schedule_units
 from conformance.running.selection import json_case_ids, parse_features, parse_models, parse_shard, select_cases
-from conformance.exits import Exit, OutputError, UsageError
-from conformance.outputs import check_outputs
+from conformance.exits import OutputError, UsageError
 from conformance.running.worker import Reply, WorkerClient
 
 __all__ = [
@@ -86,7 +85,6 @@ __all__ = [
     "RunSummary",
     "UsageError",
     "is_cuda_oom",
-    "main_run",
     "parse_shard",
     "repair_tail",
     "run",
@@ -376,85 +374,3 @@ def _run(config: RunConfig) -> RunSummary:
         summary.profile.live = clock.live([s for c in clients for s in c.start_s])
         summary.profile.compile = summary.compile.to_json() if summary.compile else None
     return summary
-
-
-def main_run(config: RunConfig) -> int:
-    """Run, print the end of the run to stderr (:meth:`~conformance.running.outcome.RunSummary.terminal`: the
-    verdict line first, the counts explained, the timings with ``--profile``, the listing of problems: unexpected
-    ones, known ones per ledger entry), write the ``--json`` summary and, unless interrupted, the ``--report``
-    (:func:`_write_report`); the exit status of ``attnconf run``
-    (:attr:`conformance.running.outcome.RunSummary.exit_code`)."""
-    from conformance.ledger.entries import load_ledger_dir
-
-    try:
-        ledger = load_ledger_dir(config.ledger_dir)  # --ledger-dir missing, not a directory, malformed: exit 2
-    except UsageError:
-        raise
-    except ValueError as exc:
-        # The packaged ledgers are broken (a bug of this checkout): run anyway, every problem unexpected.
-        print(f"attnconf run: the known-failure ledger cannot be read, so every problem counts: {exc}", file=sys.stderr)
-        ledger = None
-    # every output checked before any worker starts: --json naming --out (the results) or an input is refused
-    check_outputs([(config.out, "--out"), (config.summary_json, "--json")], run_inputs(config))
-    if config.report is not None and not config.compile_only:
-        from conformance.reporting.report_render import check_report_dir
-
-        others = [(config.out, "--out"), (config.summary_json, "--json")]
-        check_report_dir(config.report, run_inputs(config), "--report", others)
-    summary = run(config)
-    if config.compile_only:
-        return _end_warmup(config, summary)
-    if ledger is not None:
-        summary.finish(ledger, config.strict)
-    summary.strict = config.strict
-    summary.allow_unjudged = config.allow_unjudged
-    print(summary.terminal(timings=config.profile), file=sys.stderr)
-    if config.summary_json is not None:
-        summary.write_json(config.summary_json, config.argv)
-    if summary.interrupted:
-        print(
-            f"attnconf run: interrupted (Ctrl-C): the workers were stopped; {summary.written} record(s) of this run "
-            f"are kept in {config.out} (fsync'ed), the pairs in flight were dropped; resume with: "
-            f"{resume_command(config.argv)}"
-            + (f" (it writes --report {config.report} when it ends)" if config.report is not None else ""),
-            file=sys.stderr,
-        )
-    elif config.report is not None:
-        return _write_report(config, summary.exit_code)
-    return summary.exit_code
-
-
-def _write_report(config: RunConfig, code: int) -> int:
-    """``--report DIR``: the report of the results file, written after the run; returns the exit status: the run's
-    ``code``, or, when the report cannot be written and the run found nothing to fail on, the report's error's
-    (2 refused, 3 unwritable: :mod:`conformance.exits`); the line on stderr says which, and how to write it again."""
-    from conformance.reporting.report_render import write_report
-
-    assert config.report is not None  # run() calls this for --report only
-    again = f"attnconf report {config.out} --out {config.report}"
-    try:
-        md, html = write_report([config.out], config.report, config.ledger_dir, flag="--report")
-    except ValueError as exc:  # UsageError, OutputError (exit 3), ResultsFileError, a ledger that cannot be read
-        status = getattr(exc, "exit_code", Exit.USAGE)
-        kept = f"; the run's exit status {code} stands" if code else ""
-        print(f"attnconf run: --report {config.report}: not written: {exc}{kept}; retry: {again}", file=sys.stderr)
-        return code or int(status)
-    print(f"attnconf run: report: {html} and {md}", file=sys.stderr)
-    return code
-
-
-def _end_warmup(config: RunConfig, summary: RunSummary) -> int:
-    """The end of ``attnconf warmup`` (``run --compile-only``): the compile phase's line, each kernel that did
-    not compile (its pairs fail or crash in a sweep, with their own records), the ``--json`` summary; exit 0
-    (130 when interrupted)."""
-    print(f"attnconf warmup: {summary.text()}", file=sys.stderr)
-    failed = summary.compile.failed if summary.compile is not None else []
-    for f in failed[:LIST_MAX]:
-        print(f"  not compiled: {f['backend']} {f['case_id']}: {short_reason(f['reason'], 200)}", file=sys.stderr)
-    if len(failed) > LIST_MAX:
-        print(f"  ... and {len(failed) - LIST_MAX} more (all of them in the --json summary)", file=sys.stderr)
-    if config.summary_json is not None:
-        summary.write_json(config.summary_json, config.argv)
-    if summary.interrupted:
-        print("attnconf warmup: interrupted (Ctrl-C): the kernels compiled so far are in the cache", file=sys.stderr)
-    return summary.exit_code

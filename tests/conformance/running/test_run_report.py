@@ -16,7 +16,7 @@ from conformance.cli import main
 from conformance.exits import OutputError
 from conformance.outputs import is_own
 from conformance.reporting.report import HTML_KIND, MD_KIND
-from conformance.running import runner
+from conformance.cli import run as run_command
 from conformance.running.pairs import RunConfig
 from tests.conformance.reporting.report_data import write_results
 from tests.conformance.running.test_run_cli import FAKES, IDS, base_args
@@ -114,7 +114,7 @@ def test_a_report_that_cannot_be_written_after_the_run(
     monkeypatch.setattr(report_render, "write_many", full)
     out = write_results(tmp_path / "r.jsonl")
     config = RunConfig(backends=("kern",), out=out, report=tmp_path / "rep")
-    assert runner._write_report(config, run_status) == status
+    assert run_command._write_report(config, run_status) == status
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err], err
     assert err.startswith(f"attnconf run: --report {tmp_path / 'rep'}: not written: --report ")
