@@ -29,6 +29,8 @@ nox.options.sessions = ["tests"]
 TORCH_PIN = os.environ.get("ATTNCONF_TORCH", "torch==2.13.0")
 #: the workflow linters, pinned as in the `test` extra (a newer zizmor may add audits)
 WORKFLOW_LINTERS = ("check-jsonschema>=0.39", "zizmor~=1.32.0")
+#: import-linter's ``lint-imports`` through the session's interpreter (the package has no ``__main__``)
+LINT_IMPORTS = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
 
 
 def _install(session: nox.Session, *extras: str) -> None:
@@ -249,7 +251,8 @@ WORKFLOWS = sorted(glob.glob(".github/workflows/*.yml"))
 def lint(session: nox.Session) -> None:
     """ruff over the packages and tests; mypy over ``attnref``, ``attnfast`` and ``conformance`` (``[tool.mypy]`` in
     pyproject.toml; it reads torch's and the other dependencies' annotations, so the project is installed with its
-    test extra, which pins mypy); the GitHub workflows through check-jsonschema (the GitHub workflow schema), zizmor
+    test extra, which pins mypy); import-linter's contracts (``[tool.importlinter]``: the packages as layers,
+    docs/reference/layout.md); the GitHub workflows through check-jsonschema (the GitHub workflow schema), zizmor
     (offline audit; syntax and schema errors fail) and actionlint when on PATH."""
     if not isinstance(session.virtualenv, PassthroughEnv):
         session.install("ruff", *WORKFLOW_LINTERS)
@@ -258,6 +261,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
     _python(session, "-m", "mypy")
+    _python(session, "-c", LINT_IMPORTS, "--no-cache", "--no-logo")
     if WORKFLOWS:
         session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *WORKFLOWS)
         session.run("zizmor", "--offline", "--strict-collection", "--no-progress", *WORKFLOWS)
