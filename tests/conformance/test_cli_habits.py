@@ -78,7 +78,7 @@ def test_a_bad_flag_is_still_refused_without_torch() -> None:
 
 
 def test_suites_lists_every_registered_suite_in_the_table_order(capsys: pytest.CaptureFixture) -> None:
-    assert list(SUITE_DESCRIPTIONS) == suite_names()  # a new suite needs its line (suite_descriptions.py)
+    assert list(SUITE_DESCRIPTIONS) == suite_names()  # a new suite needs its line (suites/descriptions.py)
     assert all(0 < len(line) <= LINE_MAX for line in SUITE_DESCRIPTIONS.values())
     assert main(["suites"]) == 0
     lines = capsys.readouterr().out.splitlines()
