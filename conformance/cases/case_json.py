@@ -188,7 +188,7 @@ def _scan(case: Any) -> tuple[bool, list[str]]:
             if not value.isprintable():
                 unprintable.append(name)
         elif name == "requests":
-            fit = fit and all(INT64_MIN <= q <= INT64_MAX and INT64_MIN <= k <= INT64_MAX for q, k in value)
+            fit = fit and (not value or INT64_MIN <= min(map(min, value)) and max(map(max, value)) <= INT64_MAX)
         elif isinstance(value, int):
             fit = fit and INT64_MIN <= value <= INT64_MAX
         elif isinstance(value, tuple):

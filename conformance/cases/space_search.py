@@ -120,12 +120,17 @@ def _eliminate(
             factors.append((scope, rows))
     todo = [a for a in component if a not in keep]
 
-    def cost(axis: str) -> int:
-        scope = {x for s, _ in factors if axis in s for x in s}
-        return math.prod(len(dom[x]) for x in scope)
+    def cheapest() -> str:
+        """The axis of ``todo`` whose joined table would be smallest (the first such in ``todo`` order)."""
+        scopes: dict[str, set[str]] = {a: set() for a in todo}
+        for s, _ in factors:
+            for a in s:
+                if a in scopes:
+                    scopes[a].update(s)
+        return min(todo, key=lambda a: math.prod(len(dom[x]) for x in scopes[a]))
 
     while todo:
-        axis = min(todo, key=cost)
+        axis = cheapest()
         todo.remove(axis)
         involved = [f for f in factors if axis in f[0]]
         factors = [f for f in factors if axis not in f[0]]

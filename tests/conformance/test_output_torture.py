@@ -1,6 +1,6 @@
 """No output ever clobbers data: every subcommand x every output flag x every hostile condition, through the real
 command line (:func:`conformance.cli.main` in-process; the real disk-full runs are ``python -m conformance``
-subprocesses under ``RLIMIT_FSIZE``).
+subprocesses under ``RLIMIT_FSIZE``, in the slow session: ``nox -s slow``).
 
 Outputs: ``report --out DIR`` (report.md, report.html, the PNGs) and ``--json``; ``compare --out`` and ``--json``;
 ``merge --out`` (a results file: data, always backed up) and ``--summary``; ``run --out`` (the results file) and
@@ -466,6 +466,7 @@ def child(limit: int, argv: list[str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # six `python -c` children (torch imported in each, and in run's and fuzz's workers): 20 s of CPU
 @pytest.mark.parametrize("what", REAL_DISK_FULL)
 def test_a_real_full_disk_is_exit_3_one_line_and_changes_nothing(what: str, ws: Workspace) -> None:
     w, out = ws, ws.dir / "out"
