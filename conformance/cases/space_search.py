@@ -180,6 +180,8 @@ def extensible(point: Point, within: Mapping[str, Iterable[Hashable]] | None = N
     allowed levels); exact, per constraint component."""
     if violations(point):
         return False
+    if within is None and len(point) == len(AXES):
+        return True  # every axis set and no rule broken: a valid full point
     key = _within_key(within)
     by_comp: dict[tuple[str, ...], list[str]] = {}
     for a in point:
