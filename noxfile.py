@@ -247,13 +247,17 @@ WORKFLOWS = sorted(glob.glob(".github/workflows/*.yml"))
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the packages and tests; the GitHub workflows through check-jsonschema (the GitHub
-    workflow schema), zizmor (offline audit; syntax and schema errors fail) and actionlint when on PATH."""
+    """ruff over the packages and tests; mypy over ``attnref``, ``attnfast`` and ``conformance`` (``[tool.mypy]`` in
+    pyproject.toml; it reads torch's and the other dependencies' annotations, so the project is installed with its
+    test extra, which pins mypy); the GitHub workflows through check-jsonschema (the GitHub workflow schema), zizmor
+    (offline audit; syntax and schema errors fail) and actionlint when on PATH."""
     if not isinstance(session.virtualenv, PassthroughEnv):
         session.install("ruff", *WORKFLOW_LINTERS)
+    _install(session, "test")
     paths = ("attnref", "attnfast", "conformance", "tests", "benchmarks", "examples", "noxfile.py")
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
+    _python(session, "-m", "mypy")
     if WORKFLOWS:
         session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", *WORKFLOWS)
         session.run("zizmor", "--offline", "--strict-collection", "--no-progress", *WORKFLOWS)

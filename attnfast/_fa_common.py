@@ -352,14 +352,18 @@ def prepare_padded_v(
     V and a quantized V) zero-padded to ``head_dim``, ``prepare`` run on that equal-dims call, the output stripped
     back to the case's ``head_dim_v`` in the call's ``finish`` (so the strip is part of what is timed)."""
     d, dv = case.head_dim, case.dv
-    padded = {"case": kernel_case(case), "v": pad_v(inputs.v, d)}
-    if inputs.v_cache is not None:
-        padded["v_cache"] = pad_v(inputs.v_cache, d)
-    if inputs.v_new is not None:  # an append writes the new tokens' V into the padded cache
-        padded["v_new"] = pad_v(inputs.v_new, d)
-    if inputs.quant is not None and inputs.quant.v is not None:
-        padded["quant"] = dataclasses.replace(inputs.quant, v=pad_v(inputs.quant.v, d))
-    prepared = prepare(padded["case"], dataclasses.replace(inputs, **padded))
+    quant = inputs.quant
+    if quant is not None and quant.v is not None:
+        quant = dataclasses.replace(quant, v=pad_v(quant.v, d))
+    padded = dataclasses.replace(
+        inputs,
+        case=kernel_case(case),
+        v=pad_v(inputs.v, d),
+        v_cache=None if inputs.v_cache is None else pad_v(inputs.v_cache, d),
+        v_new=None if inputs.v_new is None else pad_v(inputs.v_new, d),  # an append writes V into the padded cache
+        quant=quant,
+    )
+    prepared = prepare(padded.case, padded)
     inner = prepared.call.finish
 
     def finish(result: Any) -> KernelOutput:

@@ -22,7 +22,7 @@ mode is torch's global switch rather than an argument (torch's flash and memory-
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -115,6 +115,7 @@ class AutogradBackward:
 
     def _grads(self, out: torch.Tensor, lse: torch.Tensor | None) -> GradOutput:
         leaves = self.leaves.tensors()
+        got: Sequence[torch.Tensor | None]  # allow_unused: None for a leaf the output does not depend on
         if out.requires_grad:
             dout = self._dout.to(out.dtype) if self._dout.dtype != out.dtype else self._dout
             got = torch.autograd.grad(out, leaves, dout, retain_graph=True, allow_unused=True)

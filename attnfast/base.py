@@ -100,7 +100,8 @@ class BackwardCall(Protocol):
     (None when the kernel cannot rerun its backward alone) reruns only the backward of the last forward, with the
     same ``dout``, for timing.  Like ``prepare``'s callable it is idempotent and may carry ``notes``."""
 
-    backward_only: Callable[[], GradOutput] | None
+    @property
+    def backward_only(self) -> Callable[[], GradOutput] | None: ...
 
     def __call__(self) -> GradOutput: ...
 

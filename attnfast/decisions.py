@@ -14,6 +14,9 @@ lists the pairs whose split count changed.  Two ways, by what each kernel lets a
 Every function here is a pure function of shapes and integers (no kernel import), so it is tested on CPU with values
 worked out from the source (``tests/attnfast/test_decisions.py``); the GPU tests check each against the kernel.  The
 source lines each reproduces are cited in its docstring; ``docs/concepts/backends.md`` says what each adapter records.
+
+Size: one concept, what a kernel decides for a call, reproduced from each family's host code beside the summaries
+read back from the kernels that report it; the fork's tile rules sit beside upstream's they differ from.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "FA2_SOURCE",
     "FA3_SOURCE",
     "FA3_VLLM_SOURCE",
+    "FA3_VLLM_TILES_SOURCE",
     "FLASHMLA_SOURCE",
     "fa2_num_splits_heuristic",
     "fa2_split_decision",
@@ -38,8 +42,11 @@ __all__ = [
     "fa3_num_splits_heuristic",
     "fa3_should_pack_gqa",
     "fa3_tile_size_sm90",
+    "fa3_vllm_call_mask",
+    "fa3_vllm_fwd_tile",
     "fa3_vllm_head_swizzle",
     "fa3_vllm_metadata_summary",
+    "fa3_vllm_tile_size_sm90",
     "flashmla_sched_summary",
 ]
 
@@ -319,10 +326,19 @@ def fa3_decision(case: AttentionCase, kvcache: bool, seqlen_k: int, num_sms: int
 
 
 # ------------------------------------------------------------------------------------------------ vLLM's FA3 fork
-def fa3_vllm_head_swizzle(case: AttentionCase) -> bool:
-    """Whether the fork's ``get_scheduler_metadata`` gives the metadata its ``num_nheads_in_l2`` vector
-    (``head_swizzle = is_causal || is_local``, :data:`FA3_VLLM_SOURCE` at 45812f7f lines 608-620 and 667), for the
-    call the adapter makes for ``case`` (``max_seqlen_q/k`` of the case, ``page_size`` when paged)."""
+#: the fork's commit whose tiles and window normalisation :func:`fa3_vllm_tile_size_sm90` and
+#: :func:`fa3_vllm_call_mask` reproduce: vLLM 0.24.0's ``GIT_TAG`` (``cmake/external_projects/vllm_flash_attn.cmake``);
+#: ``hopper/tile_size.h``, ``heuristics.h`` and the forward mainloop are unchanged from there to 45812f7f
+FA3_VLLM_TILES_SOURCE = "vllm-project/flash-attention 803020a8 hopper/tile_size.h, heuristics.h, flash_api.cpp"
+
+
+def fa3_vllm_call_mask(case: AttentionCase) -> tuple[bool, bool, int, int]:
+    """``(is_causal, is_local, window_left, window_right)`` as the fork sets them for the call the adapter makes for
+    ``case`` (``flash_attn_varlen_func`` with ``max_seqlen_q/k`` of the case): ``mha_fwd``
+    (:data:`FA3_VLLM_TILES_SOURCE` lines 839-851: a side reaching past the sequence becomes unbounded, one query row
+    without a window is not causal unless the head dim is in (64, 128] and the keys paged, causal sets the right side
+    to 0) and ``set_params_fprop`` (lines 165-174: an unbounded side beside a bounded one is filled with
+    ``max_seqlen - 1``)."""
     seqlen_q, seqlen_k = max(case.q_lens), max(case.kv_lens)
     left, right = fa2_window(case)
     causal = case.causal
@@ -336,7 +352,100 @@ def fa3_vllm_head_swizzle(case: AttentionCase) -> bool:
         right = 0
     is_causal = left < 0 and right == 0
     is_local = (left >= 0 or right >= 0) and not is_causal
+    if left < 0 and right >= 0:
+        left = seqlen_k - 1
+    if left >= 0 and right < 0:
+        right = seqlen_q - 1
+    return is_causal, is_local, left, right
+
+
+def fa3_vllm_head_swizzle(case: AttentionCase) -> bool:
+    """Whether the fork's ``get_scheduler_metadata`` gives the metadata its ``num_nheads_in_l2`` vector
+    (``head_swizzle = is_causal || is_local``, :data:`FA3_VLLM_SOURCE` at 45812f7f lines 608-620 and 667), for the
+    call the adapter makes for ``case`` (``max_seqlen_q/k`` of the case, ``page_size`` when paged)."""
+    is_causal, is_local, _, _ = fa3_vllm_call_mask(case)
     return is_causal or is_local
+
+
+def fa3_vllm_tile_size_sm90(
+    headdim: int,
+    headdim_v: int,
+    is_causal: bool,
+    is_local: bool,
+    element_size: int = 2,
+    paged_kv_non_tma: bool = False,
+    softcap: bool = False,
+    use_one_mma_wg: bool = False,
+) -> tuple[int, int, bool, bool]:
+    """``(kBlockM, kBlockN, MmaPV_is_RS, IntraWGOverlap)`` of the fork's ``tile_size_fwd_sm90``
+    (:data:`FA3_VLLM_TILES_SOURCE`, ``hopper/tile_size.h`` lines 10-90; not upstream's, :func:`fa3_tile_size_sm90`):
+    head dim 64 windows get 192 x 160 without intra-warpgroup overlap, a one-MMA-warpgroup call 64-row tiles, fp8
+    the two-level-accumulation tiles (``FLASHATTENTION_DISABLE_FP8_TWO_LEVEL_ACCUMULATION`` is set only by the
+    fork's ``setup.py``, not by the CMake build vLLM ships).  ``headdim``/``headdim_v`` are the rounded dims;
+    ``v_colmajor`` is never set by the forward call; ``softcap`` only mattered without two-level accumulation."""
+    del softcap  # an argument of the fork's function that its compiled branch does not read
+    if element_size == 2:
+        if headdim <= 64:
+            if headdim_v == 512:
+                return 64, 64, False, False
+            if headdim_v == 256:
+                return 128, 96, True, False
+            if use_one_mma_wg:
+                return 64, 192, True, True
+            return (
+                192,
+                128 if is_causal else (160 if (is_local or paged_kv_non_tma) else 192),
+                is_causal or is_local,
+                not is_local,
+            )
+        if headdim <= 96:
+            return 192, 128 if (is_local or paged_kv_non_tma) else 144, False, True
+        if headdim <= 128:
+            block_m = 64 if use_one_mma_wg else 128
+            narrow = is_causal or is_local or paged_kv_non_tma
+            return block_m, 128 if narrow else (176 if use_one_mma_wg else 160), True, True
+        if headdim <= 192:
+            return 128, 96 if (paged_kv_non_tma or is_local) else (128 if headdim_v <= 128 else 96), True, True
+        return 128, 64 if is_local else 80, True, True
+    if use_one_mma_wg:
+        return 64, 128 if headdim <= 96 else 96, True, True
+    if headdim <= 64:
+        return 192, 128, True, True
+    if headdim <= 96:
+        return 128, 128, True, True
+    if headdim <= 128:
+        return 128, 192, True, True
+    if headdim <= 192:
+        return 128, 96, True, True
+    return 128, 64 if is_local else 128, True, not paged_kv_non_tma
+
+
+def fa3_vllm_fwd_tile(case: AttentionCase) -> tuple[int, int, bool]:
+    """``(kBlockM, kBlockN, IntraWGOverlap)`` of the fork's sm_90 forward kernel for the adapter's call of ``case``
+    (the kernel call: ``v_padded`` cases call with V padded to ``head_dim``): the mask of :func:`fa3_vllm_call_mask`;
+    ``use_one_mma_wg`` (``heuristics.h`` lines 10-14, and the launch template's ``kHeadDimV == kHeadDim``: head dim
+    64 or 128 exactly, no window, ``max_seqlen_q`` x GQA group <= 64); paged keys through the TMA pager only without
+    a window, pages a multiple of the key tile and more packed query rows than a query tile (``get_pagedkv_tma``,
+    ``flash_api.cpp`` lines 434-444); rounded dims as ``mha_fwd`` rounds them (lines 930-931)."""
+    call = case.padded_v_call()
+    is_causal, is_local, _, _ = fa3_vllm_call_mask(call)
+    d_r = _fa3_round_up_headdim(call.head_dim)
+    dv_r = d_r if call.dv == call.head_dim else _fa3_round_up_headdimv(call.dv)
+    element = 1 if call.quant == "fp8_e4m3" else 2
+    rows = max(call.q_lens) * (call.num_heads // call.num_kv_heads)
+    one_wg = call.head_dim in (64, 128) and not is_local and rows <= 64 and d_r == dv_r
+    softcap = bool(call.softcap)
+    non_tma = False
+    if call.paged:
+        block_m, block_n, _, _ = fa3_vllm_tile_size_sm90(
+            d_r, dv_r, is_causal, is_local, element, False, softcap, one_wg
+        )
+        tma = not is_local and (call.block_size or 1) % block_n == 0 and rows > block_m
+        non_tma = not tma
+    block_m, block_n, _, overlap = fa3_vllm_tile_size_sm90(
+        d_r, dv_r, is_causal, is_local, element, non_tma, softcap, one_wg
+    )
+    return block_m, block_n, overlap
 
 
 def fa3_vllm_metadata_summary(

@@ -71,7 +71,15 @@ from .decisions import fa2_split_decision
 from .autograd import AutogradBackward, grad_leaves
 from .base import OK, Backend, KernelOutput, Support, package_version
 
-__all__ = ["FA2Backend", "fa2_entry", "fa2_plan", "MAX_DECODE_Q_LEN", "PAGE_MULTIPLE", "MAX_HEAD_DIM"]
+__all__ = [
+    "FA2Backend",
+    "fa2_entry",
+    "fa2_kvcache_min_width",
+    "fa2_plan",
+    "MAX_DECODE_Q_LEN",
+    "PAGE_MULTIPLE",
+    "MAX_HEAD_DIM",
+]
 
 #: Largest common q_len routed to flash_attn_with_kvcache (decode and speculative decode).
 MAX_DECODE_Q_LEN = 16
@@ -95,10 +103,30 @@ def fa2_entry(case: AttentionCase) -> str:
     return VARLEN
 
 
+def fa2_kvcache_min_width(case: AttentionCase) -> int:
+    """The keys per sequence the cache of ``case``'s ``flash_attn_with_kvcache`` call holds at least (the
+    ``min_width`` of :func:`attnfast._fa_common.kvcache_caches`), always >= 1: ``ngroups`` for a one-token append
+    with a GQA group, ``q_len`` for an append of more tokens, 1 without an append (and for an append that has no
+    one q_len >= 1, which :func:`_shape_support` refuses).  The cache's width is the ``seqlen_k`` FA2 normalises a
+    window against (:func:`attnfast._fa_common.fa2_kernel_window`; the ledger field ``fa2_window_misread``)."""
+    # FA2 runs a one-token GQA call (without window or ALiBi, after clamping window sides >= the cache width) as
+    # ngroups query rows of hk heads (seqlenq_ngroups_swapped) and then demands "If key is supplied, it must have
+    # seqlen <= the seqlen of the KV cache" of those ngroups rows: an appending call needs a cache at least
+    # ngroups wide (the fuzzer on the H100: MQA 2/1 appending one token to an empty cache of width 1).  The
+    # capacity changes no result (cache_seqlens bounds the keys), so every one-token GQA append gets it.  Any
+    # appending call is held to the same check with seqlen_q = q_len (flash_api.cpp, mha_fwd_kvcache: "seqlen_q <=
+    # seqlen_k"): a short append of q_len tokens into a cache narrower than q_len (peer-fa2-kvcache on the H100:
+    # q_len 128, kv_lens 127/126, append_len 126) needs the cache q_len wide.
+    q_len = uniform_q_len(case)
+    if not case.append or not q_len:
+        return 1
+    return case.num_heads // case.num_kv_heads if q_len == 1 else q_len
+
+
 def _shape_support(case: AttentionCase) -> Support:
     if max(case.head_dim, case.dv) > MAX_HEAD_DIM:
         return Support(False, f"head dim {case.head_dim}: FA2 supports head dims up to {MAX_HEAD_DIM}")
-    if case.paged and case.block_size % PAGE_MULTIPLE:
+    if case.block_size is not None and case.block_size % PAGE_MULTIPLE:  # set exactly when paged
         return Support(
             False,
             f"block size {case.block_size}: FA2 paged KV needs a block size divisible by {PAGE_MULTIPLE}",
@@ -168,14 +196,7 @@ def _varlen_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: 
 def _kvcache_call(case: AttentionCase, inputs: CaseInputs, common: dict, window: tuple[int, int]) -> KernelCall:
     q_len = uniform_q_len(case)
     assert q_len is not None and q_len >= 1, "supports() refuses kvcache cases without one q_len >= 1"
-    # FA2 runs a one-token GQA call (without window or ALiBi, after clamping window sides >= the cache width) as
-    # ngroups query rows of hk heads (seqlenq_ngroups_swapped) and then demands "If key is supplied, it must have
-    # seqlen <= the seqlen of the KV cache" of those ngroups rows: an appending call needs a cache at least
-    # ngroups wide (the fuzzer on the H100: MQA 2/1 appending one token to an empty cache of width 1).  The
-    # capacity changes no result (cache_seqlens bounds the keys), so every one-token GQA append gets it.
-    ngroups = case.num_heads // case.num_kv_heads
-    min_width = ngroups if case.append and q_len == 1 else 1
-    k_cache, v_cache, table, cache_seqlens, width = kvcache_caches(case, inputs, min_width)
+    k_cache, v_cache, table, cache_seqlens, width = kvcache_caches(case, inputs, fa2_kvcache_min_width(case))
     # a short append (append_len < q_len) passes seqlen_new = append_len: FA2 takes any seqlen_new <= the cache width
     k_new, v_new = padded_new_tokens(inputs, case.new_kv_lens[0]) if case.append else (None, None)
     h, d = case.num_heads, case.head_dim

@@ -125,7 +125,9 @@ def fa3_plan(case: AttentionCase, inputs: CaseInputs, num_sms: int | None = None
             **common,
         )
         return _with_decision(KernelCall(VARLEN, kwargs, _finish), case, max(case.kv_lens), num_sms)
-    k_cache, v_cache, table, cache_seqlens, width = kvcache_caches(case, inputs)
+    # an appending call needs a cache at least max_seqlen_q wide (flash_api.cpp: "If k_new is supplied, it must have
+    # seqlen <= the seqlen of the KV cache" checks seqlen_q <= seqlen_k): a short append can leave it narrower
+    k_cache, v_cache, table, cache_seqlens, width = kvcache_caches(case, inputs, max(case.q_lens) if case.append else 1)
     kwargs = dict(
         q=inputs.q,
         k_cache=k_cache,

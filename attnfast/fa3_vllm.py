@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -219,7 +220,7 @@ def fa3_scheduler_metadata(
     )
 
 
-def fa3_vllm_decided(case: AttentionCase, inputs: CaseInputs, kwargs: dict[str, Any], scheduler: Any) -> dict:
+def fa3_vllm_decided(case: AttentionCase, inputs: CaseInputs, kwargs: Mapping[str, Any], scheduler: Any) -> dict:
     """What the fork decided for the call ``kwargs`` of ``case``: the summary of its scheduler metadata
     (:func:`attnfast.decisions.fa3_vllm_metadata_summary`).  A call that passes ``scheduler_metadata`` runs the plan
     that tensor holds; for one that does not, ``get_scheduler_metadata`` (``scheduler``) computes it with the call's

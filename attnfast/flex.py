@@ -84,6 +84,7 @@ def make_mask_mod(
         ok = kv_idx < sk
         if world > 1:  # causal in absolute positions: key kv_idx is absolute key kv_idx * world + rank
             a = kv_idx * world + rank
+            assert cp_total is not None  # checked above
             ok = ok & (a <= q_idx + cp_shift) & (a < cp_total)
             return ok | (kv_idx == sk) if sinks else ok
         if left is not None:
@@ -202,8 +203,13 @@ class FlexCpuBackend(Backend):
         # Eager flex materialises (h, rows, keys) fp32 scores and a few same-size index tensors.
         rows = max(1, min(sq, self.max_score_elems // max(1, case.num_heads * max(sk_total, 1))))
         kh, vh = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-        slopes = None if not case.alibi else inputs.alibi_slopes.to(k.device, torch.float32)  # type: ignore[union-attr]
-        sinks = None if not case.sinks else inputs.sinks.to(k.device, torch.float32)  # type: ignore[union-attr]
+        slopes = sinks = None
+        if case.alibi:
+            assert inputs.alibi_slopes is not None  # the inputs of an ALiBi case hold its slopes
+            slopes = inputs.alibi_slopes.to(k.device, torch.float32)
+        if case.sinks:
+            assert inputs.sinks is not None  # the inputs of a case with sinks hold them
+            sinks = inputs.sinks.to(k.device, torch.float32)
         tiles = []
         for r0 in range(0, sq, rows):
             r1 = min(sq, r0 + rows)

@@ -338,7 +338,7 @@ class _SdpaBase(Backend):
                 out[c.q0 : c.q0 + c.sq] = o
             return KernelOutput(out, lse)
 
-        run.variant = {"sdpa": chosen}  # type: ignore[attr-defined]  # the record's extra["variant"]
+        setattr(run, "variant", {"sdpa": chosen})  # the record's extra["variant"], a function attribute
         return run
 
 
@@ -349,7 +349,7 @@ def sdpa_choices(calls: list[_Prepared]) -> str:
     cannot tell."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    names = {int(getattr(m, "value", m)): n for n, m in SDPBackend.__members__.items()}
+    names = {int(m.value): n for n, m in SDPBackend.__members__.items()}
     counts: dict[str, int] = {}
     try:
         for c in calls:

@@ -87,7 +87,7 @@ def attend_sequence_backward(
     dev = q.device
     if (out is None) != (lse is None):
         raise ValueError("out and lse must be given together (or both None: the forward is recomputed)")
-    if out is None:
+    if out is None or lse is None:  # both None (checked above)
         out, lse = attend_sequence(q, k, v, options, alibi_slopes=alibi_slopes, sinks=sinks, numerics=numerics)
     dq = torch.zeros(sq, h, d, dtype=ct, device=dev)
     dk = torch.zeros(hk, sk, d, dtype=ct, device=dev)
@@ -197,7 +197,11 @@ def attention_varlen_backward(
     check_head_vector("sinks", sinks, h, q.device)
     if (out is None) != (lse is None):
         raise ValueError("out and lse must be given together (or both None: the forward is recomputed)")
-    if out is not None and (tuple(out.shape) != (q.shape[0], h, dv) or tuple(lse.shape) != (h, q.shape[0])):
+    if (
+        out is not None
+        and lse is not None
+        and (tuple(out.shape) != (q.shape[0], h, dv) or tuple(lse.shape) != (h, q.shape[0]))
+    ):
         raise ValueError(
             f"out must have shape {(q.shape[0], h, dv)} and lse {(h, q.shape[0])}, "
             f"got {tuple(out.shape)} and {tuple(lse.shape)}"
@@ -229,6 +233,7 @@ def attention_varlen_backward(
         grads.dk[k0 : k0 + n] += g.dk
         grads.dv[k0 : k0 + n] += g.dv
         if grads.dsinks is not None:
+            assert g.dsinks is not None  # both are None exactly when sinks is
             grads.dsinks.add_(g.dsinks)
     return grads
 
@@ -291,5 +296,6 @@ def attention_padded_backward(
         grads.dk[b, : lens[b]] = g.dk
         grads.dv[b, : lens[b]] = g.dv
         if grads.dsinks is not None:
+            assert g.dsinks is not None  # both are None exactly when sinks is
             grads.dsinks.add_(g.dsinks)
     return grads

@@ -31,14 +31,32 @@ from .validate import (
     check_seqlens,
 )
 
-__all__ = ["KVLayout", "cache_geometry", "unstack_kv", "write_kv_cache", "gather_kv", "attention_paged", "to_layout"]
+__all__ = [
+    "KVLayout",
+    "as_layout",
+    "cache_geometry",
+    "unstack_kv",
+    "write_kv_cache",
+    "gather_kv",
+    "attention_paged",
+    "to_layout",
+]
 
 KVLayout = Literal["NHD", "HND"]
 
 
+def as_layout(layout: str) -> KVLayout:
+    """``layout`` as a :data:`KVLayout` (a case's ``kv_layout`` of a paged cache); ``ValueError`` unless it is
+    ``"NHD"`` or ``"HND"``."""
+    if layout == "NHD":
+        return "NHD"
+    if layout == "HND":
+        return "HND"
+    raise ValueError(f"layout must be 'NHD' or 'HND', got {layout!r}")
+
+
 def _check_layout(layout: str) -> None:
-    if layout not in ("NHD", "HND"):
-        raise ValueError(f"layout must be 'NHD' or 'HND', got {layout!r}")
+    as_layout(layout)
 
 
 def cache_geometry(cache: torch.Tensor, layout: KVLayout = "NHD") -> tuple[int, int, int, int]:

@@ -80,7 +80,7 @@ QUANT_FORMATS: dict[str, QuantFormat] = {
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def quant_format(name: str | torch.dtype) -> QuantFormat:
+def quant_format(name: str | torch.dtype | QuantFormat) -> QuantFormat:
     """The :class:`QuantFormat` of a name in :data:`QUANT_FORMATS` or of its torch dtype.
 
     ``"fp8"`` is accepted as vLLM's ``kv_cache_dtype`` spelling of ``"fp8_e4m3"``.
@@ -348,9 +348,8 @@ def write_kv_cache_int8(
         or tuple(k_scale_cache.shape) != (nb, hk, bs)
         or k_scale_cache.dtype != torch.float32
     ):
-        want = (nb, hk, bs)
-        got = _describe(k_scale_cache)
-        raise ValueError(f"k_scale_cache must be fp32 of shape (num_blocks, hk, block_size) = {want}, got {got}")
+        want, described = (nb, hk, bs), _describe(k_scale_cache)
+        raise ValueError(f"k_scale_cache must be fp32 of shape (num_blocks, hk, block_size) = {want}, got {described}")
     if k_scale_cache.device != k_cache.device:
         raise ValueError(f"k_scale_cache must be on k_cache's device {k_cache.device}, got {k_scale_cache.device}")
     if v_scale is not None and (

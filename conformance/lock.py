@@ -27,16 +27,17 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from conformance.exits import OutputError, UsageError
 
-try:
+if sys.platform == "win32":  # no fcntl: hold() refuses
+    fcntl = None
+else:
     import fcntl
-except ImportError:  # Windows
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["hold", "sidecar"]
 

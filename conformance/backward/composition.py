@@ -69,7 +69,8 @@ class BackwardRun:
         _check_type(first)
         if self._runs is None:  # the verified call: a second run for the bitwise comparison
             # copies: an adapter that reuses its output buffers must not make the second run overwrite the first
-            first = GradOutput(**{k: None if t is None else t.clone() for k, t in vars(first).items()})
+            clones: dict[str, Any] = {k: None if t is None else t.clone() for k, t in vars(first).items()}
+            first = GradOutput(**clones)
             second = self.call()
             _check_type(second)
             self._runs = (first, second)

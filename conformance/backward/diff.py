@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from conformance.records import CheckResult
 
@@ -57,7 +57,7 @@ def _ratios(r: CheckResult) -> dict[str, Any] | None:
     return {n: s.get("error_ratio") if isinstance(s, dict) else None for n, s in tensors.items()}
 
 
-def _number(x: Any) -> bool:
+def _number(x: Any) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 

@@ -74,7 +74,7 @@ def baseline_grads(case: AttentionCase, inputs: CaseInputs, fwd: AttnResult | No
     dt = case.torch_dtype
     kernel_like = AttnResult(fwd.out.to(dt).float(), fwd.lse.float())
     g = _backward(case, inputs, Numerics(dtype=torch.float32), kernel_like, dt)
-    return AttnGrads(*(None if x is None else x.to(dt) for x in g))
+    return AttnGrads(g.dq.to(dt), g.dk.to(dt), g.dv.to(dt), None if g.dsinks is None else g.dsinks.to(dt))
 
 
 def _fingerprint(inputs: CaseInputs) -> tuple:

@@ -51,6 +51,7 @@ def source_key() -> str:
 
     h = hashlib.sha256(f"attnconf-cases-v{FORMAT}".encode())
     for pkg in (cases_pkg, attnref):
+        assert pkg.__file__ is not None  # regular packages, not namespace ones
         root = Path(pkg.__file__).resolve().parent
         for path in sorted(root.rglob("*.py")):
             h.update(str(path.relative_to(root)).encode() + b"\0")

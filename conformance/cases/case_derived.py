@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +30,43 @@ class CaseDerived:
     fields and ``to_json``); no state of its own."""
 
     __slots__ = ()
+
+    if TYPE_CHECKING:  # what this base reads of AttentionCase, which declares it (annotations for the type checker)
+        requests: tuple[tuple[int, int], ...]
+        num_heads: int
+        num_kv_heads: int
+        head_dim: int
+        head_dim_v: int | None
+        dtype: str
+        kv_layout: str
+        block_size: int | None
+        causal: bool
+        window: tuple[int | None, int | None]
+        softcap: float | None
+        alibi: bool
+        sinks: bool
+        scale: float | None
+        chunk: int | None
+        append: bool
+        append_len: int | None
+        num_splits: int | None
+        quant: str
+        quant_q: bool
+        descale: str | None
+        qv: bool
+        cp_world: int
+        cp_rank: int
+        engine: str
+        scenario: str
+        graph: tuple[int, ...]
+        graph_fill: int
+        invariance: str
+        backward: bool
+        deterministic: bool
+        data: str
+        batch_name: str
+
+        def to_json(self) -> dict[str, Any]: ...
 
     # ------------------------------------------------------------------ derived values
     @property

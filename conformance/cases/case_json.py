@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
@@ -171,40 +171,34 @@ def _ints(case: Any) -> Iterator[tuple[str, int]]:
 
 
 @functools.cache
-def _field_defaults(cls: type) -> tuple[tuple[str, Any], ...]:
-    """(name, default) of every field of a dataclass, in order (a field without a default has a sentinel)."""
-    return tuple((f.name, f.default) for f in dataclasses.fields(cls))
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
-def _scan(case: Any) -> tuple[bool, list[str]]:
-    """One pass over a case's fields: whether every integer :func:`_ints` yields fits in 64 bits (without naming
-    them: a bool always fits), and the fields holding text that is not printable."""
-    fit, unprintable, values = True, [], case.__dict__
-    for name, default in _field_defaults(type(case)):
-        value = values[name]
-        if value is default:  # the field's own default: fits, and is printable
-            continue
-        if isinstance(value, str):
-            if not value.isprintable():
-                unprintable.append(name)
-        elif name == "requests":
-            fit = fit and (not value or INT64_MIN <= min(map(min, value)) and max(map(max, value)) <= INT64_MAX)
-        elif isinstance(value, int):
-            fit = fit and INT64_MIN <= value <= INT64_MAX
-        elif isinstance(value, tuple):
-            fit = fit and all(INT64_MIN <= v <= INT64_MAX for v in value if isinstance(v, int))
-    return fit, unprintable
+def _fit(values: Iterable[Any]) -> bool:
+    """Whether every integer among ``values``, in their tuples and in those tuples' tuples, fits in 64 bits: a
+    superset of what :func:`_ints` yields, checked without naming each (a case builds in a fraction of the time)."""
+    for value in values:
+        if isinstance(value, int):
+            if not INT64_MIN <= value <= INT64_MAX:
+                return False
+        elif isinstance(value, tuple) and not _fit(value):
+            return False
+    return True
 
 
 def value_problems(case: Any) -> Iterator[str]:
     """The limits of :mod:`this module <conformance.cases.case_json>`'s docstring, checked on a built case; a
     problem here stops the case's other checks (they would compute sizes from values beyond the limits)."""
-    fit, unprintable = _scan(case)
-    wide = [] if fit else [(name, v) for name, v in _ints(case) if not INT64_MIN <= v <= INT64_MAX]
+    cls: type = type(case)
+    names = _field_names(cls)
+    values = [getattr(case, name) for name in names]
+    wide = [] if _fit(values) else [(name, v) for name, v in _ints(case) if not INT64_MIN <= v <= INT64_MAX]
     for name, v in wide[:3]:
         yield f"{name} must fit in a 64-bit integer (|x| < 2**63), got {show(v)}"
-    for name in unprintable:
-        yield f"{name} must be printable text (no control characters), got {show(getattr(case, name))}"
+    for name, value in zip(names, values):
+        if isinstance(value, str) and not value.isprintable():
+            yield f"{name} must be printable text (no control characters), got {show(value)}"
     if wide:
         return
     rows = _cache_rows(case)

@@ -140,19 +140,19 @@ def covering_array(
     # a tuple of subset s is the mixed-radix code sum(level index * mult) over its axes
     mults = []
     for s in subsets:
-        m, acc = [], 1
+        place, acc = [], 1
         for j in reversed(s):
-            m.append(acc)
+            place.append(acc)
             acc *= radix[j]
-        mults.append(tuple(reversed(m)))
+        mults.append(tuple(reversed(place)))
 
     uncovered: list[set[int]] = []
     for s, m in zip(subsets, mults):
         tuples = list(possible(tuple(names[i] for i in s)))
-        code = np.zeros(len(tuples), dtype=np.int64)
+        packed = np.zeros(len(tuples), dtype=np.int64)
         for i, w, column in zip(s, m, zip(*tuples) if tuples else [() for _ in s]):
-            code += np.array([index[i][v] for v in column], dtype=np.int64) * w
-        uncovered.append(set(code.tolist()))
+            packed += np.array([index[i][v] for v in column], dtype=np.int64) * w
+        uncovered.append(set(packed.tolist()))
     seed_rows = {tuple(index[i].get(p.get(a), -1) for i, a in enumerate(names)) for p in seeds}
     if seed_rows:
         codes = np.array(sorted(seed_rows), dtype=np.int64)
@@ -168,7 +168,7 @@ def covering_array(
         comp = comp_of[i]
         key = (comp, tuple(row[j] for j in comp))
         if key not in memo:
-            memo[key] = extensible({names[j]: levels[names[j]][row[j]] for j in comp if row[j] is not None})
+            memo[key] = extensible({names[j]: levels[names[j]][v] for j in comp if (v := row[j]) is not None})
         return memo[key]
 
     rng = random.Random(seed)
@@ -192,12 +192,13 @@ def covering_array(
             for k in by_axis[i]:
                 base, step = 0, 0
                 for j, w in zip(subsets[k], mults[k]):
+                    level = row[j]
                     if j == i:
                         step = w
-                    elif row[j] is None:
+                    elif level is None:
                         break
                     else:
-                        base += row[j] * w
+                        base += level * w
                 else:
                     live.append((uncovered[k], base, step))
             best: list[int] = []
@@ -214,13 +215,15 @@ def covering_array(
             if not best:  # cannot happen: the start tuple is possible and each step keeps the row extensible
                 raise AssertionError(f"covering_array: no level of {names[i]!r} extends row {row}")
             row[i] = 0 if 0 in best else rng.choice(best)
+        full = [v for v in row if v is not None]
+        assert len(full) == len(row)  # every axis has its level now
         emptied = False
         for k in live_k:
-            uncovered[k].discard(sum(row[j] * w for j, w in zip(subsets[k], mults[k])))
+            uncovered[k].discard(sum(full[j] * w for j, w in zip(subsets[k], mults[k])))
             emptied = emptied or not uncovered[k]
         if emptied:
             by_axis = [[k for k in ks if uncovered[k]] for ks in by_axis]
-        rows.append({a: levels[a][row[i]] for i, a in enumerate(names)})
+        rows.append({a: levels[a][full[i]] for i, a in enumerate(names)})
     return rows
 
 

@@ -28,6 +28,7 @@ one tensor-wide scale where per-head ones were given is far off.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 
@@ -35,7 +36,7 @@ from attnref.quant import amax_scale, dequantize, quant_format, quantize, quanti
 
 from conformance.cases.case import AttentionCase
 
-__all__ = ["QuantTensors", "quantize_case", "token_rows"]
+__all__ = ["Dequantized", "QuantTensors", "quantize_case", "token_rows"]
 
 
 @dataclass
@@ -60,6 +61,15 @@ class QuantTensors:
     k_scale_cache: torch.Tensor | None = None
     k_new: torch.Tensor | None = None
     v_new: torch.Tensor | None = None
+
+
+class Dequantized(TypedDict):
+    """The dequantized fp32 values of a quantized case (:func:`quantize_case`); ``qv`` None without one."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    qv: torch.Tensor | None
 
 
 def token_rows(per_seq: torch.Tensor, lens: list[int]) -> torch.Tensor:
@@ -108,7 +118,7 @@ def vary_magnitudes(x: torch.Tensor, lens: list[int], hk: int, gen: torch.Genera
 
 def quantize_case(
     case: AttentionCase, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: torch.Tensor | None
-) -> tuple[QuantTensors, dict[str, torch.Tensor | None]]:
+) -> tuple[QuantTensors, Dequantized]:
     """Quantize fp32 ``q, k, v, qv`` as ``case`` says.
 
     Returns the stored tensors and the dequantized fp32 values (``{"q", "k", "v", "qv"}``; tensors the
@@ -131,44 +141,38 @@ def quantize_case(
     kq = quantize(k, _expand(k_scale, kv_lens, hk, hk), fmt)
     vq = quantize(v, _expand(v_scale, kv_lens, hk, hk), fmt)
     out = QuantTensors(fmt.name, k=kq, k_descale=k_scale, v=vq, v_descale=v_scale)
-    deq = {
-        "k": dequantize(kq, _expand(k_scale, kv_lens, hk, hk)),
-        "v": dequantize(vq, _expand(v_scale, kv_lens, hk, hk)),
-    }
+    deq_k = dequantize(kq, _expand(k_scale, kv_lens, hk, hk))
+    deq_v = dequantize(vq, _expand(v_scale, kv_lens, hk, hk))
+    deq_qv = None
     if case.quant_q:
         q_amax = [_per_seq_head_amax(q, q_lens, hk)] + ([_per_seq_head_amax(qv, q_lens, hk)] if qv is not None else [])
         q_scale = _fp8_scale(q_amax, fmt.max, mode)
         factor = _expand(q_scale, q_lens, h, hk)
         out.q, out.q_descale = quantize(q, factor, fmt), q_scale
-        deq["q"] = dequantize(out.q, factor)
+        deq_q = dequantize(out.q, factor)
         if qv is not None:
             out.qv = quantize(qv, factor, fmt)
-            deq["qv"] = dequantize(out.qv, factor)
+            deq_qv = dequantize(out.qv, factor)
     else:
-        deq["q"] = q.to(dt).float()
-    if qv is not None and "qv" not in deq:
-        deq["qv"] = qv.to(dt).float()
-    deq.setdefault("qv", None)
-    return out, deq
+        deq_q = q.to(dt).float()
+    if qv is not None and deq_qv is None:
+        deq_qv = qv.to(dt).float()
+    return out, Dequantized(q=deq_q, k=deq_k, v=deq_v, qv=deq_qv)
 
 
 def _quantize_int8(
     case: AttentionCase, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qv: torch.Tensor | None
-) -> tuple[QuantTensors, dict[str, torch.Tensor | None]]:
+) -> tuple[QuantTensors, Dequantized]:
     if qv is not None:
         raise ValueError("qv with an int8 type: seed 001's int8 modes have no MLA path")
     qq, q_scale = quantize_int8_per_token_head(q)
     kq, k_scale = quantize_int8_per_token_head(k)
     out = QuantTensors("int8", k=kq, k_descale=k_scale, q=qq, q_descale=q_scale)
-    deq: dict[str, torch.Tensor | None] = {
-        "q": dequantize(qq, q_scale[..., None]),
-        "k": dequantize(kq, k_scale[..., None]),
-        "qv": None,
-    }
+    deq_q, deq_k = dequantize(qq, q_scale[..., None]), dequantize(kq, k_scale[..., None])
     if case.quant == "int8_t1":
         v_scale = amax_scale(v, "int8", dims=0)[0]  # (hk, dv): static per channel
         out.v, out.v_descale = quantize(v, v_scale, "int8"), v_scale
-        deq["v"] = dequantize(out.v, v_scale)
+        deq_v = dequantize(out.v, v_scale)
     else:
-        deq["v"] = v.to(case.torch_dtype).float()
-    return out, deq
+        deq_v = v.to(case.torch_dtype).float()
+    return out, Dequantized(q=deq_q, k=deq_k, v=deq_v, qv=None)

@@ -120,11 +120,13 @@ def build(point: Point) -> AttentionCase:
     for name, axis in AXES.items():
         if name not in p:
             p[name] = next(v for v in axis.values if extensible({**p, name: v}))
-    batch = (WIDE_BATCH_SHAPES if p["heads"] in WIDE_HEADS else BATCH_SHAPES)[p["batch"]]
+    heads, shape = p["heads"], p["batch"]
+    assert isinstance(heads, str) and isinstance(shape, str)  # levels of the heads and batch axes (checked above)
+    batch = (WIDE_BATCH_SHAPES if heads in WIDE_HEADS else BATCH_SHAPES)[shape]
     return build_case(
         {
             "batch": batch,
-            "heads": HEADS[p["heads"]],
+            "heads": HEADS[heads],
             "dims": p["dims"],
             "dtype": p["dtype"],
             "kv": (p["layout"], p["block_size"]),

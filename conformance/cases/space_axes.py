@@ -22,6 +22,7 @@ __all__ = [
     "AXES",
     "BATCH_SHAPES",
     "CONSTRAINTS",
+    "DIMS",
     "EARLIER",
     "EQUAL_DIMS",
     "FA_HEAD_DIM_TEMPLATES",
@@ -154,6 +155,10 @@ _MLA = builtin_registry().get(MLA_MODEL).mla
 assert _MLA is not None and (_MLA.qk_rope_head_dim, _MLA.kv_lora_rank) == MLA_DIMS
 _DV_LT_D: tuple[tuple[int, int], ...] = (_MLA.prefill_dims, _MLA.decode_dims)
 _DV_GT_D: tuple[tuple[int, int], ...] = (MLA_DIMS,)
+#: The ``dims`` axis' levels, ``(head_dim, head_dim_v)``: equal dims (128 first, the default), then MLA's.
+DIMS: tuple[tuple[int, int], ...] = tuple((d, d) for d in (128,) + tuple(x for x in EQUAL_DIMS if x != 128)) + (
+    _DV_LT_D + _DV_GT_D
+)
 _BLOCK_SIZES = (1, 16, 32, 64, 128, 256)
 #: Mask levels (keys of :data:`~conformance.cases.sweep.MASKS`), one per masking mode.
 _MASK_LEVELS = ("none", "causal", "w0-0", "w16-0", "cw128", "w32-32", "w64-inf", "winf-16", "chunk64", "cchunk64")
@@ -181,7 +186,7 @@ _AXES: tuple[Axis, ...] = (
     ),
     Axis(
         "dims",
-        tuple((d, d) for d in (128,) + tuple(x for x in EQUAL_DIMS if x != 128)) + _DV_LT_D + _DV_GT_D,
+        DIMS,
         True,
         "(head_dim, head_dim_v): equal dims 32..256 (every flash-attention template, 40, 80, 112), MLA's 192/128, "
         "576/512 and 64/512",
@@ -289,7 +294,7 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "descale_per_family",
         ("quant", "descale"),
         lambda quant, descale: (
-            descale is None if _family(quant) is None else descale in (None, *DESCALES[_family(quant)])
+            descale is None if (family := _family(quant)) is None else descale in (None, *DESCALES[family])
         ),
         "descales exist only for a quantized case: per tensor or per (sequence, kv head) for fp8, per token for int8",
     ),
@@ -339,7 +344,7 @@ CONSTRAINTS: tuple[Constraint, ...] = (
 #: so a tuple of plain levels is covered by a plain case, which a backend that refuses some extension still
 #: runs, rather than only by a case that also carries fp8, sinks or an HND cache.
 PLAIN: dict[str, tuple[Hashable, ...]] = {
-    "dims": tuple(d for d in AXES["dims"].values if d[0] == d[1]),
+    "dims": tuple(d for d in DIMS if d[0] == d[1]),
     "dtype": ("bf16", "fp16"),
     "layout": ("contiguous", "NHD"),
     "mask": tuple(m for m in _MASK_LEVELS if "chunk" not in m),

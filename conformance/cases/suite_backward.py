@@ -24,6 +24,7 @@ from collections.abc import Hashable, Iterable
 
 from conformance.cases import covering, space
 from conformance.cases.case import AttentionCase
+from conformance.cases.space_axes import DIMS
 from conformance.cases.sweep import Sweep
 
 __all__ = ["BACKWARD_SPACE", "DEFAULT_BACKWARD", "SMOKE_BACKWARD", "STRENGTHS", "backward_covering"]
@@ -31,7 +32,7 @@ __all__ = ["BACKWARD_SPACE", "DEFAULT_BACKWARD", "SMOKE_BACKWARD", "STRENGTHS", 
 #: The backward sub-space of the case space (axis -> allowed levels; axes left out keep all their levels).
 BACKWARD_SPACE: dict[str, tuple[Hashable, ...]] = {
     "heads": tuple(h for h in space.HEADS if h not in space.WIDE_HEADS),
-    "dims": tuple(d for d in space.AXES["dims"].values if d[0] == d[1] or d == (192, 128)),
+    "dims": tuple(d for d in DIMS if d[0] == d[1] or d == (192, 128)),
     "dtype": ("bf16", "fp16"),
     "layout": ("contiguous",),
     "block_size": (None,),

@@ -11,12 +11,14 @@ broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
   backend judged no case (every pair unsupported; ``--allow-unjudged`` accepts it), 130 when interrupted
   (Ctrl-C; the records are kept, the message says how to resume).  It ends by listing the unexpected problems
   (status, backend, case id, one-line reason, repro), the known ones per ledger entry and each backend that
-  judged nothing; ``--json PATH`` writes the same as JSON.
+  judged nothing; ``--json PATH`` writes the same as JSON; ``--report DIR`` writes the report of the results file
+  after the run, the exit status staying the run's.
 * ``warmup``: ``run --compile-only``: compile the JIT kernels of a selection into their disk cache, no results
   file (:mod:`conformance.running.compile_phase`); 0, 130 when interrupted.
 * ``--version``: the package version; 0.
-* ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`); 0,
-  2 when a file is missing or unreadable or the files hold no result (skipped lines are counted on stderr).
+* ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`), opening
+  on the verdict; ``--baseline OLD`` adds what changed since OLD (``compare``'s comparison); 0, 2 when a file is
+  missing or unreadable, the files hold no result (skipped lines are counted on stderr) or OLD cannot be compared.
 * ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed, 4
   when a backend family judged nothing in both files (``--allow-unjudged``), 2
   when the files may not be compared (:mod:`conformance.reporting.compare_inputs`: unreadable, empty, skipped
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from conformance.exits import Exit, UsageError
 
@@ -87,7 +90,7 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
     def _get_values(self, action, arg_strings):
@@ -200,6 +203,19 @@ def _quiet_stdout() -> None:
 
 
 def _dispatch(argv: list[str]) -> int:
+    try:
+        return _dispatch_command(argv)
+    except Exception as exc:
+        # a model file edited by hand (docs/guides/add-model.md), loaded when the case model is imported; the class is
+        # read from sys.modules so that --help, --version and suites never import the registry (and torch)
+        registry = sys.modules.get("conformance.models.registry")
+        if registry is None or not isinstance(exc, registry.RegistryError):
+            raise
+        print(f"attnconf: the model registry is refused: {exc}", file=sys.stderr)
+        return Exit.USAGE
+
+
+def _dispatch_command(argv: list[str]) -> int:
     from conformance.cli import inventory, results
     from conformance.cli import run as run_cmd
 

@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from conformance.exits import UsageError
 from conformance.running.usage import finite_float
 
 __all__ = ["add_parsers", "compare", "merge", "report"]
@@ -37,9 +38,14 @@ def add_parsers(sub) -> None:
     rep = sub.add_parser(
         "report",
         help="write DIR/report.md and DIR/report.html",
-        description="Exit status: 0 when the report was written; 2 when a file is missing or unreadable (not "
+        description="The report opens on its verdict (one line per backend: judged, passed, unexpected, known, "
+        "unsupported, or nothing judged), then the unexpected problems grouped by cause with their repro lines, "
+        "then what changed against --baseline, then the details; the environment comes last, folded. "
+        "Exit status: 0 when the report was written (whatever it found: attnconf run and attnconf compare are "
+        "the gates); 2 when a file is missing or unreadable (not "
         "UTF-8 text, a broken gzip stream, a line over 64 MiB, no records at all), records a (case, backend) pair "
-        "twice (unless --drop-duplicates) or the files hold no result record, or an output path is refused (an "
+        "twice (unless --drop-duplicates) or the files hold no result record, when --baseline cannot be read or "
+        "compared with the results (as attnconf compare refuses it), or an output path is refused (an "
         "input, a directory, a device, a FIFO); 3 when an output cannot be written (nothing is changed then). "
         "Lines that are not records (a truncated last line, garbage) are skipped and counted on stderr, per file; "
         "a file written by a newer attnconf is read as far as this version understands it, and said so on stderr. "
@@ -64,6 +70,15 @@ def add_parsers(sub) -> None:
         type=Path,
         help="known-failure ledgers (default conformance/ledgers); refused (exit 2) when missing, not a directory "
         "or holding a malformed ledger",
+    )
+    rep.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="OLD",
+        help="an earlier results file to compare the results with, as attnconf compare OLD NEW does (new "
+        "failures, error-ratio, gradient and performance regressions, fixes, ...): the report's section after the "
+        "unexpected problems; one results file only; pairs of OLD the results lack are counted, not refused; "
+        "exit 2 with one line when OLD cannot be read or compared (another suite or tolerance, nothing in common)",
     )
     rep.add_argument(
         "--json",
@@ -230,13 +245,37 @@ def report(args: argparse.Namespace) -> int:
         load_ledger_dir(args.ledger_dir)  # refused before any file is read or written
     except LedgerDirError as exc:
         return refuse(exc.path, exc.reason, "--ledger-dir ")
-    md, html = check_report_dir(args.out, args.results, others=[(args.summary_json, "--json")])[:2]
+    if args.baseline is not None and len(args.results) != 1:
+        raise UsageError(
+            f"--baseline {args.baseline}: compares one results file, not {len(args.results)}; merge the files "
+            "first (attnconf merge) or report them without --baseline"
+        )
+    inputs = [*args.results, *([args.baseline] if args.baseline is not None else [])]
+    md, html = check_report_dir(args.out, inputs, others=[(args.summary_json, "--json")])[:2]
     try:
         runs = load_runs(args.results, drop_duplicates=args.drop_duplicates)
     except ResultsFileError as exc:
         return refuse(exc.path, exc.reason)
     if not runs.results:
         return refuse(", ".join(runs.sources), "no result records: nothing to report")
+    comparison = None
+    if args.baseline is not None:
+        from conformance.outputs import same_file
+        from conformance.reporting.compare import CompareRefused, compare_files
+
+        try:  # compare's own checks and comparison; what the report shows anyway is not refused
+            comparison = compare_files(
+                args.baseline,
+                args.results[0],
+                allow_skipped=True,
+                allow_subset=True,
+                drop_duplicates=args.drop_duplicates,
+            )
+        except CompareRefused as exc:
+            if same_file(exc.path, args.baseline):
+                return refuse(str(args.baseline), exc.reason, "--baseline ")
+            reason = f"cannot be compared with {args.results[0]}: {exc.reason}"
+            return refuse(str(args.baseline), reason, "--baseline ")
     for f in runs.files:
         for note in f.notes():
             print(f"attnconf report: {f.path}: {note}", file=sys.stderr)
@@ -248,7 +287,7 @@ def report(args: argparse.Namespace) -> int:
         from conformance.records import NONFINITE_PASS
 
         print(f"attnconf report: {NONFINITE_PASS}: {runs.nonfinite_passes} record(s)", file=sys.stderr)
-    outs, ctx = report_outputs(runs, args.out, args.ledger_dir)
+    outs, ctx = report_outputs(runs, args.out, args.ledger_dir, comparison)
     summary = report_json(runs, ctx, md, html) if args.summary_json else None
     if summary is not None and args.summary_json != "-":
         outs.append(summary_output(summary, args.summary_json, REPORT_JSON))

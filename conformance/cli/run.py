@@ -25,8 +25,10 @@ def add_parser(sub) -> None:
         "expects to fail passing); 4 when a selected backend judged no case: every one of its pairs unsupported, "
         "e.g. a backend not installed on this machine (unless --allow-unjudged; 1 takes precedence); 130 when "
         "interrupted (Ctrl-C: the records are kept; the message gives the --resume command); 2 on usage errors "
-        "(an --out or --json that is a directory, a device, a FIFO or an input included); 3 when --out or --json "
-        "cannot be written (read-only, disk full; the records before are kept). "
+        "(an --out, --json or --report that is a directory, a device, a FIFO or an input included); 3 when --out or "
+        "--json cannot be written (read-only, disk full; the records before are kept). With --report DIR the report "
+        "of the results file is written after the run and the exit status stays the run's (a report that cannot "
+        "be written then is 3, or 2, only when the run itself exits 0). "
         "The run ends with its verdict line (exit N: why), the count of each status (each status but pass that "
         "occurred explained in a line: unsupported means the backend declares it cannot run the case), then every "
         "unexpected problem (status, backend, case id, reason, repro command), the known ones counted per ledger "
@@ -71,6 +73,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         strict=args.strict,
         ledger_dir=args.ledger_dir,
         summary_json=args.summary_json,
+        report=args.report,
         allow_unjudged=args.allow_unjudged,
         profile=args.profile,
         compile_only=args.compile_only,
@@ -81,12 +84,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     )
     if config.compile_only and config.resume:
         raise UsageError("--resume: --compile-only (warmup) writes no results file, so there is nothing to resume")
+    if config.compile_only and config.report is not None:
+        raise UsageError("--report: --compile-only (warmup) writes no results file, so there is nothing to report")
     return main_run(config)
 
 
 #: ``run`` options ``warmup`` does not list: about the results file, the verdict or the checks' order
 _NOT_FOR_WARMUP = {"out", "resume", "time", "strict", "allow_unjudged", "ledger_dir", "profile", "compile_only",
-                   "compile_phase", "schedule", "costs"}  # fmt: skip
+                   "compile_phase", "schedule", "costs", "report"}  # fmt: skip
 
 
 def add_warmup_parser(sub) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from attnref import gather_kv, write_kv_cache
+from attnref.paged import as_layout
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
@@ -131,8 +132,8 @@ class PagedKV:
 
     def gather(self, lens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Packed keys and values of each request's first ``lens[b]`` tokens, read back through the table."""
-        k, _ = gather_kv(self.k_cache, self.block_table, list(lens), self.layout)
-        v, _ = gather_kv(self.v_cache, self.block_table, list(lens), self.layout)
+        k, _ = gather_kv(self.k_cache, self.block_table, list(lens), as_layout(self.layout))
+        v, _ = gather_kv(self.v_cache, self.block_table, list(lens), as_layout(self.layout))
         return k, v
 
 
@@ -174,7 +175,7 @@ def allocate_cache(
         slots.append(token_slots(blocks[b], range(int(n)), block_size))
     flat = torch.tensor([s for row in slots for s in row], dtype=torch.int64, device=dev)
     if flat.numel():
-        write_kv_cache(torch.cat(list(keys)), torch.cat(list(values)), k_cache, v_cache, flat, layout=layout)
+        write_kv_cache(torch.cat(list(keys)), torch.cat(list(values)), k_cache, v_cache, flat, layout=as_layout(layout))
     return PagedKV(k_cache, v_cache, table.to(dev), slots, block_size, layout)
 
 
@@ -198,8 +199,8 @@ def paged_call(
             f"case must describe the cache: layout {paged.layout}, block size {paged.block_size}; "
             f"got {case.kv_layout}, {case.block_size}"
         )
-    k, _ = gather_kv(paged.k_cache, block_table, case.kv_lens, paged.layout)
-    v, _ = gather_kv(paged.v_cache, block_table, case.kv_lens, paged.layout)
+    k, _ = gather_kv(paged.k_cache, block_table, case.kv_lens, as_layout(paged.layout))
+    v, _ = gather_kv(paged.v_cache, block_table, case.kv_lens, as_layout(paged.layout))
     dev = q.device
     inputs: CaseInputs = call_inputs(
         case,

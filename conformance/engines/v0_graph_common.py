@@ -20,7 +20,7 @@ import torch
 from attnfast.base import Support
 from conformance.cases.case import AttentionCase
 
-from .base import Request
+from .base import Engine, Request
 from .calls import blocks_needed, token_slots
 from .graph_call import GraphScenario, graph_support
 
@@ -85,8 +85,8 @@ def bucket_width(case: AttentionCase) -> int:
     return blocks_needed(max(case.kv_lens), case.block_size or 16) + 1
 
 
-class V0GraphEngine:
-    """``supports`` and ``prepare`` of an engine with V0 graph scenarios (mixed in before
+class V0GraphEngine(Engine):
+    """``supports`` and ``prepare`` of an engine with V0 graph scenarios (a base of the engine, before
     :class:`~conformance.engines.base.Engine`): a case of ``graph_scenarios`` is checked, its backend asked for the
     ``graph_call`` it captures, and it runs through ``graph_prepare``; any other case goes on to the engine's own."""
 
@@ -102,16 +102,16 @@ class V0GraphEngine:
 
     def supports(self, case: AttentionCase, backend: Any, device: str) -> Support:
         if case.scenario not in self.graph_scenarios:
-            return super().supports(case, backend, device)  # type: ignore[misc]
+            return super().supports(case, backend, device)
         if device.split(":")[0] not in backend.devices:
             return Support(False, f"runs on {'/'.join(backend.devices)}, not {device}")
-        self.check(case)  # type: ignore[attr-defined]
+        self.check(case)
         return graph_support(backend, self.graph_call(case), device)
 
     def prepare(self, case: AttentionCase, inputs: Any, backend: Any, device: str) -> Any:
         if case.scenario not in self.graph_scenarios:
-            return super().prepare(case, inputs, backend, device)  # type: ignore[misc]
-        self.check(case)  # type: ignore[attr-defined]
+            return super().prepare(case, inputs, backend, device)
+        self.check(case)
         return self.graph_prepare(case, inputs, backend, device)
 
 

@@ -177,8 +177,7 @@ def _length(rng: random.Random, lo: int, hi: int, block: int | None) -> int:
         edges = {lo, lo + 1, hi, *_TILE_EDGES}
         if block:
             edges |= {block - 1, block, block + 1, 2 * block + 1}
-        edges = sorted(e for e in edges if lo <= e <= hi)
-        return rng.choice(edges)
+        return rng.choice(sorted(e for e in edges if lo <= e <= hi))
     if u < 0.8:
         return rng.randint(lo, min(hi, lo + 64))
     return rng.randint(lo, hi)
@@ -262,8 +261,8 @@ def _heads(rng: random.Random, level: str, max_heads: int) -> tuple[int, int]:
     """The level's own head counts (when within the limit) 40 % of the time, else any pair of its bucket."""
     pairs = _head_pairs(max_heads).get(level) or ((1, 1),)
     own = space.HEADS.get(level)
-    if own in pairs and rng.random() < 0.4:
-        return own  # type: ignore[return-value]
+    if own is not None and own in pairs and rng.random() < 0.4:
+        return own
     return rng.choice(pairs)
 
 
@@ -305,7 +304,8 @@ def _block_size(rng: random.Random, level: Hashable) -> int | None:
         return rng.randint(1, 300)
     if u < 0.25:
         return rng.choice((512, 1024, 16 * rng.randint(1, 64)))
-    return int(level)  # type: ignore[arg-type]
+    assert isinstance(level, int)  # a block_size level of the case space
+    return level
 
 
 def _scale(rng: random.Random, head_dim: int) -> float:
@@ -337,7 +337,9 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
     get = lambda name, default=None: levels.get(name, default)
     qv = bool(get("qv", False))
     h, hk = _heads(rng, str(get("heads", "mha")), limits.max_heads)
-    d, dv = _dims(rng, get("dims", (64, 64)), qv)  # type: ignore[arg-type]
+    dims = get("dims", (64, 64))
+    assert isinstance(dims, tuple)  # a dims level of the case space: (head_dim, head_dim_v)
+    d, dv = _dims(rng, dims, qv)
     layout = str(get("layout", "contiguous"))
     block = _block_size(rng, get("block_size")) if layout != "contiguous" else None
     per_req = math.isqrt(max(1, limits.max_work // (h * (d + dv))))  # a prefill of this length meets the bound

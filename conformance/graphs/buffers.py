@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from attnref import write_kv_cache
+from attnref.paged import as_layout
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
@@ -151,20 +152,19 @@ class GraphBuffers:
             k_cache, v_cache = noise(blocks, bs, hk, d), noise(blocks, bs, hk, dv)
         if case.kv_layout == "HND":
             k_cache, v_cache = k_cache.transpose(1, 2).contiguous(), v_cache.transpose(1, 2).contiguous()
-        i32 = dict(dtype=torch.int32, device=dev)
         inputs = CaseInputs(
             case=call,
             q=q,
             k=torch.zeros(0, hk, d, dtype=dt, device=dev),
             v=torch.zeros(0, hk, dv, dtype=dt, device=dev),
-            cu_seqlens_q=torch.arange(0, (b + 1) * ql, ql, **i32),
-            cu_seqlens_k=torch.zeros(b + 1, **i32),
-            seqlens_k=torch.zeros(b, **i32),
+            cu_seqlens_q=torch.arange(0, (b + 1) * ql, ql, dtype=torch.int32, device=dev),
+            cu_seqlens_k=torch.zeros(b + 1, dtype=torch.int32, device=dev),
+            seqlens_k=torch.zeros(b, dtype=torch.int32, device=dev),
             alibi_slopes=source.alibi_slopes,
             sinks=source.sinks,
             k_cache=k_cache,
             v_cache=v_cache,
-            block_table=torch.zeros(b, bucket.width, **i32),
+            block_table=torch.zeros(b, bucket.width, dtype=torch.int32, device=dev),
             qv=qv,
             mla_cache=mla_cache,
         )
@@ -198,7 +198,7 @@ class GraphBuffers:
             flat = torch.tensor(slots, dtype=torch.int64, device=dev)
             k_cache, v_cache = buf.k_cache, buf.v_cache
             assert k_cache is not None and v_cache is not None
-            write_kv_cache(torch.cat(keys), torch.cat(values), k_cache, v_cache, flat, layout=case.kv_layout)
+            write_kv_cache(torch.cat(keys), torch.cat(values), k_cache, v_cache, flat, layout=as_layout(case.kv_layout))
         assert buf.block_table is not None
         buf.block_table.copy_(table.to(dev))
         buf.seqlens_k.copy_(torch.tensor(lens, dtype=torch.int32))

@@ -167,7 +167,8 @@ class InvarianceRun(ComposedRun):
         }
         outs = [r.out for _, r in results]
         lses = [r.lse for _, r in results]
-        lse = torch.cat(lses, dim=1) if all(x is not None for x in lses) else None  # type: ignore[arg-type]
+        present = [x for x in lses if x is not None]
+        lse = torch.cat(present, dim=1) if len(present) == len(lses) else None
         return KernelOutput(torch.cat(outs), lse)
 
 

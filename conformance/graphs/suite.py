@@ -26,6 +26,7 @@ replays, capture first; ``graph_fill`` = their padded ``seq_lens`` value) and ru
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict
 
 from conformance.cases.case import AttentionCase
 
@@ -47,6 +48,30 @@ DEFAULT_BATCHES: tuple[tuple[int, ...], ...] = (
 )
 
 
+class _Shape(TypedDict, total=False):
+    """Head counts, head dims, dtype and mask that a group of cases shares (a dict of keyword arguments of
+    :class:`AttentionCase`)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    qv: bool
+    dtype: str
+    causal: bool
+
+
+class _Layout(TypedDict, total=False):
+    """A paged KV cache's layout and block size (keyword arguments of :class:`AttentionCase`; empty: contiguous)."""
+
+    kv_layout: str
+    block_size: int
+
+
+class _Paged(_Shape, _Layout, total=False):
+    """A shape and a layout in one dict."""
+
+
 def _requests(batches: Sequence[Sequence[int]], q_len: int) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
     sizes = tuple(len(b) for b in batches)
     reqs = tuple((q_len, max(kv, q_len)) for b in batches for kv in b)
@@ -57,9 +82,9 @@ def graph_cases(batches: Sequence[Sequence[int]] = DEFAULT_BATCHES) -> list[Atte
     """The kernel-level graph cases over replay ``batches`` (key counts per batch, the capture batch first)."""
     dec_sizes, dec = _requests(batches, 1)
     ver_sizes, ver = _requests(batches, 3)
-    gqa = dict(num_heads=32, num_kv_heads=8, head_dim=128, dtype="bf16", causal=True)
-    mla = dict(num_heads=MLA_HEADS, num_kv_heads=1, head_dim=64, head_dim_v=512, qv=True, dtype="bf16", causal=True)
-    nhd16 = dict(kv_layout="NHD", block_size=16)
+    gqa = _Shape(num_heads=32, num_kv_heads=8, head_dim=128, dtype="bf16", causal=True)
+    mla = _Shape(num_heads=MLA_HEADS, num_kv_heads=1, head_dim=64, head_dim_v=512, qv=True, dtype="bf16", causal=True)
+    nhd16 = _Layout(kv_layout="NHD", block_size=16)
     out = [
         # vLLM V1 (seed 001): FA3 + AOT scheduler metadata, padded seq_lens 0; splits from the metadata / pinned 1
         AttentionCase(dec, graph=dec_sizes, scheduler_metadata=True, **gqa, **nhd16),
@@ -82,12 +107,12 @@ def graph_cases(batches: Sequence[Sequence[int]] = DEFAULT_BATCHES) -> list[Atte
 
 def invariance_cases() -> list[AttentionCase]:
     """Run-to-run, batch-composition and split-count cases (paged decode, mixed batches, MLA)."""
-    gqa = dict(num_heads=32, num_kv_heads=8, head_dim=128, dtype="bf16", causal=True)
-    mla = dict(num_heads=MLA_HEADS, num_kv_heads=1, head_dim=64, head_dim_v=512, qv=True, dtype="bf16", causal=True)
+    gqa = _Shape(num_heads=32, num_kv_heads=8, head_dim=128, dtype="bf16", causal=True)
+    mla = _Shape(num_heads=MLA_HEADS, num_kv_heads=1, head_dim=64, head_dim_v=512, qv=True, dtype="bf16", causal=True)
     decode = ((1, 3000), (1, 17), (1, 800), (1, 1500))
     mixed = ((1, 2000), (200, 200), (1, 90), (64, 600))
     out = []
-    for layout in (dict(kv_layout="NHD", block_size=16), dict(kv_layout="NHD", block_size=256)):
+    for layout in (_Layout(kv_layout="NHD", block_size=16), _Layout(kv_layout="NHD", block_size=256)):
         out += [
             AttentionCase(decode, invariance="run", **gqa, **layout),
             AttentionCase(decode, invariance="batch", **gqa, **layout),
@@ -110,21 +135,22 @@ def neighbour_cases() -> list[AttentionCase]:
     of 64; at head dim 64 (vLLM #51902's 14 query / 2 KV heads) also over pages of 16 and contiguous keys."""
     out = []
     layouts = {
-        64: (dict(kv_layout="NHD", block_size=64), dict(kv_layout="NHD", block_size=16), dict()),
+        64: (_Layout(kv_layout="NHD", block_size=64), _Layout(kv_layout="NHD", block_size=16), _Layout()),
     }
     for d in TEMPLATE_HEAD_DIMS:
-        heads = dict(num_heads=14, num_kv_heads=2) if d == 64 else dict(num_heads=32, num_kv_heads=8)
-        for layout in layouts.get(d, (dict(kv_layout="NHD", block_size=64),)):
+        num_heads, num_kv_heads = (14, 2) if d == 64 else (32, 8)
+        for layout in layouts.get(d, (_Layout(kv_layout="NHD", block_size=64),)):
             for target in ((1, 3000), (64, 3000)):
                 out.append(
                     AttentionCase(
                         (target, (129, 1100)),
                         invariance="neighbour",
                         num_splits=1,
+                        num_heads=num_heads,
+                        num_kv_heads=num_kv_heads,
                         head_dim=d,
                         dtype="bf16",
                         causal=True,
-                        **heads,
                         **layout,
                     )
                 )
@@ -135,7 +161,7 @@ def small_cases() -> list[AttentionCase]:
     """A few small graph and invariance cases for suites ``smoke`` and ``default`` (every feature there): a decode
     bucket replayed for smaller, longer and padded batches, with and without a pinned split count, a verify
     bucket, and each invariance, at most 300 keys a request."""
-    gqa = dict(num_heads=8, num_kv_heads=2, head_dim=64, dtype="bf16", causal=True, kv_layout="NHD", block_size=16)
+    gqa = _Paged(num_heads=8, num_kv_heads=2, head_dim=64, dtype="bf16", causal=True, kv_layout="NHD", block_size=16)
     batches = ((120, 17, 260), (290, 3), (40, 200, 9), (1,))
     sizes, dec = _requests(batches, 1)
     _, ver = _requests(batches, 3)

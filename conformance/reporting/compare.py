@@ -48,15 +48,20 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 from conformance.backward.diff import GradChange, GradMissing, gradient_diffs
 from conformance.exits import Exit
 from conformance.records import CheckResult, Header, judged_results, Status
 from conformance.reporting.compare_inputs import CompareRefused, check_inputs
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
+
 __all__ = [
     "MAX_ROWS",
     "CompareRefused",
+    "CompareRules",
     "Comparison",
     "Pair",
     "compare_files",
@@ -145,7 +150,7 @@ class Comparison:
         return self.compared_errors - len(self.numerics_changed)
 
     @property
-    def exit_status(self) -> int:
+    def exit_status(self) -> Exit:
         """1 regressed; 4 a family judged nothing (unless ``allow_unjudged``); else 0."""
         if self.regressed:
             return Exit.PROBLEMS
@@ -261,6 +266,14 @@ def _versions(headers: list[Header], results: list[CheckResult]) -> dict[str, st
     return out
 
 
+class CompareRules(TypedDict, total=False):
+    """The rules :func:`compare_results` takes by keyword (its defaults when left out)."""
+
+    ratio_threshold: float
+    ratio_floor: float
+    perf_margin: float | None
+
+
 def compare_results(
     old: list[CheckResult],
     new: list[CheckResult],
@@ -351,7 +364,7 @@ def compare_files(
     only_new_families: bool = False,
     allow_unjudged: bool = False,
     drop_duplicates: bool = False,
-    **kwargs: float | None,
+    **kwargs: Unpack[CompareRules],
 ) -> Comparison:
     """:func:`compare_results` on two results files, with their sources and package versions;
     :class:`CompareRefused` when they may not be compared (:func:`check_inputs`).  ``allow_unjudged``: a family
@@ -366,7 +379,7 @@ def compare_files(
         only_new_families=only_new_families,
         drop_duplicates=drop_duplicates,
     )
-    cmp = compare_results(ins.old_results, ins.new_results, **kwargs)  # type: ignore[arg-type]
+    cmp = compare_results(ins.old_results, ins.new_results, **kwargs)
     cmp.allow_unjudged = allow_unjudged
     cmp.old_source, cmp.new_source = str(old), str(new)
     old_h, new_h = list(ins.old.headers), list(ins.new.headers)

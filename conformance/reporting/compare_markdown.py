@@ -3,6 +3,7 @@ prints and writes with ``--out``; its JSON twin is :mod:`conformance.reporting.c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 
 from conformance.records import CheckResult, NONFINITE_PASS
 from conformance.reporting.compare import MAX_ROWS, Comparison, Pair, _family, numbers_moved, variant_of
@@ -90,7 +91,7 @@ def render_markdown(cmp: Comparison) -> str:
             "the last one was used."
         )
 
-    counts = [
+    changes: list[tuple[str, Sequence[object]]] = [
         ("new failures", cmp.new_failures),
         ("error-ratio regressions", cmp.ratio_regressions),
         ("gradient regressions", cmp.grad_regressions),
@@ -104,7 +105,7 @@ def render_markdown(cmp: Comparison) -> str:
         ("error ratio no longer NaN", cmp.ratio_fixes),
         ("kernel variant changed", cmp.variant_changes),
     ]
-    out += ["", "| change | count |", "|---|---|"] + [f"| {name} | {len(items)} |" for name, items in counts]
+    out += ["", "| change | count |", "|---|---|"] + [f"| {name} | {len(items)} |" for name, items in changes]
 
     def section(title: str, items: list, header: str, fmt) -> None:
         if not items:

@@ -13,6 +13,9 @@ num_splits = 1`` its batch-invariant configuration).  Columns:
 A cell reads ``kept k/n`` (bitwise equal in all ``n`` cases), ``broken k/n`` (``k`` cases differ; each break is
 listed under the table with its case and the first differing pair), ``n/a`` (the kernel refused every case; the
 first reason on hover and in the notes) or adds ``FAIL k`` when cases failed the numerical verdict or a promise.
+A graph cell of cases where nothing was captured (the record's ``extra["graph"]["captured"]`` false: a CPU device,
+where the replays run the graph-safe call eagerly) adds ``no graph captured`` (``k of n`` when only some), and a
+note says what ran instead: no CUDA graph is claimed for them.
 """
 
 from __future__ import annotations
@@ -37,6 +40,12 @@ def _mode(case: dict[str, Any]) -> str:
     return "num_splits = 1" if pinned else "default"
 
 
+def _uncaptured(r: CheckResult) -> bool:
+    """Whether a graph record's replays ran without a captured graph (``captured`` false: a CPU device)."""
+    g = r.extra.get("graph") if isinstance(r.extra, dict) else None
+    return isinstance(g, dict) and g.get("captured") is False
+
+
 def _entries(r: CheckResult) -> list[tuple[str, bool | None, str]]:
     """(column, kept or None when not run, evidence of a break) for one record."""
     case = r.case if isinstance(r.case, dict) else {}
@@ -58,14 +67,15 @@ def _entries(r: CheckResult) -> list[tuple[str, bool | None, str]]:
         )
         return [(kind, bool(inv.get("kept")), why)]
     g = r.extra["graph"]
-    out = []
+    out: list[tuple[str, bool | None, str]] = []
     for col, keys in (("graph = eager", ("vs_eager",)), ("graph vs own call", ("vs_plain", "vs_own_call"))):
         # records written before the graph paths shared one loop (SGLang's engine) name it vs_own_call
         found = [next((p[k] for k in keys if k in p), None) for p in g.get("replays", [])]
-        if not found or any(d is None for d in found):
+        present = [d for d in found if d is not None]
+        if not found or len(present) < len(found):
             out.append((col, None, f"no {keys[0]} comparison in the record's replays"))
             continue
-        bad = [(i, d) for i, d in enumerate(found) if not d["equal"]]
+        bad = [(i, d) for i, d in enumerate(present) if not d["equal"]]
         why = ", ".join(f"replay {i}: {d['rows']} rows, max |diff| {d['max_abs']:.3g}" for i, d in bad[:2])
         out.append((col, not bad, why))
     return out
@@ -74,9 +84,10 @@ def _entries(r: CheckResult) -> list[tuple[str, bool | None, str]]:
 def invariance_sections(results: Iterable[CheckResult], backends: list[str]) -> dict[str, Any] | None:
     """``{columns, rows: [{backend, mode, cells: [cell or None]}], notes: [text]}``, or None without such records."""
     cells: dict[tuple[str, str, str], dict[str, Any]] = defaultdict(
-        lambda: {"kept": 0, "broken": 0, "na": 0, "fail": 0, "reason": ""}
+        lambda: {"kept": 0, "broken": 0, "na": 0, "fail": 0, "uncaptured": 0, "reason": ""}
     )
     notes: list[str] = []
+    uncaptured: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # device -> backend -> ids
     for r in results:
         for col, kept, why in _entries(r):
             cell = cells[(r.backend, _mode(r.case), col)]
@@ -85,12 +96,22 @@ def invariance_sections(results: Iterable[CheckResult], backends: list[str]) -> 
                 cell["reason"] = cell["reason"] or why
                 continue
             cell["kept" if kept else "broken"] += 1
+            if _uncaptured(r):
+                cell["uncaptured"] += 1
+                uncaptured[r.device or "?"][r.backend].add(r.case_id)
             if r.status.is_problem:
                 cell["fail"] += 1
             if not kept:
                 notes.append(f"{r.backend} ({_mode(r.case)}), {col}: `{r.case_id}`: {why}")
     if not cells:
         return None
+    for device, by_backend in sorted(uncaptured.items()):
+        listed = ", ".join(f"{b} {len(ids)}" for b, ids in sorted(by_backend.items()))
+        notes.append(
+            f"No graph captured on device `{device}` (graph cases per kernel: {listed}): each replay ran the "
+            "graph-safe call eagerly on the bucket's buffers, which checks the buffer logic (padding, stale table "
+            "entries, live key counts), not a CUDA graph"
+        )
     rows = []
     engine_modes = sorted({m for _, m, _ in cells if m.startswith("engine ")})
     for b in backends:
@@ -108,6 +129,8 @@ def _text(cell: dict[str, Any] | None) -> dict[str, Any] | None:
     if ran == 0:
         return {"status": "unsupported", "text": "n/a", "reason": cell["reason"]}
     text = f"kept {ran}/{ran}" if not cell["broken"] else f"broken {cell['broken']}/{ran}"
+    if cell["uncaptured"]:
+        text += ", no graph captured" if cell["uncaptured"] == ran else f", no graph captured in {cell['uncaptured']}"
     if cell["fail"]:
         text += f", FAIL {cell['fail']}"
     status = "fail" if cell["fail"] else ("pass" if not cell["broken"] else "broken")

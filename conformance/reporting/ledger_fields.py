@@ -10,7 +10,8 @@ prints the list.  Three kinds:
 * what a kernel makes of the case, computed by the adapter module's own helpers so the ledger and the adapter
   cannot disagree: ``fa4_sm90_tile_n`` / ``fa4_sm90_paged_loader`` (:mod:`attnfast.fa4`), ``fa2_entry`` /
   ``fa2_window_misread`` (:mod:`attnfast.fa2`, :mod:`attnfast._fa_common`), ``fa3_hdim_template``,
-  ``fa3_one_mma_wg_switch`` (vLLM's FA3 fork's kernel choice, read from its source).
+  ``fa3_one_mma_wg_switch`` and ``fa3_keyless_m_block`` (vLLM's FA3 fork's kernel choice and tiles, read from its
+  source: :mod:`attnfast.decisions`).
 
 A value is ``None`` where it does not apply (``block_size`` of a contiguous case, ``scale`` left to the kernel).
 """
@@ -73,17 +74,17 @@ def _rows_without_keys(case: AttentionCase) -> int:
 
 def _fa2_seqlen_k(case: AttentionCase) -> int:
     """The ``seqlen_k`` FA2 normalises the window against: ``max_seqlen_k`` for varlen, the cache width for kvcache
-    (as attnfast.fa2 builds the call: attnfast._fa_common.kvcache_caches)."""
-    from attnfast._fa_common import uniform_q_len
-    from attnfast.fa2 import VARLEN, fa2_entry
+    (as attnfast.fa2 builds the call: attnfast._fa_common.kvcache_caches, with the width the adapter asks for,
+    attnfast.fa2.fa2_kvcache_min_width)."""
+    from attnfast.fa2 import VARLEN, fa2_entry, fa2_kvcache_min_width
 
     if fa2_entry(case) == VARLEN:
         return max(case.kv_lens)
-    q_len = uniform_q_len(case)
-    min_width = case.num_heads // case.num_kv_heads if case.append and q_len == 1 else 1
+    min_width = fa2_kvcache_min_width(case)
     if not case.paged:
         return max(1, max(case.kv_lens), min_width)
     bs = case.block_size
+    assert bs is not None  # set exactly when paged
     cols = max(max(1, -(-n // bs)) for n in case.kv_lens)
     cols = max(cols, -(-min_width // bs))
     return cols * bs
@@ -106,16 +107,22 @@ def _keyless_query_tile(case: AttentionCase) -> int:
 
 
 def _fa3_keyless_m_block(case: AttentionCase) -> bool:
-    """Whether some query tile of FA3's forward sees no key at all: 128 rows of one request, or with a GQA group of
-    g heads packed into the tile (PackGQA) rows ``128 t // g .. (128 t + 127) // g``.  Fitted to the committed
-    records (fa3-vllm sink cases, ledgers/fa3-vllm.toml), not read from the kernel."""
+    """Whether some query tile of the FA3 fork's forward sees no key at all: ``kBlockM`` rows of one request (the
+    fork's tile for the call, :func:`attnfast.decisions.fa3_vllm_fwd_tile`: 192 at head dims 64 and 96, 64 for a
+    one-MMA-warpgroup call, else 128), or with a GQA group of g heads packed into the tile (PackGQA) rows
+    ``M t // g .. (M t + M - 1) // g``.  Such a tile's key range is empty (``get_n_block_min_max``), the kernel skips
+    it and writes LSE -inf without the sink; a keyless row that shares its tile with rows that see keys gets the
+    sink."""
+    from attnfast.decisions import fa3_vllm_fwd_tile
+
     g = case.num_heads // case.num_kv_heads
+    block_m = fa3_vllm_fwd_tile(case)[0]
     for b in range(case.batch):
         lo, hi = _visible_bounds(case, b)
         empty = lo >= hi
         sq = len(empty)
-        for start in range(0, sq * g, 128):
-            r0, r1 = start // g, min(sq - 1, (start + 127) // g)
+        for start in range(0, sq * g, block_m):
+            r0, r1 = start // g, min(sq - 1, (start + block_m - 1) // g)
             if empty[r0 : r1 + 1].all():
                 return True
     return False
@@ -332,7 +339,8 @@ FIELDS: dict[str, Field] = {
     ),
     "fa3_keyless_m_block": Field(
         "bool",
-        "some 128-row query tile of FA3 (128 / group rows with a packed GQA group) sees no key (fitted to the records)",
+        "some query tile of the FA3 fork's forward (its kBlockM rows for the call: 192 at head dims 64/96, 64 for "
+        "a one-MMA-warpgroup call, else 128; packed GQA rows with a group) sees no key",
         _fa3_keyless_m_block,
     ),
     "fa3_one_mma_wg_switch": Field(

@@ -75,7 +75,7 @@ def error_ratio_histograms(ratios: Mapping[str, Sequence[float]]) -> bytes | Non
     return _png(fig)
 
 
-def throughput_plot(points: Mapping[str, Sequence[tuple[str, float]]], unit: str = "TFLOP/s") -> bytes | None:
+def throughput_plot(points: Mapping[str, Sequence[tuple[str, float | None]]], unit: str = "TFLOP/s") -> bytes | None:
     """Grouped horizontal bars: per case, one bar per backend (``points[backend] = [(case_id, value)]``)."""
     points = {b: [(c, v) for c, v in pts if v is not None and math.isfinite(v)] for b, pts in points.items()}
     points = {b: pts for b, pts in points.items() if pts}

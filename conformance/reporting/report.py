@@ -2,10 +2,15 @@
 
 :func:`build_context` turns records into plain data (every number already formatted where a
 template would otherwise repeat the logic); the two Jinja templates in ``templates/`` lay it out.
-Sections: runs and environments, per-backend totals (with the harness time spent outside the
-kernel), where the time went (:mod:`conformance.running.profile`), feature x backend matrix, unexpected
-failures, ledger-known failures, unexpected passes and stale ledger entries, the declared capability matrix,
-error-ratio histograms, performance.
+The report opens on its verdict and keeps the environment for last (:data:`SECTIONS`, the order of the page and of
+its navigation): the verdict (a headline, what ran, one line per backend: judged, passed, unexpected, known,
+unsupported, or *nothing judged*: :func:`conformance.running.outcome.unjudged_backends`), the unexpected problems
+grouped by cause (:func:`problem_groups`) with their repro lines, what changed against a baseline when one is
+given (:mod:`conformance.reporting.compare`'s comparison and summary, :func:`baseline_context`), the details
+(ledger-known failures, unexpected passes and stale ledger entries, models, invariances, variants, backward,
+per-backend totals with the harness time spent outside the kernel, where the time went
+(:mod:`conformance.running.profile`), the feature x backend matrix, engines, fuzz findings, the declared
+capability matrix, error-ratio histograms, performance), then the runs and their environments.
 
 Several files are merged (shards of one sweep, or runs on several machines); when two records
 share (case id, backend), the one read last wins; within one file a pair recorded twice is refused unless
@@ -15,6 +20,9 @@ and the report says how many there were).  Files are read by :func:`conformance.
 a missing or unreadable file, or one without any record, is a :class:`conformance.results_file.ResultsFileError`;
 lines that are not records are skipped and kept in :attr:`RunSet.files` (``attnconf report`` counts them on
 stderr and exits 2 when the files hold no result at all).
+
+Size: one report's context, a few lines per section in the order of :data:`SECTIONS` (their layout is in the
+templates); the verdict and baseline sections added in issue 28 belong to the same page.
 """
 
 from __future__ import annotations
@@ -42,22 +50,36 @@ from conformance.reporting.fuzz_table import fuzz_findings
 from conformance.reporting.ledger import Ledger, LedgerEntry, builtin_suite_cases
 from conformance.records import CheckResult, Header, judged_results, NONFINITE_PASS, Status
 from conformance.results_file import load_results, ResultsFile
+from conformance.running.outcome import short_reason, unjudged_backends
 
 __all__ = [
     "HTML_KIND",
     "MD_KIND",
+    "SECTIONS",
     "RunSet",
+    "baseline_context",
     "build_context",
     "load_runs",
+    "problem_groups",
 ]
 
 #: Output kinds of the report's Markdown and HTML (:mod:`conformance.outputs`; the PNGs are :data:`PLOT_KIND`).
 MD_KIND, HTML_KIND = "report-md", "report-html"
 
 _TEMPLATES = Path(__file__).resolve().parent / "templates"
+#: The report's sections in page order, (anchor, title): both templates open with links to them.
+SECTIONS = (
+    ("verdict", "Verdict"),
+    ("unexpected", "Unexpected problems"),
+    ("baseline", "Changes against the baseline"),
+    ("details", "Details"),
+    ("environment", "Environment"),
+)
+#: Problems listed in full per cause group in the HTML report before the rest are folded.
+GROUP_SHOWN = 20
 STATUSES = [s.value for s in Status]
 #: What a header written by another tool (or an older runner) may lack; the templates need every key.
-_RUN_DEFAULTS = {
+_RUN_DEFAULTS: dict[str, Any] = {
     "device": "?",
     "seed": "?",
     "shard": None,
@@ -150,7 +172,7 @@ def _case(r: CheckResult) -> AttentionCase | None:
 
 def _failure(r: CheckResult, entry: LedgerEntry | None = None) -> dict[str, Any]:
     case = _case(r)
-    row = {
+    row: dict[str, Any] = {
         "backend": r.backend,
         "case_id": r.case_id,
         "status": r.status.value,
@@ -163,6 +185,89 @@ def _failure(r: CheckResult, entry: LedgerEntry | None = None) -> dict[str, Any]
     if entry is not None:
         row.update(ledger_reason=entry.reason, evidence=list(entry.evidence), pattern=entry.pattern)
     return row
+
+
+#: A number in a reason (not one inside a name such as ``bf16`` or ``fp8``): a cause is its reason without them.
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def _cause(r: CheckResult) -> str:
+    """What a problem's cause group is named by: a fail's failed checks, else the first line of its reason with its
+    numbers written ``N`` (``worker killed by SIGSEGV (exit status N)``)."""
+    if r.status is Status.FAIL and r.stats is not None and r.stats.failed_checks:
+        return "failed " + ", ".join(r.stats.failed_checks)
+    return _NUMBER.sub("N", short_reason(r.reason, 200)) or "(no reason recorded)"
+
+
+def problem_groups(unexpected: Sequence[CheckResult]) -> list[dict[str, Any]]:
+    """The unexpected problems grouped by (backend, status, cause: :func:`_cause`), most problems first:
+    ``{backend, status, cause, count, problems: [rows as the report lists them]}``."""
+    groups: dict[tuple[str, str, str], list[CheckResult]] = {}
+    for r in unexpected:
+        groups.setdefault((r.backend, r.status.value, _cause(r)), []).append(r)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    return [
+        {"backend": b, "status": st, "cause": cause, "count": len(rs), "problems": [_failure(r) for r in rs]}
+        for (b, st, cause), rs in ordered
+    ]
+
+
+def _selected(runs: RunSet) -> dict[str, str]:
+    """The backends the files' runs selected (by the name their records carry) and those with records, each with
+    why it was not available (``''`` when it was, on any run): what :func:`unjudged_backends` reads."""
+    selected: dict[str, str] = {}
+    for h in runs.headers:
+        for key, info in h.backends.items():
+            name = info.get("name") or key
+            why = info.get("unavailable_reason", "not available") if info.get("available") == "no" else ""
+            selected[name] = why if selected.get(name, why) else ""
+    for r in runs.results:
+        selected.setdefault(r.backend, "")
+    return dict(sorted(selected.items()))
+
+
+def _verdict(runs: RunSet, totals: list[dict[str, Any]], verdict: Any, infos: dict) -> dict[str, Any]:
+    """The report's opening: a headline, what ran, one line per backend (its counts, or why it judged nothing)."""
+    unexpected = Counter(r.backend for r in verdict.unexpected)
+    known = Counter(r.backend for r, _ in verdict.known)
+    by_name = {t["backend"]: t for t in totals}
+    nothing = {name: why for name, why, _ in unjudged_backends(runs.results, _selected(runs))}
+    lines = []
+    for name in _selected(runs):
+        t = by_name.get(name)
+        counts = t["counts"] if t else {s: 0 for s in STATUSES}
+        total = t["total"] if t else 0
+        lines.append(
+            {
+                "backend": name,
+                "version": t["version"] if t else infos.get(name, {}).get("version", "?"),
+                "total": total,
+                "judged": total - counts["unsupported"],
+                "passed": counts["pass"],
+                "unexpected": unexpected.get(name, 0),
+                "known": known.get(name, 0),
+                "unsupported": counts["unsupported"],
+                "nothing_judged": nothing.get(name),
+            }
+        )
+    n_unexp = len(verdict.unexpected)
+    tail = f"{len(verdict.known)} known"
+    if verdict.unexpected_passes:
+        tail += f", {len(verdict.unexpected_passes)} unexpected pass(es)"
+    if n_unexp:
+        who = sorted(unexpected)
+        headline = f"{n_unexp} unexpected problem(s) in {', '.join(who)} ({tail})"
+    else:
+        headline = f"No unexpected problem ({tail})"
+    if nothing:
+        headline += f"; {len(nothing)} backend(s) judged nothing: {', '.join(nothing)}"
+    devices = sorted({str(h.run_options.get("device") or h.env.get("device") or "?") for h in runs.headers})
+    ran = f"{len(runs.results)} (case, backend) pairs of {len({r.case_id for r in runs.results})} cases"
+    if devices:
+        ran += f" on device {', '.join(devices)}"
+    if devices and all(d == "cpu" for d in devices):
+        ran += " (CPU backends only: no GPU kernel ran, and no CUDA graph was captured)"
+    return {"headline": headline, "bad": bool(n_unexp or nothing), "ran": ran, "lines": lines}
 
 
 def _backend_infos(runs: RunSet) -> dict[str, dict[str, str]]:
@@ -199,7 +304,7 @@ def _merge_shards(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     merged: dict[str, dict[str, Any]] = {}
     for run in runs:
         shard = run["run"].get("shard")
-        argv = re.sub(r" --(shard|out) \S+", "", run["argv"])
+        argv = re.sub(r" --(shard|out|report) \S+", "", run["argv"])
         options = {k: v for k, v in run["run"].items() if k not in ("shard", "cases")}
         key = json.dumps([run["suite"], run["env"], run["backends"], options, argv], sort_keys=True, default=str)
         if key not in merged:
@@ -215,7 +320,9 @@ def _merge_shards(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(shards) > 1:
             entry["run"] = {**entry["run"], "shard": None}
             entry["shards"] = f"{len(shards)} of {shards[0][1]} ({', '.join(str(i) for i, _ in shards)})"
-            entry["argv"] = re.sub(r" --(shard|out) \S+", "", entry["argv"]) + "  (per shard: --shard I/N --out FILE)"
+            entry["argv"] = (
+                re.sub(r" --(shard|out|report) \S+", "", entry["argv"]) + "  (per shard: --shard I/N --out FILE)"
+            )
         out.append(entry)
     return out
 
@@ -265,26 +372,27 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
     ]
     ratios = {b: [r.stats.error_ratio for r in by_backend[b] if r.stats is not None] for b in backends}
     timed = sorted(
-        (r for r in results if r.timing is not None and not is_backward_timing(r)), key=lambda r: (r.case_id, r.backend)
+        ((r, r.timing) for r in results if r.timing is not None and not is_backward_timing(r)),
+        key=lambda rt: (rt[0].case_id, rt[0].backend),
     )
     perf = [
         {
             "backend": r.backend,
             "case_id": r.case_id,
-            "median_ms": _fmt(r.timing.median_ms, ".4g"),
-            "p20_ms": _fmt(r.timing.p20_ms, ".4g"),
-            "p80_ms": _fmt(r.timing.p80_ms, ".4g"),
-            "tflops": _fmt(r.timing.tflops, ".1f"),
-            "gbps": _fmt(r.timing.gbps, ".0f"),
-            "roofline": _fmt(r.timing.roofline_pct, ".0f"),
-            "bound": r.timing.bound or "",
-            "method": r.timing.method,
+            "median_ms": _fmt(t.median_ms, ".4g"),
+            "p20_ms": _fmt(t.p20_ms, ".4g"),
+            "p80_ms": _fmt(t.p80_ms, ".4g"),
+            "tflops": _fmt(t.tflops, ".1f"),
+            "gbps": _fmt(t.gbps, ".0f"),
+            "roofline": _fmt(t.roofline_pct, ".0f"),
+            "bound": t.bound or "",
+            "method": t.method,
             "status": r.status.value,
         }
-        for r in timed
+        for r, t in timed
     ]
     ratio_png = plotting.error_ratio_histograms(ratios) if plots else None
-    tput = {b: [(r.case_id, r.timing.tflops) for r in timed if r.backend == b] for b in backends}
+    tput = {b: [(r.case_id, t.tflops) for r, t in timed if r.backend == b] for b in backends}
     tput_png = plotting.throughput_plot(tput) if plots and perf else None
     runs_ctx = _merge_shards(
         [
@@ -303,6 +411,11 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
         ]
     )
     return {
+        "sections": SECTIONS,
+        "group_shown": GROUP_SHOWN,
+        "verdict": _verdict(runs, totals, verdict, infos),
+        "problem_groups": problem_groups(verdict.unexpected),
+        "baseline": None,
         "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "sources": runs.sources,
         "runs": runs_ctx,
@@ -354,6 +467,25 @@ def build_context(runs: RunSet, ledger: Ledger, plots: bool = True) -> dict[str,
         "backward_perf": backward_perf_rows(results),
         "time_profile": _time_profile(runs.sources),
         "_pngs": {"error_ratio.png": ratio_png, "throughput.png": tput_png},
+    }
+
+
+def baseline_context(cmp: Any) -> dict[str, Any]:
+    """The report's "changes against the baseline" section of a comparison
+    (:class:`conformance.reporting.compare.Comparison`, as ``attnconf compare`` makes it): its verdict and
+    ``attnconf compare``'s own summary (:func:`conformance.reporting.compare_markdown.render_markdown`), its
+    headings two levels down to sit under the section's."""
+    from conformance.reporting.compare_markdown import render_markdown
+
+    text = render_markdown(cmp)
+    shifted = "\n".join("##" + line if line.startswith("#") else line for line in text.splitlines())
+    return {
+        "old": cmp.old_source,
+        "new": cmp.new_source,
+        "verdict": cmp.verdict,
+        "bad": cmp.exit_status != 0,
+        "not_compared": len(cmp.not_in_new),
+        "markdown": shifted,
     }
 
 

@@ -35,7 +35,7 @@ def report_json(runs: RunSet, ctx: dict[str, Any], md: Path, html: Path) -> dict
         known.setdefault((row["backend"], row.get("pattern", ""), row.get("ledger_reason", "")), []).append(
             row["case_id"]
         )
-    files = [
+    files: list[dict[str, Any]] = [
         {
             "path": str(f.path),
             "headers": len(f.headers),

@@ -180,9 +180,9 @@ def read_parts(path: Path | str | ResultsFile) -> list[ShardPart]:
             for r in results:  # within one file the last record of a pair wins, as in reports
                 latest.pop((r.case_id, r.backend), None)
                 latest[r.case_id, r.backend] = r
-        results = tuple(latest.values())
-        missing, count, cases = _missing(first, (covers[0], n), results)
-        parts.append(ShardPart(str(path), n, covers, first, results, missing, count, cases, len(segments)))
+        kept = tuple(latest.values())
+        missing, count, cases = _missing(first, (covers[0], n), kept)
+        parts.append(ShardPart(str(path), n, covers, first, kept, missing, count, cases, len(segments)))
     return parts
 
 

@@ -243,8 +243,9 @@ def merged_output(run: MergedRun, out: Path | str, flag: str = "--out") -> Outpu
     kind: a results file is data, so whatever is at ``out`` is kept as a numbered backup, never replaced."""
     out = Path(out)
 
-    def lines(fh: BinaryIO) -> None:
-        for record in (run.header, *run.results):
+    def lines(fh: BinaryIO | gzip.GzipFile) -> None:
+        records: tuple[Header | CheckResult, ...] = (run.header, *run.results)
+        for record in records:
             fh.write((json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n").encode("utf-8"))
 
     def data(fh: BinaryIO) -> None:

@@ -89,7 +89,8 @@ def _gpu_env(device: str) -> dict[str, Any]:
     else:
         # The CUDA driver API version (e.g. 12040): coarser than the display driver, but always there.
         try:
-            info["driver"] = f"cuda-driver-api {torch._C._cuda_getDriverVersion()}"
+            # CUDA builds only, and in no torch stub: a stub gap (the except covers a build without it)
+            info["driver"] = f"cuda-driver-api {torch._C._cuda_getDriverVersion()}"  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - a private API; its absence only loses one fact
             info["driver"] = "n/a"
     return info

@@ -62,6 +62,9 @@ class RunConfig:
     ledger_dir: Path | None = None
     #: ``--json``: the machine-readable summary goes here
     summary_json: Path | None = None
+    #: ``--report DIR``: the report of the results file (``report.md``, ``report.html``) is written there after the
+    #: run (:mod:`conformance.reporting.report_render`)
+    report: Path | None = None
     #: ``--allow-unjudged``: a backend that judged no case (every pair unsupported) does not fail the run
     allow_unjudged: bool = False
     #: ``--profile``: print where the time went at the end (:mod:`conformance.running.profile`)
@@ -116,7 +119,7 @@ def _describe(client: WorkerClient, config: RunConfig) -> tuple[dict[str, Any], 
 
 def _compile_keys(
     client: WorkerClient, config: RunConfig, units: list[list[_Pair]], jit: list[str]
-) -> dict[str, tuple[Hashable, ...]]:
+) -> dict[str, tuple[tuple[str, Hashable], ...]]:
     """Each case's compile keys, ``(spec, key)`` for its pairs of JIT backends (the worker computes them:
     the parent imports no adapter).  Empty when no backend JIT-compiles or the worker could not tell."""
     if not jit or not units:
@@ -127,7 +130,7 @@ def _compile_keys(
     )
     if reply.kind != "ok" or not reply.data.get("ok"):
         return {}  # a scheduling hint only: the sweep runs without it
-    keys: dict[str, tuple[Hashable, ...]] = {}
+    keys: dict[str, tuple[tuple[str, Hashable], ...]] = {}
     for unit, row in zip(units, reply.data["keys"]):
         specs = {p.spec for p in unit}
         keys[unit[0].case.id] = tuple((s, k) for s, k in zip(jit, row) if k is not None and s in specs)

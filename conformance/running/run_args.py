@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NoReturn
 
 from conformance.running.selection import add_selection_args
 from conformance.exits import UsageError
@@ -173,6 +174,16 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         "file there kept as a numbered backup",
     )
     r.add_argument(
+        "--report",
+        type=Path,
+        metavar="DIR",
+        help="after the run, write the report of the results file (the whole file, a resumed run's earlier records "
+        "included) into DIR: report.md, report.html and the PNGs, as attnconf report FILE --out DIR writes them "
+        "(an earlier report there is replaced, any other file of those names kept as a numbered backup); the exit "
+        "status stays the run's; DIR is checked before any worker starts (a file, or one naming --out or --json, "
+        "exit 2; unwritable, exit 3); not written when the run is interrupted",
+    )
+    r.add_argument(
         "--profile",
         action="store_true",
         help="print where the time went at the end (by default the end shows the verdict, the counts and the "
@@ -213,7 +224,7 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
 class _Quiet(argparse.ArgumentParser):
     """A parser that raises :class:`UsageError` instead of printing and exiting."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
 

@@ -32,6 +32,9 @@ its time split (``extra["t"]``, :mod:`conformance.running.profile`); the summary
 Exit status of a run: :attr:`conformance.running.outcome.RunSummary.exit_code` (unexpected problems, by the
 known-failure ledger; ``--strict``; 4 when a selected backend judged no case, unless ``--allow-unjudged``; 130
 when interrupted).
+
+Size: the sweep's one loop and its bookkeeping (selection, workers, records, resume, the summary it returns);
+its parts live in :mod:`conformance.running.pairs`, :mod:`~conformance.running.pool` and their siblings.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ from conformance.running.pool import Outcome, WorkFeed, serve
 from conformance.running.profile import RunClock, profile_records
 from conformance.running.schedule import load_costs, schedule_units
 from conformance.running.selection import json_case_ids, parse_features, parse_models, parse_shard, select_cases
-from conformance.exits import OutputError, UsageError
+from conformance.exits import Exit, OutputError, UsageError
 from conformance.outputs import check_outputs
 from conformance.running.worker import Reply, WorkerClient
 
@@ -378,7 +381,8 @@ def _run(config: RunConfig) -> RunSummary:
 def main_run(config: RunConfig) -> int:
     """Run, print the end of the run to stderr (:meth:`~conformance.running.outcome.RunSummary.terminal`: the
     verdict line first, the counts explained, the timings with ``--profile``, the listing of problems: unexpected
-    ones, known ones per ledger entry), write the ``--json`` summary; the exit status of ``attnconf run``
+    ones, known ones per ledger entry), write the ``--json`` summary and, unless interrupted, the ``--report``
+    (:func:`_write_report`); the exit status of ``attnconf run``
     (:attr:`conformance.running.outcome.RunSummary.exit_code`)."""
     from conformance.reporting.ledger import load_ledger_dir
 
@@ -392,6 +396,11 @@ def main_run(config: RunConfig) -> int:
         ledger = None
     # every output checked before any worker starts: --json naming --out (the results) or an input is refused
     check_outputs([(config.out, "--out"), (config.summary_json, "--json")], run_inputs(config))
+    if config.report is not None and not config.compile_only:
+        from conformance.reporting.report_render import check_report_dir
+
+        others = [(config.out, "--out"), (config.summary_json, "--json")]
+        check_report_dir(config.report, run_inputs(config), "--report", others)
     summary = run(config)
     if config.compile_only:
         return _end_warmup(config, summary)
@@ -406,10 +415,32 @@ def main_run(config: RunConfig) -> int:
         print(
             f"attnconf run: interrupted (Ctrl-C): the workers were stopped; {summary.written} record(s) of this run "
             f"are kept in {config.out} (fsync'ed), the pairs in flight were dropped; resume with: "
-            f"{resume_command(config.argv)}",
+            f"{resume_command(config.argv)}"
+            + (f" (it writes --report {config.report} when it ends)" if config.report is not None else ""),
             file=sys.stderr,
         )
+    elif config.report is not None:
+        return _write_report(config, summary.exit_code)
     return summary.exit_code
+
+
+def _write_report(config: RunConfig, code: int) -> int:
+    """``--report DIR``: the report of the results file, written after the run; returns the exit status: the run's
+    ``code``, or, when the report cannot be written and the run found nothing to fail on, the report's error's
+    (2 refused, 3 unwritable: :mod:`conformance.exits`); the line on stderr says which, and how to write it again."""
+    from conformance.reporting.report_render import write_report
+
+    assert config.report is not None  # run() calls this for --report only
+    again = f"attnconf report {config.out} --out {config.report}"
+    try:
+        md, html = write_report([config.out], config.report, config.ledger_dir, flag="--report")
+    except ValueError as exc:  # UsageError, OutputError (exit 3), ResultsFileError, a ledger that cannot be read
+        status = getattr(exc, "exit_code", Exit.USAGE)
+        kept = f"; the run's exit status {code} stands" if code else ""
+        print(f"attnconf run: --report {config.report}: not written: {exc}{kept}; retry: {again}", file=sys.stderr)
+        return code or int(status)
+    print(f"attnconf run: report: {html} and {md}", file=sys.stderr)
+    return code
 
 
 def _end_warmup(config: RunConfig, summary: RunSummary) -> int:

@@ -72,7 +72,7 @@ class CostModel:
     def from_records(cls, records: Iterable[CheckResult]) -> CostModel:
         """Measured costs from earlier records (the last record of a pair wins), and lines fitted to them."""
         model = cls()
-        sizes: dict[str, float] = {}
+        sizes: dict[str, float | None] = {}
         by_backend: dict[str, list[tuple[float, float]]] = defaultdict(list)
         contexts: list[tuple[float, float]] = []
         for r in records:
@@ -80,7 +80,8 @@ class CostModel:
             if r.status in (Status.CRASH, Status.TIMEOUT):
                 seconds, context = float(extra.get("roundtrip_s", r.elapsed_s) or 0.0), 0.0
             else:
-                t = extra.get("t") if isinstance(extra.get("t"), dict) else {}
+                t = extra.get("t")
+                t = t if isinstance(t, dict) else {}
                 context = sum(float(t.get(k, 0.0)) for k in ("in", "ref", "base"))
                 seconds = float(extra.get("worker_s", r.elapsed_s) or 0.0) - context
             if not math.isfinite(seconds) or seconds < 0:

@@ -76,7 +76,11 @@ def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, tor
             qb = (inputs.q[q0 : q0 + sq].to(dt) * scale).permute(1, 0, 2)  # rounded to dt, like attention_ref
             qvb = None if inputs.qv is None else (inputs.qv[q0 : q0 + sq].to(dt) * scale).permute(1, 0, 2)
             cols = torch.arange(sk, device=dev)
-            seq_options = options if totals is None else options.with_(cp=options.cp.with_total(totals[b]))
+            if totals is None:
+                seq_options = options
+            else:
+                assert options.cp is not None  # set with the totals (cp_world > 1)
+                seq_options = options.with_(cp=options.cp.with_total(totals[b]))
             tq = max(1, min(sq, MAX_TILE_ELEMS // (h * sk)))
             for t0 in range(0, sq, tq):
                 t1 = min(sq, t0 + tq)

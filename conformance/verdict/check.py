@@ -171,7 +171,7 @@ def _fresh_inputs(inputs: CaseInputs) -> CaseInputs:
     """A copy whose tensors are clones: whatever the kernel writes stays in its own copy."""
     changes: dict[str, Any] = {k: v.clone() for k, v in vars(inputs).items() if isinstance(v, torch.Tensor)}
     if inputs.quant is not None:
-        quant = {k: v.clone() for k, v in vars(inputs.quant).items() if isinstance(v, torch.Tensor)}
+        quant: dict[str, Any] = {k: v.clone() for k, v in vars(inputs.quant).items() if isinstance(v, torch.Tensor)}
         changes["quant"] = dataclasses.replace(inputs.quant, **quant)
     return dataclasses.replace(inputs, **changes)
 
@@ -238,7 +238,7 @@ def _available(backend: Backend) -> Any:
         except Exception as exc:  # noqa: BLE001 - a broken probe is a reason, not a crash of the sweep
             cached = Support(False, f"is_available() raised {_exc_line(exc)}")
         try:
-            backend._attnconf_available = cached  # type: ignore[attr-defined]
+            setattr(backend, "_attnconf_available", cached)  # a memo on the adapter object, which declares none
         except AttributeError:
             pass
     return cached

@@ -15,7 +15,7 @@ from attnfast.base import KernelOutput
 from attnref import AttnResult
 
 from conformance.records import ErrorStats
-from conformance.verdict.tolerance import Tolerance
+from conformance.verdict.tolerance import ResolvedTolerance, Tolerance, is_resolved
 
 __all__ = ["CHECKS", "compare", "compare_details", "cosine_similarity"]
 
@@ -83,9 +83,8 @@ def compare_details(
     ref: AttnResult, base, kernel_out: KernelOutput, tol: Tolerance
 ) -> tuple[ErrorStats, list[str], dict[str, int]]:
     """(stats, failure texts in CHECKS order, non-finite baseline counts {"out": n, "lse": m} or {})."""
-    missing = tol.missing()
-    if missing:
-        raise ValueError(f"tol must be resolved (conformance.verdict.tolerance.resolve); unset fields: {missing}")
+    if not is_resolved(tol):
+        raise ValueError(f"tol must be resolved (conformance.verdict.tolerance.resolve); unset fields: {tol.missing()}")
     r = ref.out
     ct = r.dtype
     if tuple(kernel_out.out.shape) != tuple(r.shape):
@@ -207,12 +206,12 @@ def compare_details(
     return stats, [details[c] for c in failed], base_nonfinite if any(base_nonfinite.values()) else {}
 
 
-def _atol_fixed(tol: Tolerance) -> bool:
+def _atol_fixed(tol: ResolvedTolerance) -> bool:
     """Whether ``atol`` applies unscaled everywhere: ``atol_rel`` inf, or ``atol`` inf (the bound switched off)."""
     return math.isinf(tol.atol) or math.isinf(tol.atol_rel)
 
 
-def _atol(r: torch.Tensor, zero_rows: torch.Tensor, tol: Tolerance) -> torch.Tensor:
+def _atol(r: torch.Tensor, zero_rows: torch.Tensor, tol: ResolvedTolerance) -> torch.Tensor:
     """The constant term of each element: ``min(atol, atol_rel * |ref|)``, the rounding of the element itself in
     the case dtype where that is below ``atol``; ``atol`` on a fully masked row (reference all 0: judged by
     ``masked_rows`` against ``atol``) and everywhere when :func:`_atol_fixed`."""
@@ -231,7 +230,7 @@ def _compare_lse(
     ref_lse: torch.Tensor,
     base_lse: torch.Tensor,
     kernel_lse: torch.Tensor,
-    tol: Tolerance,
+    tol: ResolvedTolerance,
     slack: torch.Tensor | None = None,
 ):
     """(max abs error, allowed at the worst row, 'lse' failure text or '', masked-row note or '').

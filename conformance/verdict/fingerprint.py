@@ -10,6 +10,7 @@ it).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -96,7 +97,7 @@ def context_fingerprint(ctx: Any) -> dict[str, str]:
     return fingerprints(context_tensors(ctx))
 
 
-def fingerprints(tensors: dict[str, torch.Tensor | None]) -> dict[str, str]:
+def fingerprints(tensors: Mapping[str, torch.Tensor | None]) -> dict[str, str]:
     """Each tensor's digest text by name (``-`` for None), in one host read per device: the chunks' int64 sums of
     every tensor stacked, then added up per tensor in Python."""
     by_device: dict[torch.device, list[tuple[str, list[torch.Tensor], int]]] = {}

@@ -80,7 +80,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeGuard
 
 from conformance.cases.case import DTYPES, FEATURES, AttentionCase
 from conformance._toml import load_toml_file
@@ -92,7 +92,9 @@ __all__ = [
     "FEATURE_RULES",
     "FIELDS",
     "SCOPES",
+    "ResolvedTolerance",
     "Tolerance",
+    "is_resolved",
     "layers",
     "load_toml",
     "parse_override",
@@ -150,6 +152,40 @@ class Tolerance:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Tolerance))
+
+
+class ResolvedTolerance(Protocol):
+    """A :class:`Tolerance` with every field set, as the comparison reads it (:func:`is_resolved`)."""
+
+    @property
+    def factor(self) -> float: ...
+    @property
+    def atol(self) -> float: ...
+    @property
+    def rtol(self) -> float: ...
+    @property
+    def atol_rel(self) -> float: ...
+    @property
+    def mean_factor(self) -> float: ...
+    @property
+    def mean_atol(self) -> float: ...
+    @property
+    def lse_factor(self) -> float: ...
+    @property
+    def lse_atol(self) -> float: ...
+    @property
+    def lse_rtol(self) -> float: ...
+    @property
+    def min_cosine(self) -> float: ...
+    @property
+    def max_mismatch_frac(self) -> float: ...
+
+
+def is_resolved(tol: Tolerance) -> TypeGuard[ResolvedTolerance]:
+    """Whether ``tol`` leaves no field unset (what :func:`resolve` returns)."""
+    return not tol.missing()
+
+
 SCOPES: tuple[str, ...] = ("dtype", "feature", "backend", "case")
 #: The names a scope may take, for the scopes with a closed set (backends and cases are open).
 _SCOPE_NAMES: dict[str, Any] = {"dtype": DTYPES, "feature": FEATURES}

@@ -195,6 +195,9 @@ def make_fake_fa3() -> types.ModuleType:
             q_packed = q.reshape(b * sq, *q.shape[2:])
         batch = len(cu_q) - 1
         if k is not None:
+            seqlen_k = k_cache.shape[1] * (page_table.shape[1] if page_table is not None else 1)
+            if (max_seqlen_q if varlen else q.shape[1]) > seqlen_k:  # flash_api.cpp: seqlen_q <= seqlen_k
+                raise RuntimeError("If k_new is supplied, it must have seqlen <= the seqlen of the KV cache")
             if cu_seqlens_k_new is not None:
                 _check_int32("cu_seqlens_k_new", cu_seqlens_k_new)
                 k_new, v_new = _split(k, cu_seqlens_k_new.tolist()), _split(v, cu_seqlens_k_new.tolist())

@@ -14,6 +14,9 @@ import torch
 
 from attnfast._fa_common import KernelCall, PreparedKernel
 from attnfast.decisions import (
+    fa3_vllm_call_mask,
+    fa3_vllm_fwd_tile,
+    fa3_vllm_tile_size_sm90,
     fa2_num_splits_heuristic,
     fa2_split_decision,
     fa3_decision,
@@ -163,6 +166,31 @@ def test_fa3_should_pack_gqa_and_tiles():
     assert fa3_tile_size_sm90(64, 512, True, False) == (64, 64)
     assert fa3_tile_size_sm90(256, 256, False, True) == (128, 64)
     assert fa3_tile_size_sm90(128, 128, False, False, element_size=1) == (128, 224)
+
+
+def test_fork_tiles_and_the_adapters_call():
+    """vLLM's fork (803020a8 tile_size.h): head dim 64 windows 192 x 160 without intra-warpgroup overlap (causal 192 x
+    128 with it), a one-MMA-warpgroup call 64-row tiles, fp8 the two-level-accumulation tiles (d128 128 x 192, d256
+    window 128 x 64); the adapter's call as the fork normalises it (a window side past the sequence is unbounded, so
+    (300, 0) over 256 keys is plain causal)."""
+    assert fa3_vllm_tile_size_sm90(64, 64, False, True) == (192, 160, True, False)
+    assert fa3_vllm_tile_size_sm90(64, 64, True, False) == (192, 128, True, True)
+    assert fa3_vllm_tile_size_sm90(128, 128, True, False, use_one_mma_wg=True) == (64, 128, True, True)
+    assert fa3_vllm_tile_size_sm90(128, 128, False, False) == (128, 160, True, True)
+    assert fa3_vllm_tile_size_sm90(128, 128, False, True, element_size=1) == (128, 192, True, True)
+    assert fa3_vllm_tile_size_sm90(256, 256, False, True, element_size=1) == (128, 64, True, True)
+    assert fa3_vllm_tile_size_sm90(256, 256, False, True, element_size=1, paged_kv_non_tma=True) == (
+        128,
+        64,
+        True,
+        False,
+    )
+    window = C([(300, 256)], head_dim=64, window=(100, 0), causal=True)
+    assert fa3_vllm_call_mask(window) == (False, True, 100, 0) and fa3_vllm_fwd_tile(window) == (192, 160, False)
+    assert fa3_vllm_call_mask(window.replace(window=(300, 0))) == (True, False, 255, 0)  # left filled: max_k - 1
+    assert fa3_vllm_fwd_tile(window.replace(window=(None, None), requests=((8, 256),), num_heads=8)) == (64, 192, True)
+    assert fa3_vllm_fwd_tile(window.replace(quant="fp8_e4m3", descale="head")) == (192, 128, True)
+    assert fa3_vllm_fwd_tile(window.replace(head_dim=128, window=(None, None))) == (128, 128, True)
 
 
 FA3_DECISIONS = {

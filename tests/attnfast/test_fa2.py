@@ -90,6 +90,10 @@ def make_fake_fa2() -> types.ModuleType:
         b, sq, h, d = q.shape
         assert block_table is None or k_cache.shape[1] % 256 == 0
         width = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+        if k is not None:  # flash_api.cpp's check, on seqlen_q after a one-token GQA call swaps groups into rows
+            swapped = sq == 1 and h > k_cache.shape[2] and alibi_slopes is None and tuple(window_size) == (-1, -1)
+            if (h // k_cache.shape[2] if swapped else sq) > width:
+                raise RuntimeError("If key is supplied, it must have seqlen <= the seqlen of the KV cache")
         new_k = list(k) if k is not None else []
         new_v = list(v) if v is not None else []
         keys, values = kvcache_sequences(k_cache, v_cache, cache_seqlens, block_table, new_k, new_v)
@@ -279,6 +283,10 @@ CPU_CASES = [
     C([(4, 40), (4, 97)], causal=True, append=True, append_len=1),
     C([(16, 300), (16, 5)], kv_layout="NHD", block_size=256, causal=True, window=(64, 0), append=True, append_len=5),
     C([(3, 20), (3, 3)], append=True, append_len=2, alibi=True),
+    # peer-fa2-kvcache on the H100: more query tokens than any cache holds after a short append (the call needs a
+    # cache q_len wide)
+    C([(8, 7), (8, 6)], num_heads=6, num_kv_heads=1, append=True, append_len=6, causal=True),
+    C([(8, 7), (8, 6)], num_heads=6, num_kv_heads=1, append=True, append_len=6, alibi=True, window=(3, 2)),
 ]
 
 

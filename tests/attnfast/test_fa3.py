@@ -117,6 +117,8 @@ CASES = {
     # short appends: cu_seqlens_k_new counts append_len keys per request, not the q_len
     "append_short_paged_varlen": C([(3, 300), (2, 20), (5, 5)], causal=True, append=True, append_len=2, **PG16),
     "append_short_contig_window": C([(6, 97), (6, 6)], causal=True, window=(8, 0), append=True, append_len=3),
+    # more query tokens than a cache holds after a short append: the call needs a cache max_seqlen_q wide
+    "append_short_wider_q": C([(8, 7), (5, 6)], causal=True, append=True, append_len=4),
 }
 CPU_NAMES = [n for n in CASES if max(CASES[n].kv_lens) <= 300 and CASES[n].total_q <= 300]
 

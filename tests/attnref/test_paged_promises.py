@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnref import gather_kv
+from attnref.paged import as_layout
 from attnref.quant import expand_descale
 
 
@@ -52,3 +53,14 @@ def test_expand_descale_names_the_type_of_a_non_tensor_scale() -> None:
         expand_descale([1.0], 2, 1, name="k_descale")
     with pytest.raises(ValueError, match=r"^descale must be a torch.Tensor, got float$"):
         expand_descale(0.5, 2, 1)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_as_layout_returns_a_paged_layout_unchanged(layout: str) -> None:
+    assert as_layout(layout) == layout
+
+
+@pytest.mark.parametrize("bad", ["contiguous", "nhd", "NDH", ""])
+def test_as_layout_refuses_anything_else_naming_it(bad: str) -> None:
+    with pytest.raises(ValueError, match=rf"^layout must be 'NHD' or 'HND', got {bad!r}$"):
+        as_layout(bad)

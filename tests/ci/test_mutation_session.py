@@ -82,6 +82,30 @@ def test_mutmut_mutates_the_reference_the_verdict_and_what_decides_a_ci_verdict_
     assert project["project"]["optional-dependencies"]["mutation"] == ["mutmut>=3.8,<4"]
 
 
+def test_mutants_folder_holds_every_first_party_package_the_tests_import() -> None:
+    """mutmut runs the tests inside ``mutants/``, which holds ``source_paths`` and ``also_copy`` only: a first-party
+    package outside both is imported from wherever the project is installed (another checkout's ``attnfast``, or
+    none: a 64-core machine without the project failed mutmut's test listing with "No module named
+    'attnfast.base'"), so every package the mutated code or the selected tests import must be copied in."""
+    import ast
+
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mutmut"]
+    copied = {Path(p).parts[0] for p in [*cfg["source_paths"], *cfg.get("also_copy", [])]}
+    first_party = {"attnref", "attnfast", "conformance"}
+    files = [f for p in cfg["source_paths"] for f in Path(REPO, p).rglob("*.py")]
+    for sel in cfg["pytest_add_cli_args_test_selection"]:
+        path = Path(REPO, sel)
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    imported = set()
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    assert imported & first_party <= copied, sorted(imported & first_party - copied)
+
+
 def test_score_counts_timeouts_as_detected_and_everything_untried_as_not(noxfile) -> None:
     stats = {"killed": 90, "timeout": 5, "survived": 3, "no_tests": 1, "total": 102, "skipped": 2}
     assert noxfile.mutation_score(stats) == (95, 100)  # 1 no-tests + 1 not checked count against

@@ -293,6 +293,23 @@ def test_a_killed_writers_cut_tail_is_one_skipped_line_that_resume_drops(tmp_pat
     assert gz.read_bytes() == GZ[:-last]
 
 
+@pytest.mark.parametrize("bad", range(6))
+def test_skipped_lines_are_counted_and_the_first_three_named(bad: int, tmp_path: Path) -> None:
+    """The refusal (and a lenient reader's summary) counts every skipped line and names the first three, then says
+    how many more there are; a file that skipped nothing has an empty summary."""
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"".join([LINES[0], *[b"garbage\n"] * bad, *LINES[1:]]))
+    named = "; ".join(f"line {2 + i}: not JSON" for i in range(min(bad, 3)))
+    more = f"; +{bad - 3} more" if bad > 3 else ""
+    summary = f"{bad} line{'s' if bad != 1 else ''} skipped ({named}{more})" if bad else ""
+    f = load_results(path, allow_skipped=True)
+    assert len(f.skipped) == bad and f.skipped_summary() == summary
+    if bad:
+        with pytest.raises(ResultsFileError) as exc:
+            load_results(path)
+        assert str(exc.value) == f"{path}: {summary}"
+
+
 def test_newer_schema_loads_and_says_so(tmp_path: Path) -> None:
     """A record of a newer schema loads (the format promises it) and ``notes()`` says so, once per file."""
     path = tmp_path / "future.jsonl"

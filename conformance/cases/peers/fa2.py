@@ -60,7 +60,7 @@ def _kvcache_case(
     hi = (sk - seqlen_new + 1) if new_kv else (sk + 1)
     cache = [rng.randrange(0 if new_kv else 1, hi) for _ in range(2)]
     requests = tuple((sq, c + (seqlen_new if new_kv else 0)) for c in cache)
-    window = (rng.randrange(sk), rng.randrange(sk)) if local else (None, None)
+    window: tuple[int | None, int | None] = (rng.randrange(sk), rng.randrange(sk)) if local else (None, None)
     if causal and local:  # flash_attn_interface: causal sets the right side to 0
         window = (window[0], 0)
     return AttentionCase(

@@ -30,6 +30,17 @@ key lengths in ``[max(0, seqlen_k - 20), seqlen_k]`` and 0 for sequences 0, 5 an
 ``varlen_q`` (query lengths in ``[max(1, seqlen_q - 20), seqlen_q]``); head dim 128; 11 pairs; batch 5 with
 ``cache_seqlens`` drawn as the test draws them (``randint(0 if new_kv else 1, seqlen_k - seqlen_new + 1 if new_kv
 else seqlen_k + 1)``); the inner loops' ``num_splits`` 1, 3, 0 and ``precompute_metadata`` (``scheduler_metadata``).
+An append writes ``seqlen_new`` new keys per sequence (``seqlen_new_eq_seqlen_q``: ``seqlen_q``, else
+``torch.randint(1, seqlen_q + 1, (1,))``, drawn here from a generator of its own), with ``varlen_q`` each sequence
+its own ``[max(1, seqlen_new - 20), seqlen_new]`` (the test's ``key_new_padding_mask``), after its cache
+(``kv_len = cache_seqlens + new keys``: the test's ``key_padding_mask``); an fp8 append gets its new keys in fp8
+(``append`` with ``quant``).  A case says new keys as ``append_len``: None where every sequence appends its query
+tokens, the one count where every sequence appends as many, below some ``q_len`` (a *short append*).  These
+appends, the ones the case model took later (:func:`_late_append`), come after every other point, so the earlier
+cases keep their ids and their order; a ``seqlen_new`` draw of ``seqlen_q`` is the ``True`` point's call
+(:data:`~conformance.cases.peers.grid.SAME_CALL`), and a ``varlen_q`` append whose new keys are neither has no case
+(:data:`~conformance.cases.peers.grid.UNEVEN_APPEND`: one ``append_len`` for the batch, at most every ``q_len``;
+at ``seqlen_q`` 1 every sequence appends its one token, and a draw of ``seqlen_new`` 1 makes every count 1).
 
 Left out, each with its reason.  Every test: ``pack_gqa`` (the inner loop's False / True: not a case field, the
 adapter lets the kernel choose; each case stands for both).  Output: the ``cp_tot_seqlen_k_offset`` (the harness
@@ -43,14 +54,13 @@ then only False, and ``rotary_interleaved`` has no effect: one case for both val
 padding); ``has_batch_idx`` (no cache batch index: the cache rows read are the case's own sequences); the repeated
 call that tests metadata reuse (one call here); ``seqlen_new_eq_seqlen_q=False`` without ``new_kv`` is the
 call with True (:data:`~conformance.cases.peers.grid.SAME_CALL`; the test computes that call's scheduler metadata
-with ``max_seqlen_k_new = seqlen_new``, the adapter from the call); and, pending other branches, an append of other
-than ``seqlen_q`` new keys (``seqlen_new_eq_seqlen_q=False``, or ``varlen_q`` with its own new-key padding mask):
-:data:`~conformance.cases.peers.grid.PENDING_APPEND_LEN`; an append into an fp8 cache:
-:data:`~conformance.cases.peers.grid.PENDING_FP8_APPEND`.  Inputs are this harness's (its own descales, sinks and
-stale cache slots), never the test's numbers: the values are the grid's, not the data.
+with ``max_seqlen_k_new = seqlen_new``, the adapter from the call); the ``varlen_q`` appends whose new keys the
+case model cannot say (above).  Inputs are this harness's (its own descales, sinks and stale cache slots), never the
+test's numbers: the values are the grid's, not the data.
 
-Backends: ``fa3-vllm`` (the fork itself: it refuses ``append``), ``fa3`` (upstream FA3: it runs the appends, and
-declares no sinks, context parallelism, fp8 nor scheduler metadata); any adapter runs the cases it accepts.
+Backends: ``fa3-vllm`` (the fork itself: it refuses ``append``), ``fa3`` (upstream FA3: it runs the 16-bit appends,
+short ones included, and declares no sinks, context parallelism, fp8, the fp8 appends included, nor scheduler
+metadata); any adapter runs the cases it accepts (``sdpa-*`` and ``flex-cpu`` every append).
 """
 
 from __future__ import annotations
@@ -59,15 +69,7 @@ import random
 from collections.abc import Iterator
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.peers.grid import (
-    PENDING_APPEND_LEN,
-    PENDING_FP8_APPEND,
-    SAME_CALL,
-    Dropped,
-    PeerSuite,
-    Point,
-    walk,
-)
+from conformance.cases.peers.grid import SAME_CALL, UNEVEN_APPEND, Dropped, PeerSuite, Point, walk, walk_part
 
 __all__ = ["FA3_SOURCE", "PEER_FA3"]
 
@@ -220,6 +222,25 @@ def varlen_points() -> Iterator[Point]:
 
 
 # --------------------------------------------------------------------------- test_flash_attn_kvcache
+def _late_append(varlen_q: bool, seqlen_new_eq_seqlen_q: bool, new_kv: bool, dtype: str, **_: object) -> bool:
+    """Whether a point is one of the appends the case model took after this grid's first cases (``append_len``, the
+    fp8 append): an append of other than ``seqlen_q`` new keys (``seqlen_new_eq_seqlen_q=False``, or ``varlen_q``
+    with the new keys' own padding mask) or into an fp8 cache.  :func:`kvcache_points` walks them after every other
+    point, so that the earlier cases keep their ids and their order (``--shard``)."""
+    return new_kv and (not seqlen_new_eq_seqlen_q or varlen_q or dtype == "fp8_e4m3")
+
+
+def _append_len(q_lens: list[int], new: list[int]) -> int | None:
+    """The case's ``append_len`` for ``new`` keys per sequence beside ``q_lens`` query tokens: None where every
+    sequence appends its query tokens, the one count where every sequence appends as many, at most its query tokens;
+    :data:`~conformance.cases.peers.grid.UNEVEN_APPEND` otherwise."""
+    if new == q_lens:
+        return None
+    if len(set(new)) == 1 and new[0] <= min(q_lens):
+        return new[0]
+    raise Dropped(UNEVEN_APPEND)
+
+
 def _kvcache_case(
     seqlens: tuple[int, int], varlen_q: bool, page_size: int | None, seqlen_new_eq_seqlen_q: bool,
     causal_local: tuple[bool, bool], new_kv: bool, mha_type: str, dtype: str, num_splits: int,
@@ -231,31 +252,34 @@ def _kvcache_case(
         return None  # the test's own skips
     if sq > sk and new_kv:
         return None
-    pending = []
-    if new_kv and (not seqlen_new_eq_seqlen_q or varlen_q):
-        pending.append(PENDING_APPEND_LEN)
-    if new_kv and dtype == "fp8_e4m3":
-        pending.append(PENDING_FP8_APPEND)
-    if pending:
-        raise Dropped(" + ".join(pending))
-    if not new_kv and not seqlen_new_eq_seqlen_q:
+    short = not seqlen_new_eq_seqlen_q
+    if short and not new_kv:
         raise Dropped(SAME_CALL)  # seqlen_new only sizes new keys, and there are none
-    key = f"peer-fa3-kvcache:{seqlens}:{varlen_q}:{page_size}:{causal_local}:{new_kv}:{mha_type}:{dtype}"
-    rng = random.Random(key)
+    # the draws are the test's, per combination of its parameters (num_splits and precompute_metadata are its inner
+    # loops over one set of inputs); seqlen_new_eq_seqlen_q=False draws from a generator of its own
+    key = f"{seqlens}:{varlen_q}:{page_size}:{causal_local}:{new_kv}:{mha_type}:{dtype}"
+    rng = random.Random(f"peer-fa3-kvcache-short:{key}" if short else f"peer-fa3-kvcache:{key}")
     window = _window(rng, local, causal, sk)
     batch = 5
     q_lens = [rng.randint(max(1, sq - 20), sq) for _ in range(batch)] if varlen_q else [sq] * batch
-    seqlen_new = sq  # seqlen_new_eq_seqlen_q (the other value is pending)
+    # seqlen_new = seqlen_q if seqlen_new_eq_seqlen_q else torch.randint(1, seqlen_q + 1, (1,)).item()
+    seqlen_new = rng.randint(1, sq) if short else sq
+    if short and seqlen_new == sq:
+        raise Dropped(SAME_CALL)  # that draw is the seqlen_new_eq_seqlen_q=True point's call
+    new = [seqlen_new if new_kv else 0] * batch
+    if new_kv and varlen_q:  # "k & v are also varlen": generate_random_padding_mask(seqlen_new, ..., mode="random")
+        new = [rng.randint(max(1, seqlen_new - 20), seqlen_new) for _ in range(batch)]
     hi = (sk - seqlen_new + 1) if new_kv else (sk + 1)
     cache = [rng.randrange(0 if new_kv else 1, hi) for _ in range(batch)]
     return AttentionCase(
-        tuple((q, c + (seqlen_new if new_kv else 0)) for q, c in zip(q_lens, cache)),
+        tuple((q, c + n) for q, c, n in zip(q_lens, cache, new)),  # key_padding_mask: cache_seqlens + new keys
         num_heads=6,
         num_kv_heads=_kv_heads(mha_type, 6, 3),
         head_dim=128,
         causal=causal,
         window=window,
         append=new_kv,
+        append_len=_append_len(q_lens, new) if new_kv else None,
         num_splits=_splits(num_splits),
         scheduler_metadata=precompute_metadata,
         kv_layout="contiguous" if page_size is None else "NHD",
@@ -266,6 +290,8 @@ def _kvcache_case(
 
 
 def kvcache_points() -> Iterator[Point]:
+    """Every point of ``test_flash_attn_kvcache``'s grid: first those that are not :func:`_late_append`, in grid
+    order, then those that are, in grid order."""
     axes = (
         ("seqlens", KVCACHE_SEQLENS),
         ("varlen_q", (False, True)),
@@ -278,7 +304,8 @@ def kvcache_points() -> Iterator[Point]:
         ("num_splits", (1, 3, 0)),
         ("precompute_metadata", (False, True)),
     )
-    yield from walk("test_flash_attn_kvcache", axes, _kvcache_case)
+    yield from walk_part("test_flash_attn_kvcache", axes, _kvcache_case, lambda **p: not _late_append(**p))
+    yield from walk_part("test_flash_attn_kvcache", axes, _kvcache_case, _late_append)
 
 
 def points() -> Iterator[Point]:

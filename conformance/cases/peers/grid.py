@@ -4,10 +4,11 @@ to an :class:`~conformance.cases.case.AttentionCase` or kept with the reason it 
 A peer module (:mod:`conformance.cases.peers`) lists a test's values (facts of its source file) and a ``make``
 function that builds the case of one combination as the test builds its call.  ``make`` returns the case, or None
 for a combination the test itself skips (``pytest.skip``: no call), or raises :class:`Dropped` for a call the case
-model cannot say yet (:data:`PENDING_APPEND_LEN`, :data:`PENDING_FP8_APPEND`) or says as another point's case
-(:data:`SAME_CALL`); a :class:`~conformance.cases.case.CaseError` (the case model refuses the combination) is kept
-as :data:`REFUSED` with its message.  :func:`walk` yields a :class:`Point` per combination the test runs, so a
-suite's size, its refusals and its pending calls are all counts over one list, and a test can pin each.
+model cannot say (:data:`UNEVEN_APPEND`) or says as another point's case (:data:`SAME_CALL`); a
+:class:`~conformance.cases.case.CaseError` (the case model refuses the combination) is kept as :data:`REFUSED` with
+its message.  :func:`walk` yields a :class:`Point` per combination the test runs, so a suite's size, its refusals
+and its calls without a case are all counts over one list, and a test can pin each; :func:`walk_part` walks a part
+of a grid, so that the points a later case field made cases of come after the earlier cases (their order kept).
 """
 
 from __future__ import annotations
@@ -22,20 +23,20 @@ from typing import Any
 from conformance.cases.case import AttentionCase, CaseError
 
 __all__ = [
-    "PENDING_APPEND_LEN",
-    "PENDING_FP8_APPEND",
     "REFUSED",
     "SAME_CALL",
+    "UNEVEN_APPEND",
     "Dropped",
     "PeerSuite",
     "Point",
     "walk",
+    "walk_part",
 ]
 
-#: An append of a number of new keys other than the query tokens (a field another branch adds to the case model).
-PENDING_APPEND_LEN = "needs append_len (pending)"
-#: An append into an fp8 cache (the case model refuses append with quant until that branch lands).
-PENDING_FP8_APPEND = "needs fp8 append (pending)"
+#: An append whose new keys per sequence are neither that sequence's query tokens (``append_len`` None) nor one
+#: count for the whole batch at most every sequence's query tokens (``append_len``): FA3's ``varlen_q`` appends draw
+#: the new keys of each sequence apart from its query tokens.
+UNEVEN_APPEND = "new keys per sequence neither its q_len nor one count <= every q_len (append_len)"
 #: The case model refuses the combination (the message follows, after ``: ``).
 REFUSED = "refused by the case model"
 #: The combination makes the call another point already stands for (a parameter without effect there).
@@ -44,7 +45,7 @@ SAME_CALL = "same call as another point"
 
 class Dropped(Exception):
     """Raised by a ``make`` function: the combination runs in the peer's test but has no case of its own here;
-    ``reason`` is one of the module's constants (a pending field, or :data:`SAME_CALL`)."""
+    ``reason`` is one of the module's constants (:data:`UNEVEN_APPEND`, :data:`SAME_CALL`)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -84,6 +85,17 @@ def walk(
             continue
         if case is not None:
             yield Point(test, params, case)
+
+
+def walk_part(
+    test: str,
+    axes: Sequence[tuple[str, Iterable[Any]]],
+    make: Callable[..., AttentionCase | None],
+    part: Callable[..., bool],
+) -> Iterator[Point]:
+    """:func:`walk` over the combinations ``part(**combination)`` holds for only: a grid walked in two parts (``part``
+    and its negation) has every point once, the second part's after the first's."""
+    return walk(test, axes, lambda **combination: make(**combination) if part(**combination) else None)
 
 
 @dataclass(frozen=True)
@@ -127,10 +139,11 @@ def _points(suite: PeerSuite) -> tuple[Point, ...]:
     seen: set[str] = set()
     out = []
     for point in suite.grids():
-        if point.case is not None:
-            if point.case.id in seen:
+        case = point.case
+        if case is not None:
+            if case.id in seen:
                 point = replace(point, case=None, dropped=SAME_CALL)
             else:
-                seen.add(point.case.id)
+                seen.add(case.id)
         out.append(point)
     return tuple(out)

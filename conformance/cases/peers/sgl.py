@@ -24,9 +24,15 @@ padding masks drawn as the test draws them: query lengths in ``[max(1, seqlen_q 
 Left out, each with its reason: ``add_unused_qkv=True`` (tokens inside ``cu_seqlens`` past ``seqused``: the case
 model has no unused tokens); ``rotary_interleaved`` (no effect without rotary: one case for both values);
 ``seqlen_new_eq_seqlen_q=False`` without ``new_kv`` (the same call as True: there are no new keys,
-:data:`~conformance.cases.peers.grid.SAME_CALL`) and with it (an append of fewer new keys than query tokens:
-:data:`~conformance.cases.peers.grid.PENDING_APPEND_LEN`); the test's own numbers (the harness draws its inputs and
-sinks).  No combination is refused by the case model (the tests check).
+:data:`~conformance.cases.peers.grid.SAME_CALL`); the test's own numbers (the harness draws its inputs and sinks).
+No combination is refused by the case model (the tests check).
+
+``seqlen_new_eq_seqlen_q=False`` with ``new_kv``: an append of ``seqlen_new = torch.randint(1, seqlen_q + 1, (1,))``
+new keys (drawn here from a generator of its own) after ``cache_seqlens`` in ``[0, seqlen_k - seqlen_new]``, a
+*short append* (``append_len = seqlen_new``, ``kv_len = cache_seqlens + seqlen_new``: the test's
+``key_padding_mask``); these points come after every other point of the suite (:func:`_short_append`), so the
+earlier cases keep their ids and their order; a draw of ``seqlen_new == seqlen_q`` (always at ``seqlen_q`` 1) is the
+``True`` point's call (:data:`~conformance.cases.peers.grid.SAME_CALL`).
 
 Backends: ``fa3-vllm`` (it refuses the appends), ``fa3`` (upstream: no sinks nor ``qv``).
 """
@@ -37,7 +43,7 @@ import random
 from collections.abc import Iterator
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.peers.grid import PENDING_APPEND_LEN, SAME_CALL, Dropped, PeerSuite, Point, walk
+from conformance.cases.peers.grid import SAME_CALL, Dropped, PeerSuite, Point, walk, walk_part
 
 __all__ = ["PEER_SGL", "SGL_SOURCE"]
 
@@ -59,6 +65,13 @@ VARLEN_SEQLENS = (
 
 
 # --------------------------------------------------------------------------- test_flash_attn_kvcache
+def _short_append(seqlen_new_eq_seqlen_q: bool, new_kv: bool, **_: object) -> bool:
+    """Whether a point is an append of ``seqlen_new = randint(1, seqlen_q + 1)`` new keys
+    (``seqlen_new_eq_seqlen_q=False``), a call the case model took after this grid's first cases (``append_len``):
+    :func:`points` walks them after every other point, so that the earlier cases keep their ids and order."""
+    return new_kv and not seqlen_new_eq_seqlen_q
+
+
 def _kvcache_case(
     seqlens: tuple[int, int], seqlen_new_eq_seqlen_q: bool, new_kv: bool, has_sink: bool, mha_type: str, dv: int,
     num_splits: int,
@@ -66,15 +79,23 @@ def _kvcache_case(
     sq, sk = seqlens
     if sq > sk and new_kv:
         return None  # the test's own skip
-    if not seqlen_new_eq_seqlen_q:
-        raise Dropped(PENDING_APPEND_LEN if new_kv else SAME_CALL)
-    rng = random.Random(f"peer-sgl-kvcache:{seqlens}:{new_kv}:{has_sink}:{mha_type}:{dv}")
+    short = not seqlen_new_eq_seqlen_q
+    if short and not new_kv:
+        raise Dropped(SAME_CALL)  # seqlen_new only sizes new keys, and there are none
+    # the draws are the test's, per combination (num_splits is its inner loop over one set of inputs);
+    # seqlen_new_eq_seqlen_q=False draws from a generator of its own
+    key = f"{seqlens}:{new_kv}:{has_sink}:{mha_type}:{dv}"
+    rng = random.Random(f"peer-sgl-kvcache-short:{key}" if short else f"peer-sgl-kvcache:{key}")
+    # seqlen_new = seqlen_q if seqlen_new_eq_seqlen_q else torch.randint(1, seqlen_q + 1, (1,)).item()
+    seqlen_new = rng.randint(1, sq) if short else sq
+    if short and seqlen_new == sq:
+        raise Dropped(SAME_CALL)  # that draw is the seqlen_new_eq_seqlen_q=True point's call
     batch = 5
-    hi = (sk - sq + 1) if new_kv else (sk + 1)
+    hi = (sk - seqlen_new + 1) if new_kv else (sk + 1)
     cache = [rng.randrange(0 if new_kv else 1, hi) for _ in range(batch)]
     d = 64
     return AttentionCase(
-        tuple((sq, c + (sq if new_kv else 0)) for c in cache),
+        tuple((sq, c + (seqlen_new if new_kv else 0)) for c in cache),  # key_padding_mask: cache_seqlens + new keys
         num_heads=6,
         num_kv_heads={"mha": 6, "mqa": 1, "gqa": 3}[mha_type],
         head_dim=d,
@@ -82,22 +103,32 @@ def _kvcache_case(
         qv=dv >= 256,  # has_qv = d == 64 and dv >= 256
         sinks=has_sink,
         append=new_kv,
+        append_len=seqlen_new if short else None,
         num_splits=None if num_splits == 0 else num_splits,
         batch_name="peersglkv",
     )
 
 
-def kvcache_points() -> Iterator[Point]:
-    axes = (
-        ("seqlens", KVCACHE_SEQLENS),
-        ("seqlen_new_eq_seqlen_q", (True, False)),
-        ("new_kv", (False, True)),
-        ("has_sink", (False, True)),
-        ("mha_type", MHA_TYPES),
-        ("dv", (256, 512, 64)),  # the inner dv_vals loop at head dim 64 on Hopper
-        ("num_splits", (1, 0)),
-    )
-    yield from walk("test_flash_attn_kvcache", axes, _kvcache_case)
+_KVCACHE_AXES = (
+    ("seqlens", KVCACHE_SEQLENS),
+    ("seqlen_new_eq_seqlen_q", (True, False)),
+    ("new_kv", (False, True)),
+    ("has_sink", (False, True)),
+    ("mha_type", MHA_TYPES),
+    ("dv", (256, 512, 64)),  # the inner dv_vals loop at head dim 64 on Hopper
+    ("num_splits", (1, 0)),
+)
+
+
+def kvcache_points(short_appends: bool | None = None) -> Iterator[Point]:
+    """The points of ``test_flash_attn_kvcache``'s grid, in grid order: those that are not :func:`_short_append`
+    (``short_appends`` False), those that are (True), or every point, the former first (None)."""
+    if short_appends is not True:
+        yield from walk_part(
+            "test_flash_attn_kvcache", _KVCACHE_AXES, _kvcache_case, lambda **p: not _short_append(**p)
+        )
+    if short_appends is not False:
+        yield from walk_part("test_flash_attn_kvcache", _KVCACHE_AXES, _kvcache_case, _short_append)
 
 
 # --------------------------------------------------------------------------- test_flash_attn_varlen_output
@@ -129,8 +160,10 @@ def varlen_points() -> Iterator[Point]:
 
 
 def points() -> Iterator[Point]:
-    yield from kvcache_points()
+    """Both grids' points; the short appends last (:func:`_short_append`)."""
+    yield from kvcache_points(short_appends=False)
     yield from varlen_points()
+    yield from kvcache_points(short_appends=True)
 
 
 PEER_SGL = PeerSuite("peer-sgl", SGL_SOURCE, ("fa3-vllm", "fa3"), points)

@@ -184,11 +184,11 @@ class SGLangFlashAttention(SGLangForwardRunner):
             reqs = tuple(Request(new=q, cached=kv - q) for q, kv in case.requests)
             mode = forward_mode(reqs) if kind == "neighbour" else sc.mode  # the scheduler's mode of the variant
             return dataclasses.replace(sc, requests=reqs, mode=mode)
-        sc = SCENARIOS.get(case.scenario) or FINDINGS.get(case.scenario)
-        if sc is None:
+        found = SCENARIOS.get(case.scenario) or FINDINGS.get(case.scenario)
+        if found is None:
             known = sorted(SCENARIOS) + sorted(FINDINGS) + sorted(GRAPH_SCENARIOS)
             raise ValueError(f"scenario must be one of {known} for engine {self.name}, got {case.scenario!r}")
-        return sc
+        return found
 
     # ------------------------------------------------------------------ CUDA-graph scenarios (graph.py)
     @staticmethod

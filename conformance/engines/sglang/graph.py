@@ -53,8 +53,8 @@ from conformance.graphs.composed import ComposedRun
 from ..base import call_inputs
 from ..calls import hand_out_blocks, prefix_sums, token_slots
 from .graph_cases import GraphCall, graph_calls, graph_scenario, seq_lens_of, visible_draft_tokens
-from .graph_cross import allocate_encoder_lens, cross_lengths
-from .graph_state import FILL_VALUE, CudaGraphState, RunnerBuffers
+from .graph_cross import EncoderDecoderGraphState, allocate_encoder_lens, cross_lengths
+from .graph_state import FILL_VALUE, RunnerBuffers
 from .scenarios import GraphScenario, tree_paths
 
 __all__ = ["SGLangGraphRun"]
@@ -155,7 +155,7 @@ class SGLangGraphRun(ComposedRun):
         dev = inputs.device
         bs, ql = case.graph[0], sc.q_len
         pool = _pool(case, inputs, sc, self.seed)
-        state = getattr(eng, "graph_state", CudaGraphState)(sc, dev)  # planted bugs override it
+        state = getattr(eng, "graph_state", EncoderDecoderGraphState)(sc, dev)  # planted bugs override it
         state.init_cuda_graph_state(bs)
         runner = RunnerBuffers.allocate(bs, bs * sc.topk * sc.num_steps, dev)
         if sc.layer:

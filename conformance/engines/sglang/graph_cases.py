@@ -99,8 +99,9 @@ def graph_calls(case: AttentionCase, sc: GraphScenario, md: GraphMetadata, mde: 
         return GraphCall(label, cc, m.page_table, m.cache_seqlens_int32, m.cu_seqlens_q, cu_k, names, ps)
 
     if sc.layer == "cross":  # layer.is_cross_attention: the encoder's table and lengths, non-causal, no window
-        if md.encoder_page_table is None or md.encoder_lens_int32 is None:
+        if md.encoder_page_table is None or md.encoder_lens_int32 is None or md.encoder_cu_seqlens_k is None:
             raise ValueError("encoder_page_table: the cross-attention layer's bucket was captured without encoder_lens")
+        assert md.cu_seqlens_q is not None  # every capture sets it
         t = md.encoder_page_table
         cc = call_case(
             case,

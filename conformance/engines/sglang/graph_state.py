@@ -284,6 +284,7 @@ class CudaGraphState:
 
     def normal_decode_set_metadata(self, md: GraphMetadata, req_to_token, req_pool_indices, seq_lens, delta, pages):
         """The seed's ``normal_decode_set_metadata``: lengths, ``cu_seqlens_k[1:]``, the strided page-table columns."""
+        assert md.cache_seqlens_int32 is not None and md.cu_seqlens_k is not None and md.page_table is not None
         md.cache_seqlens_int32.copy_(seq_lens + delta)
         md.cu_seqlens_k[1:].copy_(torch.cumsum(md.cache_seqlens_int32, dim=0, dtype=I32))
         strided = self.decode_cuda_graph_metadata["strided_indices"][:pages]
@@ -367,6 +368,7 @@ class CudaGraphState:
     def _update_local_attn_metadata_for_capture(self, md: GraphMetadata, bs: int) -> None:
         sc, buf = self.scenario, self.decode_cuda_graph_local_attn_metadata
         assert sc.chunk is not None and md.cache_seqlens_int32 is not None and md.cu_seqlens_q is not None
+        assert md.page_table is not None
         vb = self._virtual_batches(md.cu_seqlens_q.tolist(), md.cache_seqlens_int32.tolist(), md.page_table, bs)
         q_len, k_len = len(vb.cu_seqlens_q_local), len(vb.seqlens_k_local)
         b0 = vb.block_table_local.shape[0] or bs

@@ -100,7 +100,8 @@ LOCAL_FIELDS = ("local_block_table", "local_seqused_k", "local_query_start_loc",
 
 def prefixed_fields(prefix: str) -> tuple[str, str, str, str]:
     """:data:`MAIN_FIELDS` of a sub-metadata (``expand.``, ``swa_spec_metadata.``)."""
-    return tuple(prefix + n for n in MAIN_FIELDS)  # type: ignore[return-value]
+    table, lens, cu_q, cu_k = MAIN_FIELDS
+    return prefix + table, prefix + lens, prefix + cu_q, prefix + cu_k
 
 
 class SGLangMetadataBuilder(Engine):

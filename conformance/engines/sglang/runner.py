@@ -84,6 +84,8 @@ class SGLangForwardRunner(SGLangMetadataBuilder):
         win = (None if left < 0 else left, None if right < 0 else right)
         vb = md.local_attn_metadata
         if sc.cross:  # layer.is_cross_attention: the encoder's table and lengths, no causal mask, no window
+            if md.encoder_page_table is None:  # as check_call_metadata refuses it
+                raise ValueError("encoder_page_table: the call needs a page table, got None")
             m = SGLMetadata(
                 md.encoder_lens_int32 or [], md.cu_seqlens_q, md.encoder_cu_seqlens_k or [], md.encoder_page_table
             )
@@ -168,6 +170,7 @@ class SGLangForwardRunner(SGLangMetadataBuilder):
             num_pages=st.num_pages,
             total_q=case.total_q,
         )
+        assert kc.table is not None and kc.lens is not None  # check_call_metadata refused None
         dev = inputs.device
         table = kc.table.to(dev)
         k_cache, v_cache = pool

@@ -99,8 +99,10 @@ def layer_params(case: AttentionCase, device: torch.device | str = "cpu") -> Dif
     lq1, lk1, lq2, lk2 = (torch.randn(d, generator=gen) * 0.1 for _ in range(4))
     depth = int(torch.randint(1, 25, (1,), generator=gen))
     weight = (1.0 + 0.1 * torch.randn(2 * d, generator=gen)).to(case.torch_dtype)
-    lambdas = [x.to(device) for x in (lq1, lk1, lq2, lk2)]
-    return DiffParams(*lambdas, lambda_init=0.8 - 0.6 * math.exp(-0.3 * depth), subln_weight=weight.to(device))
+    lq1, lk1, lq2, lk2 = (x.to(device) for x in (lq1, lk1, lq2, lk2))
+    return DiffParams(
+        lq1, lk1, lq2, lk2, lambda_init=0.8 - 0.6 * math.exp(-0.3 * depth), subln_weight=weight.to(device)
+    )
 
 
 def _lambda_full(p: DiffParams, dtype: torch.dtype) -> torch.Tensor:
@@ -159,7 +161,10 @@ class VllmDifferentialAttention(V0GraphEngine, Engine):
         """Each scenario in bf16 and fp16, then the invariance scenarios (bf16), the graph scenarios and the
         ``neighbour`` invariance scenarios (bf16)."""
         out = [self._case(n, *row, dtype=dt) for n, row in SCENARIOS.items() for dt in ("bf16", "fp16")]
-        out += [self._case(n, *row, dtype="bf16", invariance=kind) for n, (kind, *row) in INVARIANCE_SCENARIOS.items()]
+        out += [
+            self._case(n, reqs, heads, block, window, dtype="bf16", invariance=kind)
+            for n, (kind, reqs, heads, block, window) in INVARIANCE_SCENARIOS.items()
+        ]
         out += [graph_case(self.name, name, sc) for name, sc in GRAPH_SCENARIOS.items()]
         return out + [
             self._case(n, reqs, heads, block, (None, None), d, dtype="bf16", invariance="neighbour")

@@ -152,11 +152,10 @@ class DiffGraphRun(ComposedRun):
         self.cross_layer_shared_graph_block_tables = torch.zeros(b, self.width, dtype=torch.int32)
         shape = (2, 2, self.num_blocks, self.bs, hk // 2, d)  # get_kv_cache_shape: (group, K/V, NHD block)
         self.kv_cache = torch.full(shape, STALE, dtype=torch.float32, device=dev).to(dt)
-        i32 = dict(dtype=torch.int32, device=dev)
         self.q = torch.full((b, h, d), STALE, dtype=dt, device=dev)  # CUDAGraphRunner's input buffers
-        self.seq_lens = torch.zeros(b, **i32)
-        self.cu_seqlens_k = torch.zeros(b + 1, **i32)
-        self.block_tables = torch.zeros(b, self.width, **i32)
+        self.seq_lens = torch.zeros(b, dtype=torch.int32, device=dev)
+        self.cu_seqlens_k = torch.zeros(b + 1, dtype=torch.int32, device=dev)
+        self.block_tables = torch.zeros(b, self.width, dtype=torch.int32, device=dev)
         self.q_split = (
             torch.empty(b, h // 2, d, dtype=dt, device=dev),
             torch.empty(b, h // 2, d, dtype=dt, device=dev),
@@ -171,7 +170,7 @@ class DiffGraphRun(ComposedRun):
                 q=self.q_split[gq],
                 k=empty,
                 v=empty,
-                cu_seqlens_q=torch.arange(0, b + 1, **i32),
+                cu_seqlens_q=torch.arange(0, b + 1, dtype=torch.int32, device=dev),
                 cu_seqlens_k=self.cu_seqlens_k,
                 seqlens_k=self.seq_lens,
                 k_cache=keys[gk],
@@ -207,7 +206,9 @@ class DiffGraphRun(ComposedRun):
         groups (``populate_kv_cache``), the queries into the query buffer."""
         bs, src, eng = self.bs, self.inputs, self.engine
         cu_q, cu_k = src.cu_seqlens_q.tolist(), src.cu_seqlens_k.tolist()
-        ctx_rows, ctx_slots, new_rows = [], [], []
+        ctx_rows: list[int] = []
+        ctx_slots: list[int] = []
+        new_rows: list[int] = []
         for slot, (r, req) in enumerate(zip(group, live)):
             ctx_slots += token_slots(step.blocks[slot], range(req.cached), bs)
             ctx_rows += range(cu_k[r], cu_k[r] + req.cached)

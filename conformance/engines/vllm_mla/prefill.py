@@ -142,25 +142,22 @@ class VllmMLAPrefill(Engine):
         def v_of(x: torch.Tensor) -> torch.Tensor:  # _flash_attn_varlen_diff_headdims's padding
             return torch.nn.functional.pad(x, [0, QK_DIM - V_DIM], value=0) if pad else x
 
-        def run(label: str, k: torch.Tensor, v: torch.Tensor) -> KernelOutput:
+        def run(label: str, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             res = kernel(contiguous_call(label, calls[label], inputs.q, k, v_of(v)))
             if res.lse is None:
                 raise ValueError(f"{label}: vLLM's MLA prefill needs the LSE; this backend returned none")
-            return KernelOutput(res.out[..., :V_DIM], res.lse)  # the caller strips the padding
+            return res.out[..., :V_DIM], res.lse  # (out, lse); the caller strips the padding
 
         new_k = torch.cat([inputs.k[cu_k[b] + c : cu_k[b + 1]] for b, c in enumerate(ctx)])
         new_v = torch.cat([inputs.v[cu_k[b] + c : cu_k[b + 1]] for b, c in enumerate(ctx)])
         result = run("new tokens (causal)", new_k, new_v)
-        context: KernelOutput | None = None
+        context: tuple[torch.Tensor, torch.Tensor] | None = None
         for i, spans in enumerate(self._chunks(case)):
             k = torch.cat([inputs.k[cu_k[b] + s : cu_k[b] + e] for b, (s, e) in enumerate(spans)])
             v = torch.cat([inputs.v[cu_k[b] + s : cu_k[b] + e] for b, (s, e) in enumerate(spans)])
             part = run(f"context chunk {i} (unmasked)", k, v)
-            if context is None:
-                context = part
-            else:
-                context = KernelOutput(*merge_attn_states(context.out, context.lse, part.out, part.lse))
+            context = part if context is None else merge_attn_states(*context, *part)
         if context is None:
-            return result
-        out, lse = merge_attn_states(context.out, context.lse, result.out, result.lse)
+            return KernelOutput(*result)
+        out, lse = merge_attn_states(*context, *result)
         return KernelOutput(out, lse)

@@ -325,6 +325,7 @@ class VllmV0FlashAttention(V0GraphEngine, Engine):
             if scales is None:
                 write_kv_cache(k, v, pool.k_cache, pool.v_cache, slots)
             else:
+                assert scales[2] is not None  # fp8 (V0's only quantization) quantizes V
                 write_kv_cache_fp8(k, v, pool.k_cache, pool.v_cache, slots, k_scale=scales[1], v_scale=scales[2])
 
         if scn.attn_type == DECODER:  # reshape_and_cache_flash(key, value, ..., slot_mapping)
@@ -368,6 +369,7 @@ class VllmV0FlashAttention(V0GraphEngine, Engine):
             c, i = (0, 0) if j < len(enc) else (ctx[j - len(enc)], order[j - len(enc)])
             k0, v0 = inputs.k[cu_k[i] : cu_k[i] + c], inputs.v[cu_k[i] : cu_k[i] + c]
             if quant is not None:
+                assert quant.v_descale is not None  # fp8 (V0's only quantization) quantizes V
                 k0, v0 = quantize(k0, quant.k_descale, FP8), quantize(v0, quant.v_descale, FP8)
             ks.append(torch.cat([k0.to(dt), torch.full((n - c, hk, case.head_dim), STALE).to(dev, dt)]))
             vs.append(torch.cat([v0.to(dt), torch.full((n - c, hk, case.dv), STALE).to(dev, dt)]))

@@ -84,18 +84,17 @@ class V0GraphRun(ComposedRun):
         # the runner's persistent host array (np.zeros((max_batch_size, max_blocks), dtype=np.int32) in V0)
         self.graph_block_tables = torch.zeros(b, self.width, dtype=torch.int32)
         cache = torch.full((2, self.num_blocks, self.bs, hk, d), STALE, dtype=torch.float32).to(dev, case.torch_dtype)
-        i32 = dict(dtype=torch.int32, device=dev)
         self.buffers = CaseInputs(  # CUDAGraphRunner's input buffers
             case=self.call,
             q=torch.full((b, h, d), STALE, dtype=case.torch_dtype, device=dev),
             k=torch.zeros(0, hk, d, dtype=case.torch_dtype, device=dev),
             v=torch.zeros(0, hk, d, dtype=case.torch_dtype, device=dev),
-            cu_seqlens_q=torch.arange(0, b + 1, **i32),
-            cu_seqlens_k=torch.zeros(b + 1, **i32),
-            seqlens_k=torch.zeros(b, **i32),
+            cu_seqlens_q=torch.arange(0, b + 1, dtype=torch.int32, device=dev),
+            cu_seqlens_k=torch.zeros(b + 1, dtype=torch.int32, device=dev),
+            seqlens_k=torch.zeros(b, dtype=torch.int32, device=dev),
             k_cache=cache[0],
             v_cache=cache[1],
-            block_table=torch.zeros(b, self.width, **i32),
+            block_table=torch.zeros(b, self.width, dtype=torch.int32, device=dev),
         )
         self.gen = torch.Generator().manual_seed(int(case.digest(), 16) + self.seed)
 

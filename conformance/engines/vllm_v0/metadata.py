@@ -33,6 +33,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import NoReturn
 
 import torch
 
@@ -129,7 +130,7 @@ class V0Metadata:
         )
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     raise ValueError(msg)
 
 

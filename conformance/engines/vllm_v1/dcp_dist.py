@@ -81,6 +81,7 @@ def _worker(
             ref, base = engine.reference(case, inputs), engine.baseline(case, inputs)
             tol = resolve(case, backend_name)
             stats, stats_single = compare(ref, base, full, tol), compare(ref, base, single, tol)
+            assert full.lse is not None and single.lse is not None  # restored from the steps' LSEs
             results.append(
                 dict(
                     case_id=case.id,

@@ -91,6 +91,7 @@ import torch
 
 from attnfast.base import KernelOutput, Support
 from attnref import AttnResult, gather_kv
+from attnref.paged import as_layout
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.cases.quant_inputs import QuantTensors
@@ -168,7 +169,7 @@ class VllmV1FlashAttention(VllmV1Runner):
         else:
             if not case.causal or not case.paged:
                 problems.append("the fork's decoder calls are causal (hard-coded causal=True) over a paged cache")
-            if case.paged and case.block_size % 16:
+            if case.block_size is not None and case.block_size % 16:  # set exactly when paged
                 problems.append(f"block_size must be a multiple of 16 (get_kv_cache_shape), got {case.block_size}")
         if case.dv != case.head_dim or case.qv or case.v_padded or case.append:
             problems.append("K and V share one cache tensor (head_dim_v == head_dim); no qv, V padding or append")
@@ -190,10 +191,12 @@ class VllmV1FlashAttention(VllmV1Runner):
                 )
             if case.sinks or case.has_window or case.alibi:
                 problems.append("DCP drops sinks and applies windows/ALiBi to rank-local positions")
-            if case.block_size % sc.interleave:
+            if case.block_size is not None and case.block_size % sc.interleave:  # None: refused above (paged)
                 problems.append("cp_kv_cache_interleave_size must divide block_size")
-        if sc.manager_block and (
-            sc.manager_block % case.block_size or kernel_block_size(sc.manager_block) != case.block_size
+        if (
+            sc.manager_block
+            and case.block_size is not None  # None: refused above (paged)
+            and (sc.manager_block % case.block_size or kernel_block_size(sc.manager_block) != case.block_size)
         ):
             problems.append(f"block_size must be the kernel block size of manager block {sc.manager_block}")
         for b in sc.sharers():
@@ -300,8 +303,8 @@ class VllmV1FlashAttention(VllmV1Runner):
             kv = PagedKV(k_view, v_view, table, [], cache.block_size, ccase.kv_layout)
             return paged_call(label, ccase, inputs.q[q_rows], kv, table, sinks=sinks)
         lens, layout, bs = ccase.kv_lens, ccase.kv_layout, cache.block_size
-        k_st, _ = gather_kv(k_view, table, lens, layout)
-        v_st, _ = gather_kv(v_view, table, lens, layout)
+        k_st, _ = gather_kv(k_view, table, lens, as_layout(layout))
+        v_st, _ = gather_kv(v_view, table, lens, as_layout(layout))
         scales = []
         assert cache.k_scale is not None and quant.q is not None and quant.q_descale is not None
         for b, n in enumerate(lens):
@@ -347,6 +350,7 @@ class VllmV1FlashAttention(VllmV1Runner):
         if self.scenario(case).encoder:  # _forward_encoder_attention: q, k, v as given, no cache
             ((label, ccase),) = self.calls(case, step)
             return kernel(contiguous_call(label, ccase, inputs.q, inputs.k, inputs.v))
+        lse: torch.Tensor | None
         if step.dcp > 1:
             out, lse = dcp_forward(self, case, inputs, step, kernel)
         else:
@@ -374,7 +378,8 @@ class VllmV1FlashAttention(VllmV1Runner):
             decode = run("decode (paged kvcache)", tok[:ndt], meta.decode.block_table)
         parts = [p for p in (decode, prefill) if p is not None]
         out = torch.cat([p.out for p in parts])
-        lse = None if any(p.lse is None for p in parts) else torch.cat([p.lse for p in parts], dim=1)
+        lses = [p.lse for p in parts if p.lse is not None]
+        lse = torch.cat(lses, dim=1) if len(lses) == len(parts) else None
         return out, lse
 
     def _merge(self, prefix_out, prefix_lse, suffix_out, suffix_lse) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,6 +45,7 @@ import torch
 
 from attnfast.base import KernelOutput
 from attnref import write_kv_cache
+from attnref.paged import as_layout
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.graphs.captured import CapturedCall
@@ -149,19 +150,18 @@ class V1GraphRun(ComposedRun):
             layout=case.kv_layout,
             device=dev,
         )
-        i32 = dict(dtype=torch.int32, device=dev)
         self.buffers = CaseInputs(
             case=self.call,
             q=torch.full((b * self.q_len, h, d), STALE, dtype=case.torch_dtype, device=dev),
             k=torch.zeros(0, case.num_kv_heads, d, dtype=case.torch_dtype, device=dev),
             v=torch.zeros(0, case.num_kv_heads, d, dtype=case.torch_dtype, device=dev),
-            cu_seqlens_q=torch.arange(0, (b + 1) * self.q_len, self.q_len, **i32),
-            cu_seqlens_k=torch.zeros(b + 1, **i32),
-            seqlens_k=torch.zeros(b, **i32),
+            cu_seqlens_q=torch.arange(0, (b + 1) * self.q_len, self.q_len, dtype=torch.int32, device=dev),
+            cu_seqlens_k=torch.zeros(b + 1, dtype=torch.int32, device=dev),
+            seqlens_k=torch.zeros(b, dtype=torch.int32, device=dev),
             sinks=self.inputs.sinks,
             k_cache=self.cache.k,
             v_cache=self.cache.v,
-            block_table=torch.zeros(b, self.width, **i32),
+            block_table=torch.zeros(b, self.width, dtype=torch.int32, device=dev),
         )
         self.gen = torch.Generator().manual_seed(int(case.digest(), 16) + self.seed)
 
@@ -178,7 +178,7 @@ class V1GraphRun(ComposedRun):
             buf.block_table[slot, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
             slots = torch.tensor([pages[t // bs] * bs + t % bs for t in range(kv)], device=buf.q.device)
             k, v = self.inputs.k[cu_k[r] : cu_k[r + 1]], self.inputs.v[cu_k[r] : cu_k[r + 1]]
-            write_kv_cache(k, v, self.cache.k, self.cache.v, slots, layout=case.kv_layout)
+            write_kv_cache(k, v, self.cache.k, self.cache.v, slots, layout=as_layout(case.kv_layout))
             buf.q[slot * self.q_len : (slot + 1) * self.q_len] = self.inputs.q[cu_q[r] : cu_q[r + 1]]
             lens[slot] = kv
         buf.seqlens_k.copy_(torch.tensor(lens, dtype=torch.int32))

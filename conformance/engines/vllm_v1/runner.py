@@ -27,6 +27,7 @@ from typing import ClassVar
 import torch
 
 from attnref import quantize, write_kv_cache
+from attnref.paged import as_layout
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
@@ -310,7 +311,7 @@ class VllmV1Runner(Engine):
         sm = torch.tensor(slots, dtype=torch.int64, device=inputs.k.device)
         quant = inputs.quant
         if quant is None:
-            write_kv_cache(inputs.k[idx], inputs.v[idx], cache.k, cache.v, sm, layout=cache.layout)
+            write_kv_cache(inputs.k[idx], inputs.v[idx], cache.k, cache.v, sm, layout=as_layout(cache.layout))
             return
         assert cache.k_scale is not None
         if case.quant == "int8_t1":
@@ -318,7 +319,7 @@ class VllmV1Runner(Engine):
             value = self._quantize_value(inputs.v[idx], cache.v_scale)
         else:
             value = inputs.v[idx].to(case.torch_dtype)
-        write_kv_cache(quant.k[idx], value, cache.k, cache.v, sm, layout=cache.layout)
+        write_kv_cache(quant.k[idx], value, cache.k, cache.v, sm, layout=as_layout(cache.layout))
         keep = sm >= 0
         sel, bs = sm[keep], cache.block_size
         cache.k_scale[sel // bs, :, sel % bs] = quant.k_descale[idx][keep].to(cache.k_scale)

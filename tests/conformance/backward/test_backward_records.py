@@ -86,7 +86,7 @@ def test_report_has_a_backward_section(records, tmp_path: Path) -> None:
     md, html = write_report([path], tmp_path / "report")
     text = md.read_text()
     assert "## Backward" in text and "| fake-bwd-gqa-first-head | 1 | 0 | 1 |" in text
-    assert "<h2>Backward</h2>" in html.read_text()
+    assert '<h3 id="backward">Backward</h3>' in html.read_text()  # a details section, under the verdict (issue 28)
 
 
 def test_compare_flags_a_gradient_regression(records) -> None:

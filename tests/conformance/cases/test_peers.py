@@ -3,6 +3,7 @@ against the source's values, every point without a case counted by reason, regis
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from collections import Counter
@@ -12,15 +13,7 @@ import pytest
 from conformance.cases.case import AttentionCase
 from conformance.cases.peers import PEERS, PEER_SUITES
 from conformance.cases.peers import fa3, fa4, sgl, vllm
-from conformance.cases.peers.grid import (
-    PENDING_APPEND_LEN,
-    PENDING_FP8_APPEND,
-    REFUSED,
-    SAME_CALL,
-    Dropped,
-    PeerSuite,
-    walk,
-)
+from conformance.cases.peers.grid import REFUSED, SAME_CALL, UNEVEN_APPEND, Dropped, PeerSuite, walk, walk_part
 from conformance.cases.suites import SUITES, get_suite
 
 
@@ -33,6 +26,11 @@ def _by_test(points, test):
     return [p for p in points if p.test == test]
 
 
+def _digest(cases) -> str:
+    """The SHA-256 of the cases' ids, in order, one a line: pins a suite's earlier cases, ids and order."""
+    return hashlib.sha256("\n".join(c.id for c in cases).encode()).hexdigest()
+
+
 # ----------------------------------------------------------------------------------------------- the grid walk
 def test_walk_keeps_every_point_with_its_reason():
     """A skip has no point, a Dropped keeps its reason, a refusal its message, and the product runs first axis
@@ -42,7 +40,7 @@ def test_walk_keeps_every_point_with_its_reason():
         if a == 0 and b == "x":
             return None
         if a == 1 and b == "x":
-            raise Dropped(PENDING_APPEND_LEN)
+            raise Dropped(UNEVEN_APPEND)
         return AttentionCase(((1, 4),), num_heads=2, num_kv_heads=2 if a != 2 else 3, head_dim=8)
 
     points = list(walk("t", (("a", (0, 1, 2)), ("b", ("x", "y"))), make))
@@ -54,8 +52,31 @@ def test_walk_keeps_every_point_with_its_reason():
         {"a": 2, "b": "y"},
     ]
     assert [bool(p.case) for p in points] == [True, False, True, False, False]
-    assert points[1].dropped == PENDING_APPEND_LEN
+    assert points[1].dropped == UNEVEN_APPEND
     assert points[3].dropped.startswith(f"{REFUSED}: num_heads (2) must be a positive multiple")
+
+
+def test_a_grid_walked_in_two_parts_has_every_point_once_the_second_part_last():
+    """walk_part over a predicate and over its negation: the points of walk, each part in grid order."""
+
+    def make(a, b):
+        if a == 0 and b == "x":
+            return None  # the test's skip: no point in either part
+        if a == 2 and b == "y":
+            raise Dropped(SAME_CALL)
+        return AttentionCase(((1, 4),), num_heads=2, num_kv_heads=2, head_dim=8 * (a + 1))
+
+    axes = (("a", (0, 1, 2)), ("b", ("x", "y")))
+
+    def late(a, b):
+        return a == 1
+
+    first = list(walk_part("t", axes, make, lambda **p: not late(**p)))
+    second = list(walk_part("t", axes, make, late))
+    assert [p.values for p in first] == [{"a": 0, "b": "y"}, {"a": 2, "b": "x"}, {"a": 2, "b": "y"}]
+    assert [p.values for p in second] == [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}]
+    assert first[2].dropped == SAME_CALL and all(p.case is not None for p in second)
+    assert sorted(first + second, key=repr) == sorted(walk("t", axes, make), key=repr)
 
 
 def test_a_point_whose_case_another_point_has_is_the_same_call():
@@ -176,40 +197,59 @@ def test_fa3_varlen_is_the_forks_grid(fa3_points):
 
 
 def test_fa3_kvcache_is_the_forks_grid(fa3_points):
-    """test_flash_attn_kvcache: 36 (pair, page size) the test runs x 864; appends of other than seqlen_q new keys
-    and fp8 appends pending, seqlen_new_eq_seqlen_q=False without new keys the same call."""
+    """test_flash_attn_kvcache: 36 (pair, page size) the test runs x 864; its appends of other than seqlen_q new keys
+    (append_len) and into an fp8 cache come after the other points, none pending; a varlen_q append whose new keys
+    per sequence the case model cannot say (UNEVEN_APPEND), seqlen_new_eq_seqlen_q=False without new keys or with a
+    seqlen_new draw of seqlen_q the same call."""
     points = _by_test(fa3_points, "test_flash_attn_kvcache")
     pages = sum(1 for _, sk in fa3.KVCACHE_SEQLENS for page in fa3.KVCACHE_PAGE_SIZES if page is None or sk % page == 0)
     assert pages == 11 + 11 + 8 + 6
     # varlen_q 2 x seqlen_new_eq 2 x (causal, local) 3 x new_kv 2 x heads 3 x dtypes 2 x num_splits 3 x metadata 2
     assert len(points) == pages * 864 == 31104
     per = pages * 3 * 3 * 3 * 2  # (causal, local) x heads x num_splits x metadata, one dtype, one (varlen, eq) pair
-    assert Counter(p.dropped for p in points if p.case is None) == Counter(
-        {
-            SAME_CALL: per * 2 * 2,  # no new_kv, seqlen_new_eq False: both dtypes, both varlen_q
-            PENDING_APPEND_LEN: per * 3,  # bf16 append with eq False or varlen_q
-            f"{PENDING_APPEND_LEN} + {PENDING_FP8_APPEND}": per * 3,
-            PENDING_FP8_APPEND: per,  # fp8 append of seqlen_q new keys
-        }
-    )
+    late = [fa3._late_append(**p.values) for p in points]
+    assert late == sorted(late) and sum(late) == per * 7  # of the 8 (varlen_q, eq, dtype) appends, all but one
+    dropped = Counter(p.dropped for p in points if p.case is None)
+    # SAME_CALL: no new_kv with eq False (both dtypes, both varlen_q), and 1,806 eq False draws of seqlen_new ==
+    # seqlen_q (every one at seqlen_q 1); UNEVEN_APPEND: varlen_q appends whose draws are neither
+    assert dropped == Counter({SAME_CALL: per * 4 + 1806, UNEVEN_APPEND: 5934})
+    for p in points:
+        v, sq = p.values, p.values["seqlens"][0]
+        if p.dropped == UNEVEN_APPEND:
+            assert v["new_kv"] and v["varlen_q"] and sq > 1  # at seqlen_q 1 every sequence appends its 1 token
+        if p.dropped == SAME_CALL:
+            assert not v["seqlen_new_eq_seqlen_q"]
+        if v["new_kv"] and not v["seqlen_new_eq_seqlen_q"] and sq == 1:
+            assert p.dropped == SAME_CALL  # seqlen_new = randint(1, 2) is seqlen_q
     cases = [p for p in points if p.case is not None]
-    assert len(cases) == 9720
+    assert len(cases) == 15588
+    # the 9,720 cases the grid had before its appends became cases: their ids and order unchanged
+    assert sum(1 for p in cases if not fa3._late_append(**p.values)) == 9720
+    assert _digest(p.case for p in cases[:9720]) == "59dde6d5a94d9ca7188234dd3d4d73709c8c2639d867e913a1a3c4be8699b01f"
     assert {p.case.block_size for p in cases} == {None, 1, 4, 128}
     assert {p.case.scheduler_metadata for p in cases} == {False, True} and {p.case.num_splits for p in cases} == {
         1, 3, None,
     }  # fmt: skip
+    assert sum(p.case.append_len is not None for p in cases) == 3264
+    assert sum(p.case.append and p.case.quant != "none" for p in cases) == 3912
     for p in cases:
-        c, (sq, sk) = p.case, p.values["seqlens"]
+        c, v, (sq, sk) = p.case, p.values, p.values["seqlens"]
         assert c.batch == 5 and c.head_dim == 128 and c.batch_name == "peerfa3kv"
         assert c.block_size is None or sk % c.block_size == 0
-        if c.append:
-            assert c.q_lens == [sq] * 5 and all(sq <= k <= sk for k in c.kv_lens) and c.quant == "none"
+        assert all(max(1, sq - 20) <= q <= sq for q in c.q_lens) if v["varlen_q"] else c.q_lens == [sq] * 5
+        if c.append:  # cache_seqlens in [0, seqlen_k - seqlen_new], then the new keys
+            new = c.new_kv_lens
+            assert all(n <= k <= sk for n, k in zip(new, c.kv_lens))
+            assert all(n < sq for n in new) if not v["seqlen_new_eq_seqlen_q"] else all(n <= sq for n in new)
+            if v["seqlen_new_eq_seqlen_q"] and not v["varlen_q"]:
+                assert c.append_len is None  # seqlen_q new keys
         else:
-            assert all(1 <= k <= sk for k in c.kv_lens)
-            assert all(max(1, sq - 20) <= q <= sq for q in c.q_lens) if p.values["varlen_q"] else c.q_lens == [sq] * 5
-        if c.quant != "none":
+            assert all(1 <= k <= sk for k in c.kv_lens) and v["seqlen_new_eq_seqlen_q"]
+        if v["dtype"] == "fp8_e4m3":
             assert (c.dtype, c.quant, c.descale) == ("bf16", "fp8_e4m3", None)
-        assert c.causal == p.values["causal_local"][0] and c.has_window == p.values["causal_local"][1]
+        else:
+            assert c.quant == "none"
+        assert c.causal == v["causal_local"][0] and c.has_window == v["causal_local"][1]
 
 
 def _unique_stable_and_no_engine(name: str) -> None:
@@ -224,7 +264,7 @@ def _unique_stable_and_no_engine(name: str) -> None:
 
 
 def test_fa3_suite_size(fa3_points):
-    assert len(get_suite("peer-fa3")) == 63360 + 47517 + 9720 == sum(1 for p in fa3_points if p.case is not None)
+    assert len(get_suite("peer-fa3")) == 63360 + 47517 + 15588 == sum(1 for p in fa3_points if p.case is not None)
     _unique_stable_and_no_engine("peer-fa3")
 
 
@@ -378,23 +418,34 @@ def test_vllm_flashmla_is_vllms_grid():
 
 # ----------------------------------------------------------------------------------------------- peer-sgl
 def test_sgl_kvcache_is_sgl_kernels_grid():
-    """11 pairs x 2 seqlen_new_eq x 2 new_kv x 2 sinks x 3 heads x 3 dv (256, 512 MLA-absorbed; 64) x 2 num_splits."""
+    """11 pairs x 2 seqlen_new_eq x 2 new_kv x 2 sinks x 3 heads x 3 dv (256, 512 MLA-absorbed; 64) x 2 num_splits;
+    the appends of seqlen_new = randint(1, seqlen_q + 1) new keys (append_len) after the other points."""
     points = list(sgl.kvcache_points())
     assert len(points) == 11 * 2 * 2 * 2 * 3 * 3 * 2
-    dropped = Counter(p.dropped for p in points if p.case is None)
     per = 11 * 2 * 3 * 3 * 2  # pairs x sinks x heads x dv x num_splits
-    assert dropped == Counter({PENDING_APPEND_LEN: per, SAME_CALL: per})
+    short = [sgl._short_append(**p.values) for p in points]
+    assert short == sorted(short) and sum(short) == per
+    assert [p.values for p in points if not sgl._short_append(**p.values)] == [
+        p.values for p in sgl.kvcache_points(short_appends=False)
+    ]
+    dropped = Counter(p.dropped for p in points if p.case is None)
+    # SAME_CALL: eq False without new keys, and 98 draws of seqlen_new == seqlen_q (every one at seqlen_q 1)
+    assert dropped == Counter({SAME_CALL: per + 98})
     assert all(p.values["seqlen_new_eq_seqlen_q"] is False for p in points if p.case is None)
+    assert all(p.case is None for p, s in zip(points, short) if s and p.values["seqlens"][0] == 1)
     cases = [p for p in points if p.case is not None]
-    assert len(cases) == 2 * per
+    assert len(cases) == 2 * per + 298
     for p in cases:
         c, (sq, sk), dv = p.case, p.values["seqlens"], p.values["dv"]
         assert (c.head_dim, c.dv, c.qv) == (64, dv, dv >= 256) and c.batch == 5 and not c.paged
         assert c.sinks == p.values["has_sink"] and c.num_splits == (1 if p.values["num_splits"] == 1 else None)
-        if c.append:
-            assert c.q_lens == [sq] * 5 and all(sq <= k <= sk for k in c.kv_lens)
+        assert c.q_lens == [sq] * 5
+        if c.append:  # cache_seqlens in [0, seqlen_k - seqlen_new], then seqlen_new new keys
+            assert all(c.new_kv_lens[0] <= k <= sk for k in c.kv_lens)
+            assert (c.append_len is None) == p.values["seqlen_new_eq_seqlen_q"]
+            assert c.append_len is None or 1 <= c.append_len < sq
         else:
-            assert c.q_lens == [sq] * 5 and all(1 <= k <= sk for k in c.kv_lens)
+            assert all(1 <= k <= sk for k in c.kv_lens)
 
 
 def test_sgl_varlen_is_sgl_kernels_grid():
@@ -407,12 +458,18 @@ def test_sgl_varlen_is_sgl_kernels_grid():
         assert all(max(1, sq - 20) <= q <= sq for q in c.q_lens)
         assert [c.kv_lens[b] for b in (0, 5, 8)] == [0, 0, 0]
         assert all(max(0, sk - 20) <= k <= sk for b, k in enumerate(c.kv_lens) if b not in (0, 5, 8))
-    assert len(get_suite("peer-sgl")) == 792 + 240
+    cases = get_suite("peer-sgl")
+    assert len(cases) == 792 + 240 + 298  # kvcache, varlen, then the short appends
+    # the cases before the short appends became cases (append_len): their ids and order unchanged
+    assert _digest(cases[:1032]) == "3dcbc5f98451bf3a63fe62999faa87515f01c86bd503d507686d4d085c52e096"
+    assert [p.test for p in PEERS["peer-sgl"].points() if p.case is not None] == (
+        ["test_flash_attn_kvcache"] * 792 + ["test_flash_attn_varlen_output"] * 240 + ["test_flash_attn_kvcache"] * 298
+    )
 
 
-def test_peer_grids_are_deterministic():
-    """Two walks of a grid (uncached) give the same points: the draws are seeded by the combination."""
+def test_peer_grids_are_deterministic(fa3_points):
+    """Two walks of a grid give the same points (the suite's, cached, and a new one): the draws are seeded by the
+    combination."""
     for suite in (PEERS["peer-vllm-flash"], PEERS["peer-vllm-flashmla"], PEERS["peer-sgl"]):
         assert list(suite.grids()) == list(suite.grids())
-    first = [p.case.id for p in fa3.kvcache_points() if p.case is not None]
-    assert first == [p.case.id for p in fa3.kvcache_points() if p.case is not None]
+    assert list(fa3.kvcache_points()) == _by_test(fa3_points, "test_flash_attn_kvcache")

@@ -21,7 +21,7 @@ SIZES = {
     "peer-fa2-kvcache": (13964, 13964),
     "peer-vllm-flash": (296, 296),
     "peer-vllm-flashmla": (144, 144),
-    "peer-sgl": (1032, 1032),
+    "peer-sgl": (1330, 1330),
 }
 
 

@@ -252,6 +252,13 @@ def test_cases_the_fork_cannot_run_are_refused_with_the_reason():
         ENGINE.check(CASES["mixed_nhd_bs16"].replace(block_size=8))
 
 
+@pytest.mark.parametrize("scenario", ["dcp2_decode", "block_128_kernel_64", "mixed_nhd_bs16"])
+def test_a_contiguous_cache_is_refused_naming_the_paged_cache_the_fork_needs(scenario):
+    """The DCP and manager-block checks read the block size: a contiguous case (none) raised TypeError there."""
+    with pytest.raises(ValueError, match=r"decoder calls are causal \(hard-coded causal=True\) over a paged cache"):
+        ENGINE.check(CASES[scenario].replace(kv_layout="contiguous", block_size=None))
+
+
 def test_gpu_adapters_refuse_the_int8_calls_with_a_reason():
     support = ENGINE.supports(CASES["int8_t1_mixed"], FA3VllmBackend(), "cuda")
     assert not support and support.reason.startswith("prefill (varlen, paged): int8_t1: FA3 takes")

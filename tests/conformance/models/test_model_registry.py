@@ -153,3 +153,28 @@ def test_sliding_window_must_come_with_sliding_layers(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("sliding_window = 4096\n", "", 1))
     with pytest.raises(RegistryError, match="mistral-7b-v0.1.*sliding_window: must be set exactly"):
         load_registry(data)
+
+
+def test_a_bad_model_entry_is_one_line_and_exit_2_from_the_cli(tmp_path) -> None:
+    """The registry loads when the case model is imported: a model file edited by hand (the add-model guide) used
+    to end every command in a traceback and exit 1."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    for pkg in ("attnref", "attnfast", "conformance"):
+        shutil.copytree(repo / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    toml = tmp_path / "conformance" / "models" / "data" / "gpt_oss.toml"
+    text = toml.read_text(encoding="utf-8")
+    assert "num_kv_heads = 8" in text
+    toml.write_text(text.replace("num_kv_heads = 8", "num_kv_heads = 7", 1), encoding="utf-8")
+    res = subprocess.run(
+        [sys.executable, "-m", "conformance", "cases", "--suite", "models", "--model", "gpt-oss-20b"],
+        cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "gpt_oss.toml" in res.stderr and "num_kv_heads" in res.stderr, res.stderr

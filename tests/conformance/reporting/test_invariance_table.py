@@ -61,3 +61,28 @@ def test_no_matrix_without_such_records_and_missing_comparisons_are_not_a_pass()
     cells = m["rows"][0]["cells"]
     assert cells[4]["text"] == "kept 1/1" and cells[5]["text"] == "n/a"
     assert "no vs_plain comparison" in cells[5]["reason"]
+
+
+def test_graph_cells_say_when_no_graph_was_captured():
+    """A CPU device records ``captured: false`` (the replays ran eagerly): the cell and a note say so, so a CPU run
+    never reads as CUDA graphs kept (issue 28); a captured graph's cell is unchanged."""
+    eager = {"graph": {"captured": False, "replays": [{"vs_eager": _eq(), "vs_plain": _eq()}]}}
+    captured = {"graph": {"captured": True, "replays": [{"vs_eager": _eq(), "vs_plain": _eq()}]}}
+    records = [
+        _rec("k", {"graph": [2, 1]}, extra=eager),
+        _rec("k", {"graph": [3, 1]}, extra=captured),
+        _rec("e", {"graph": [2, 1]}, extra=eager),
+        _rec("g", {"graph": [2, 1]}, extra=captured),
+    ]
+    m = invariance_sections(records, ["k", "e", "g"])
+    rows = {r["backend"]: [c and c["text"] for c in r["cells"]][4:] for r in m["rows"]}
+    assert rows == {
+        "k": ["kept 2/2, no graph captured in 1"] * 2,
+        "e": ["kept 1/1, no graph captured"] * 2,
+        "g": ["kept 1/1"] * 2,
+    }
+    notes = [n for n in m["notes"] if "captured" in n]
+    assert len(notes) == 1 and notes[0].startswith(
+        "No graph captured on device `cpu` (graph cases per kernel: e 1, k 1)"
+    )
+    assert "not a CUDA graph" in notes[0]

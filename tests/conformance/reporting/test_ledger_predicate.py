@@ -196,10 +196,18 @@ def test_derived_fields_of_the_kernels() -> None:
     assert v(case(requests=((270, 257),), causal=True)).value("keyless_query_tile") == 8
     assert v(case(requests=((270, 257),), causal=True)).value("rows_without_keys") == 13
     assert v(case(requests=((65, 1),), causal=True)).value("keyless_query_tile") == 64
-    # FA3's tile with a packed GQA group of 8: 16 keyless rows fill one
-    gqa = case(requests=((20, 4), (30, 30)), causal=True, num_heads=8, num_kv_heads=1)  # rows 0..15 see no key
+    # the FA3 fork's query tile (attnfast.decisions.fa3_vllm_fwd_tile) with a packed GQA group of 8: at d128 (128 rows)
+    # 16 keyless rows fill one; at d64 the tile is 192 rows (20 x 8 = 160 of request 0, 4 of them with keys)
+    gqa = case(requests=((20, 4), (30, 30)), causal=True, num_heads=8, num_kv_heads=1, head_dim=128)  # rows 0..15
     assert v(gqa).value("fa3_keyless_m_block") and not v(gqa.replace(num_heads=1)).value("fa3_keyless_m_block")
+    assert not v(gqa.replace(head_dim=64)).value("fa3_keyless_m_block")
     assert not v(case(requests=((20, 40), (270, 257)), causal=True)).value("fa3_keyless_m_block")
+    # issue 31: peer-fa3's (384, 256) causal requests leave 128 keyless rows: one tile at d128 (and at d96 in fp8,
+    # 128 x 128), none of the 192-row tiles of d64 and d96 (the d64 sink case passed on the H100, 2026-11-27)
+    peer = case(requests=((384, 256),) * 2, causal=True, window=(198, 0), num_heads=16, num_kv_heads=16, sinks=True)
+    assert not v(peer).value("fa3_keyless_m_block") and v(peer.replace(head_dim=128)).value("fa3_keyless_m_block")
+    assert not v(peer.replace(head_dim=96)).value("fa3_keyless_m_block")
+    assert v(peer.replace(head_dim=96, quant="fp8_e4m3")).value("fa3_keyless_m_block")
     assert v(case(requests=((257, 0),), qv=True, head_dim_v=512)).value("rows_with_keys") == 0
     # cp: the rank's shard and the causal rule in absolute positions (attnref.mask)
     cp = case(requests=((4, 3),), causal=True, cp_world=2, cp_rank=1)

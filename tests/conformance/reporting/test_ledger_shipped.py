@@ -316,6 +316,11 @@ NAMED = {
     # rounding the adapter's correction cannot undo; the adapter declares it per row since (lse_slack,
     # scripts/investigate_fa2_alibi_lse.py)
     ("fa2", "fail", "lse: "): 1,
+    # peer-fa3's shard 0 of 32 on the fork (reports/h100-2026-11-27-peers): windows beside fa3-vllm[2]'s envelope (a
+    # right side, or templates 64/128 with fp8, soft-cap or sinks) whose rows the model of the fork's window schedule
+    # (scripts/investigate_fa3_peer_windows.py) marks, as it marks every failure of [2] and no pass: new until its GPU
+    # run shows the same cause (reports/h100-2026-11-27-peers/triage.md)
+    ("fa3-vllm", "fail", "max_error"): 23,
 }
 
 

@@ -139,7 +139,7 @@ def test_report_writes_both_files_with_failures_split_by_ledger(
     md_path, html_path = write_report([results_file], tmp_path / "out", ledger_dir)
     md, html = md_path.read_text(), html_path.read_text()
     for text in (md, html):
-        assert "Unexpected failures (3)" in text  # crash, timeout, lse fail; the window failure is known
+        assert "Unexpected problems (3)" in text  # crash, timeout, lse fail; the window failure is known
         assert "Known failures (1)" in text and "KNOWN-WINDOW-BUG" in text
         assert SINK.summary() in text and WIN.summary() in text
         assert "SIGSEGV" in text and f"attnconf run --backend other --case-json {WIN.id}" in text
@@ -150,12 +150,12 @@ def test_report_writes_both_files_with_failures_split_by_ledger(
         assert "500.0" in text  # the performance table
     known_section = md.split("## Known failures")[1].split("##")[0]
     assert WIN.id in known_section
-    unexpected_section = md.split("## Unexpected failures")[1].split("## Known")[0]
+    unexpected_section = md.split("## Unexpected problems")[1].split("## Known")[0]
     assert f"`kern` {WIN.id}" not in unexpected_section
     assert (tmp_path / "out" / "error_ratio.png").read_bytes()[:4] == b"\x89PNG"
-    # self-contained: plots inline, no external resources
+    # self-contained: plots inline, no external resources (links only to the page's own sections)
     assert "data:image/png;base64," in html
-    assert not re.search(r'(src|href)="(?!data:)', html)
+    assert not re.search(r'(src|href)="(?!data:|#)', html)
 
 
 def test_feature_matrix_counts(results_file: Path) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ import torch
 from attnfast.base import KernelOutput
 from attnref import AttnResult
 from conformance.verdict.compare import _compare_lse, compare_details
-from conformance.verdict.tolerance import Tolerance
+from conformance.verdict.tolerance import Tolerance, is_resolved
 
 TOL = Tolerance(
     factor=2,
@@ -50,6 +51,17 @@ def ones_case(tokens: int = 1, heads: int = 1, dim: int = 2, lse: float = 10.0):
     """Reference out all 1 and LSE ``lse`` everywhere; the baseline equals the reference (baseline error 0)."""
     ref = AttnResult(torch.ones(tokens, heads, dim), torch.full((heads, tokens), lse))
     return ref, (ref.out.clone(), ref.lse.clone())
+
+
+# ---------------------------------------------------------------- the tolerance it is given
+@pytest.mark.parametrize("unset", [("lse_rtol",), ("factor", "min_cosine")])
+def test_an_unresolved_tolerance_is_refused_naming_its_unset_fields(unset: tuple[str, ...]) -> None:
+    ref, base = ones_case()
+    partial = dataclasses.replace(TOL, **dict.fromkeys(unset))
+    assert not is_resolved(partial) and is_resolved(TOL)
+    want = f"tol must be resolved (conformance.verdict.tolerance.resolve); unset fields: {list(unset)}"
+    with pytest.raises(ValueError, match=f"^{re.escape(want)}$"):
+        compare_details(ref, base, KernelOutput(ref.out.clone(), ref.lse.clone()), partial)
 
 
 # ---------------------------------------------------------------- degenerate shapes
