@@ -353,6 +353,30 @@ def module_scores(modules: list[str]) -> dict[str, tuple[int, int, list[str]]]:
     return {m: module_score(m) for m in modules}
 
 
+def untried_mutants(args: list[str]) -> list[str] | None:
+    """``mutmut run``'s arguments for ``nox -s mutation -- ARGS``: each mutant-name glob (``*``, ``?`` or ``[``)
+    replaced by the names of its mutants that have no result yet in ``mutants/**/*.meta``; other arguments kept.
+    mutmut 3.8 reruns every mutant its command line names, results or not (``__main__.py``: "Rerun mutant if it's
+    explicitly mentioned"), so a glob given again to go on with an interrupted run would start it over.  Before the
+    first run (no ``.meta`` file) the globs are kept; ``None`` when every glob given has nothing left to try."""
+    import fnmatch
+    import glob
+    import json
+
+    globs = [a for a in args if not a.startswith("-") and any(c in a for c in "*?[")]
+    metas = glob.glob(os.path.join("mutants", "**", "*.meta"), recursive=True)
+    if not globs or not metas:
+        return list(args)
+    untried: list[str] = []
+    for meta in metas:
+        with open(meta, encoding="utf-8") as f:
+            untried += [k for k, v in json.load(f).get("exit_code_by_key", {}).items() if v is None]
+    out: list[str] = []
+    for a in args:
+        out += sorted(k for k in untried if fnmatch.fnmatchcase(k, a)) if a in globs else [a]
+    return out if len(out) > len(args) - len(globs) else None
+
+
 def _mutmut(session: nox.Session, *args: str, **kwargs) -> None:
     if isinstance(session.virtualenv, PassthroughEnv):  # the mutmut installed beside the interpreter running nox
         exe = os.path.join(os.path.dirname(sys.executable), "mutmut")
@@ -368,15 +392,20 @@ def mutation(session: nox.Session) -> None:
 
     Prints the mutants not killed, the kill rate of each mutated module and of all, and fails when one of them is
     below ``MUTATION_THRESHOLD`` (mutants a run with name globs left untried count as not detected).  Results are kept
-    in ``mutants/``: a rerun tries only mutants of changed functions and those not tried yet (delete the folder
-    for a clean run).  Not run by CI (.ci/run): docs/guides/mutation-testing.md gives the time it takes.
+    in ``mutants/``: a rerun tries only mutants of changed functions and those not tried yet, with or without name
+    globs (:func:`untried_mutants`; delete the folder for a clean run).  Not run by CI (.ci/run):
+    docs/guides/mutation-testing.md gives the time it takes.
     """
     import json
 
     _install(session, "test", "mutation")
     # one torch thread per mutant process: mutmut already runs one process per core
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    _mutmut(session, "run", *session.posargs, env=env)
+    todo = untried_mutants(list(session.posargs))
+    if todo is None:
+        session.log(f"nox -s mutation: every mutant of {' '.join(session.posargs)} has a result; nothing to run")
+    else:
+        _mutmut(session, "run", *todo, env=env)
     _mutmut(session, "export-cicd-stats")
     try:
         with open(MUTMUT_STATS, encoding="utf-8") as f:
