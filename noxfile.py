@@ -12,20 +12,40 @@ the merged run with a baseline results file and fails on a regression::
     nox --no-venv -s shard -- 0/4 --suite default --backend fa2 --device cuda   # -> shards/shard-0-of-4.jsonl
     nox --no-venv -s merge -- shards/*.jsonl --out merged.jsonl --report report
     nox --no-venv -s gate -- reports/h100-2026-11-24/default-h100.jsonl.gz merged.jsonl --out gate.md
+
+The sessions that run attnconf (``conformance``, ``compare``, ``shard``, ``merge``, ``gate``) run it in the
+directory nox was started from, so relative file arguments and default outputs are where the user typed them
+(``nox -f path/to/noxfile.py -s gate -- old.jsonl new.jsonl`` reads ``./old.jsonl``), not in the noxfile's
+directory, to which nox changes before any session.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import logging
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 
 import nox
 from nox.virtualenv import PassthroughEnv
 
 nox.options.sessions = ["tests"]
+#: the checkout this noxfile is in: first on the PYTHONPATH of the attnconf commands (:func:`attnconf_env`)
+CHECKOUT = os.path.dirname(os.path.abspath(__file__))
+#: what nox logs before every session when uv is not installed; no session here uses uv (each makes a virtualenv,
+#: or none with ``--no-venv``), so the notice says nothing about them
+UV_NOTICE = "uv binary not found."
+
+
+def not_uv_notice(record: logging.LogRecord) -> bool:
+    """A filter of nox's logger: every record but :data:`UV_NOTICE`."""
+    return record.getMessage() != UV_NOTICE
+
+
+logging.getLogger("nox").addFilter(not_uv_notice)
 TORCH_PIN = os.environ.get("ATTNCONF_TORCH", "torch==2.13.0")
 #: the workflow linters, pinned as in the `test` extra (a newer zizmor may add audits)
 WORKFLOW_LINTERS = ("check-jsonschema>=0.39", "zizmor~=1.32.0")
@@ -50,8 +70,25 @@ def _python(session: nox.Session, *args: str, **kwargs) -> None:
         session.run("python", *args, **kwargs)
 
 
+def attnconf_env(environ: Mapping[str, str], checkout: str = CHECKOUT) -> dict[str, str]:
+    """The environment an attnconf command runs with from another directory than the checkout: ``PYTHONPATH`` with
+    the checkout first, so ``python -m conformance`` imports this checkout's package as it does when run in the
+    checkout (a ``--no-venv`` interpreter need not have the project installed), then ``PYTHONPATH`` as set."""
+    rest = environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": os.pathsep.join([checkout, rest]) if rest else checkout}
+
+
 def _attnconf(session: nox.Session, *args: str, **kwargs) -> None:
-    _python(session, "-m", "conformance", *args, **kwargs)
+    """``python -m conformance ARGS`` in the directory nox was started from (``session.invoked_from``): relative
+    paths among ARGS, and the outputs attnconf writes by default, are the user's, not the noxfile directory's."""
+    env = {**kwargs.pop("env", {}), **attnconf_env(os.environ)}
+    here = session.invoked_from
+    if os.path.realpath(here) == os.path.realpath(os.getcwd()):
+        _python(session, "-m", "conformance", *args, env=env, **kwargs)
+        return
+    session.log(f"attnconf runs in {here}, where nox was started: relative paths are read and written there")
+    with session.chdir(here):
+        _python(session, "-m", "conformance", *args, env=env, **kwargs)
 
 
 def _parse(session: nox.Session, parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
@@ -102,7 +139,7 @@ def conformance(session: nox.Session) -> None:
     args = list(session.posargs) or ["--suite", "smoke", "--backend", "sdpa-cpu", "--backend", "flex-cpu"]
     out = os.environ.get("ATTNCONF_OUT", "results.jsonl")
     _attnconf(session, "run", "--out", out, "--resume", *args, success_codes=[0, 1])
-    _python(session, "-m", "conformance", "report", out, "--out", os.environ.get("ATTNCONF_REPORT", "report"))
+    _attnconf(session, "report", out, "--out", os.environ.get("ATTNCONF_REPORT", "report"))
 
 
 @nox.session
@@ -129,7 +166,7 @@ def compare(session: nox.Session) -> None:
     _install(session, "test")
     if len(session.posargs) < 2:
         session.error("usage: nox -s compare -- OLD.jsonl NEW.jsonl [options]")
-    _python(session, "-m", "conformance", "compare", *session.posargs)
+    _attnconf(session, "compare", *session.posargs)
 
 
 def shard_parser() -> argparse.ArgumentParser:
@@ -224,7 +261,7 @@ def gate(session: nox.Session) -> None:
     args, compare_args = _parse(session, gate_parser())
     new = args.new[0]
     if len(args.new) > 1:
-        new = os.path.join(session.create_tmp(), "gate-merged.jsonl")
+        new = os.path.join(os.path.abspath(session.create_tmp()), "gate-merged.jsonl")
         _attnconf(session, "merge", *args.new, "--out", new)
     scope = [] if args.all_families else ["--only-new-families"]
     session.log(
@@ -357,6 +394,30 @@ def module_scores(modules: list[str]) -> dict[str, tuple[int, int, list[str]]]:
     return {m: module_score(m) for m in modules}
 
 
+def untried_mutants(args: list[str]) -> list[str] | None:
+    """``mutmut run``'s arguments for ``nox -s mutation -- ARGS``: each mutant-name glob (``*``, ``?`` or ``[``)
+    replaced by the names of its mutants that have no result yet in ``mutants/**/*.meta``; other arguments kept.
+    mutmut 3.8 reruns every mutant its command line names, results or not (``__main__.py``: "Rerun mutant if it's
+    explicitly mentioned"), so a glob given again to go on with an interrupted run would start it over.  Before the
+    first run (no ``.meta`` file) the globs are kept; ``None`` when every glob given has nothing left to try."""
+    import fnmatch
+    import glob
+    import json
+
+    globs = [a for a in args if not a.startswith("-") and any(c in a for c in "*?[")]
+    metas = glob.glob(os.path.join("mutants", "**", "*.meta"), recursive=True)
+    if not globs or not metas:
+        return list(args)
+    untried: list[str] = []
+    for meta in metas:
+        with open(meta, encoding="utf-8") as f:
+            untried += [k for k, v in json.load(f).get("exit_code_by_key", {}).items() if v is None]
+    out: list[str] = []
+    for a in args:
+        out += sorted(k for k in untried if fnmatch.fnmatchcase(k, a)) if a in globs else [a]
+    return out if len(out) > len(args) - len(globs) else None
+
+
 def _mutmut(session: nox.Session, *args: str, **kwargs) -> None:
     if isinstance(session.virtualenv, PassthroughEnv):  # the mutmut installed beside the interpreter running nox
         exe = os.path.join(os.path.dirname(sys.executable), "mutmut")
@@ -372,15 +433,20 @@ def mutation(session: nox.Session) -> None:
 
     Prints the mutants not killed, the kill rate of each mutated module and of all, and fails when one of them is
     below ``MUTATION_THRESHOLD`` (mutants a run with name globs left untried count as not detected).  Results are kept
-    in ``mutants/``: a rerun tries only mutants of changed functions and those not tried yet (delete the folder
-    for a clean run).  Not run by CI (.ci/run): docs/guides/mutation-testing.md gives the time it takes.
+    in ``mutants/``: a rerun tries only mutants of changed functions and those not tried yet, with or without name
+    globs (:func:`untried_mutants`; delete the folder for a clean run).  Not run by CI (.ci/run):
+    docs/guides/mutation-testing.md gives the time it takes.
     """
     import json
 
     _install(session, "test", "mutation")
     # one torch thread per mutant process: mutmut already runs one process per core
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    _mutmut(session, "run", *session.posargs, env=env)
+    todo = untried_mutants(list(session.posargs))
+    if todo is None:
+        session.log(f"nox -s mutation: every mutant of {' '.join(session.posargs)} has a result; nothing to run")
+    else:
+        _mutmut(session, "run", *todo, env=env)
     _mutmut(session, "export-cicd-stats")
     try:
         with open(MUTMUT_STATS, encoding="utf-8") as f:

@@ -1,29 +1,22 @@
 """Triage of the fa3-vllm window failures of the peer-fa3 grid (issue 31): the 23 failures of
-``reports/h100-2026-11-27-peers/peer-fa3-s0of32.jsonl.gz`` that no ledger entry explains, beside fa3-vllm[2] (windows
-``(w, 0)`` on templates 96/192/256) and fa3-vllm[1] (sinks: keyless query tiles).
+``reports/h100-2026-11-27-peers/peer-fa3-s0of32.jsonl.gz`` that no ledger entry explained, beside the former
+fa3-vllm[2] (windows ``(w, 0)`` on templates 96/192/256) and fa3-vllm[1] (sinks: keyless query tiles).
 
     python scripts/investigate_fa3_peer_windows.py [--device cuda] [--only fa3-vllm|sdpa-cpu] [--out F.jsonl]
         [--shard I/N] [--case GLOB] [--limit N] [--small] [--list]
     python scripts/investigate_fa3_peer_windows.py --classify RECORDS.jsonl.gz [--tsv F.tsv]
+    python scripts/investigate_fa3_peer_windows.py --judge F.jsonl[.gz]
 
-**The model.**  :func:`schedule` reproduces, block by block, what vLLM's FA3 fork (vLLM 0.24.0's pin, 803020a8) does
-with a sliding window on sm_90, from its source: the window normalisation and tiles (:mod:`attnfast.decisions`:
-:func:`~attnfast.decisions.fa3_vllm_call_mask`, :func:`~attnfast.decisions.fa3_vllm_fwd_tile`), the per-request split
-count of its varlen planner (``flash_prepare_scheduler.cu`` lines 143-164, :func:`fork_splits`), ``block.h``'s key
-range (with a window the key pointer moves by ``n_offset = max(0, m_idx_min + seqlen_k - seqlen_q - window_left)``
-and ``seqlen_k`` shrinks by it) and the masking loops of ``mainloop_fwd_sm90_tma_gmma_ws.hpp``: after the first key
-tile (masked exactly), tiles ``>= A`` get the window mask, tiles ``>= B`` none, the rest the window mask again, with
-``A = (m_idx_min + seqlen_k - seqlen_q + window_right) / kBlockN`` and ``B = ceil_div(m_idx_max + seqlen_k - seqlen_q
-- window_left, kBlockN)``.  The intra-warpgroup-overlap path (lines 1283-1310) computes A and B with
-``seqlen_info.tot_seqlen_k``, the *unshifted* key count, where the tiles and masks use ``seqlen_k - n_offset`` (as
-the other path, lines 1399-1415, does): once ``n_offset > 0`` some tiles that straddle a row's right window edge run
-unmasked, and the keys of such a tile right of the row's window (under causal: after its diagonal) enter its softmax.
-Every tile config but head dim 64 in bf16/fp16 with a window (192 x 160, no overlap) takes that path.  The fork's
-commit a8937124 ("Fix local attention") fixed the same shift in ``block.h`` only, and refuses windows with context
-parallelism because they "require proper n_offset handling in block boundary calculations in mainloop and block.h".
+**The model** is :func:`attnfast.fa3_vllm_window.fa3_vllm_window_schedule` (here :func:`schedule`): what vLLM's FA3
+fork (vLLM 0.24.0's pin, 803020a8) does with a sliding window on sm_90, block by block, from its source (its module
+docstring says how): once the window moves a query tile's key pointer, the intra-warpgroup-overlap mainloop bounds its
+masked key tiles with the unshifted key count, so keys right of a row's window enter its softmax.  The ledger field
+``fa3_window_unmasked_rows`` is the same function; fa3-vllm[2] matches on it since this script's GPU run
+(``reports/h100-2026-11-27-windows/README.md``).
 
 What the model says over the committed records (``--classify``), and how it compares with the GPU measurement
-behind fa3-vllm[2] (``scripts/investigate_fa3_window_d256.py``), is in ``reports/h100-2026-11-27-peers/triage.md``.
+behind the former fa3-vllm[2] (``scripts/investigate_fa3_window_d256.py``), is in
+``reports/h100-2026-11-27-peers/triage.md``.
 
 **The GPU run** checks the model against the kernel, case by case (the 23 and their neighbours, each differing in one
 field; :func:`grid`): the harness's verdict (``check_backend``), then outside the harness, in float64 from the
@@ -40,8 +33,10 @@ model); the keyless rows' LSE (-inf or the sink: fa3-vllm[1]); the reference's l
 
 The hypothesis holds where, for every case, the kernel's wrong rows are exactly the model's, the kernel is within
 rounding of the model's keys on every row, the right-side fit is exact and the left one is not, and every neighbour
-the model calls right is right; the harness's reference must agree with float64 to rounding everywhere.  Then
-fa3-vllm[2] can become a steady entry over the model's field (window rows with unmasked keys > 0) covering the 23.
+the model calls right is right; the harness's reference must agree with float64 to rounding everywhere.  ``--judge``
+states each of these as countable criteria (:data:`CRITERIA`) and prints, over a run's JSON lines, how many cases each
+holds for, by precision class (16-bit, soft-cap, fp8: the kernel's own rounding of the LSE differs by class), with
+every failing case and its figures.
 
 ``--only sdpa-cpu --device cpu --small`` is the CPU smoke run: the same analysis on shrunk cases with SDPA (no wrong
 row expected; soft-cap cases are unsupported there, their reference still checked).  ``--list`` prints the grid
@@ -59,12 +54,17 @@ import math
 import re
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from attnfast.fa3_vllm_window import (
+    WindowSchedule,
+    fa3_vllm_request_splits,
+    fa3_vllm_window_schedule,
+    window_bounds,
+)
 from conformance.cases.case import AttentionCase
 
 RECORDS = Path(__file__).resolve().parent.parent / "reports" / "h100-2026-11-27-peers" / "peer-fa3-s0of32.jsonl.gz"
@@ -129,207 +129,11 @@ FIT_EXACT = 2e-5
 
 
 # ============================================================================================== the model
-def _tdiv(a: int, b: int) -> int:
-    """C++ integer division (truncates toward zero)."""
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b > 0) else -q
-
-
-def _cdiv(a: int, b: int) -> int:
-    """``cute::ceil_div`` on ints: ``(a + b - 1) / b`` with C++ division."""
-    return _tdiv(a + b - 1, b)
-
-
-#: SMs of the H100 SXM every committed fa3-vllm run used (the H200's count is the same)
-NUM_SMS = 132
-
-
-def _splits_heuristic(total_mblocks: int, nnb: int, nmb: int, kv_head_bytes: int, causal_or_local: bool) -> int:
-    """``num_splits_heuristic`` (hopper/heuristics.h, max_splits 128), its efficiencies in float32."""
-    if total_mblocks >= 0.8 * NUM_SMS:
-        l2 = 50 * 1024 * 1024
-        if kv_head_bytes > l2 and nmb >= NUM_SMS * 2 and not causal_or_local:
-            return min((kv_head_bytes + l2 - 1) // l2, 128)
-        return 1
-    if nnb <= 4:
-        return 1
-    most = min(128, NUM_SMS, nnb)
-    eff = []
-    for s in range(1, most + 1):
-        waves = float(np.float32(total_mblocks * s) / np.float32(NUM_SMS))
-        eff.append(waves / math.ceil(waves))
-    best = max(eff)
-    return next((s for s in range(1, most + 1) if eff[s - 1] >= 0.85 * best), 1)
-
-
-def fork_splits(case: AttentionCase) -> tuple[int, bool, tuple[int, ...]]:
-    """``(num_splits, pack_gqa, per-request splits)`` of the fork's call of ``case`` (a varlen call, at most 992
-    requests): ``get_num_splits`` (``flash_api.cpp`` 468-501, batch counted as 1) unless the case pins a count,
-    ``pack_gqa`` (1034-1040 with ``FLASHATTENTION_PACKGQA_ONLY``), the planner's per-request count
-    (``prepare_varlen_num_blocks_kernel``: ``blocks_per_sm = ceil(total_blocks * 1.1 * heads / num_sm)``, a request
-    gets ``min(ceil(n_blocks / blocks_per_sm), num_splits)``).  Checked against every committed record's
-    ``fa3_num_splits`` (the most any request got)."""
-    from attnfast.decisions import fa3_vllm_call_mask, fa3_vllm_fwd_tile
-
-    call = case.padded_v_call()
-    is_causal, is_local, wl, wr = fa3_vllm_call_mask(call)
-    bm, bn, _ = fa3_vllm_fwd_tile(call)
-    group = call.num_heads // call.num_kv_heads
-    max_q, max_k = max(call.q_lens), max(call.kv_lens)
-    fp8 = call.quant == "fp8_e4m3"
-    if call.num_splits:
-        static = call.num_splits
-    else:
-        loaded = max(0, min(max_k, wr + wl + 1 + bm)) if is_local else max_k
-        nmb = -(-(max_q * group) // bm)
-        kv_bytes = max_k * (call.head_dim + call.dv) * (1 if fp8 else 2)
-        static = _splits_heuristic(call.num_kv_heads * nmb, -(-loaded // bn), nmb, kv_bytes, is_causal or is_local)
-    paged_non_tma = call.paged and is_local  # the only calls modelled here have a window: never the TMA pager
-    pack = paged_non_tma or static > 1 or group > 1 or call.head_dim == call.dv
-    if static == 1:
-        return static, pack, (1,) * call.batch
-    mblocks = [-(-(q * (group if pack else 1)) // bm) for q in call.q_lens]
-    nblocks = [-(-k // bn) for k in call.kv_lens]
-    total = sum(m * n for m, n in zip(mblocks, nblocks))
-    heads = call.num_kv_heads if pack else call.num_heads
-    per_sm = math.ceil(float(np.float32(total) * np.float32(1.1) * np.float32(heads) / np.float32(NUM_SMS)))
-    return static, pack, tuple(max(min(-(-n // per_sm), static), 1) if per_sm > 0 else 1 for n in nblocks)
-
-
-def true_bounds(case: AttentionCase, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """Half-open keys ``[lo, hi)`` each row of request ``b`` sees, written out here (not attnref's mask): row i sees
-    key j iff ``i + sk - sq - left <= j <= i + sk - sq + right``, right 0 under causal, a missing side unbounded."""
-    sq, sk = case.requests[b]
-    pos = np.arange(sq, dtype=np.int64) + (sk - sq)
-    left, right = case.window
-    if case.causal:
-        right = 0 if right is None else min(right, 0)
-    lo = np.zeros_like(pos) if left is None else pos - left
-    hi = np.full_like(pos, sk) if right is None else pos + right + 1
-    return np.clip(lo, 0, sk), np.clip(hi, 0, sk)
-
-
-@dataclass
-class RequestModel:
-    """One request under the model.  ``extra_left`` / ``extra_right`` / ``missing``: per (row, head of the group),
-    the keys the kernel adds left and right of the window and the window keys it never visits (all 0 on a right
-    row); ``unmasked``: the key tiles run without a mask, ``(first unit, end unit, first key, end key)`` (units are
-    packed rows ``row * group + head`` when ``packed``, else rows, every head alike)."""
-
-    extra_left: np.ndarray
-    extra_right: np.ndarray
-    missing: np.ndarray
-    unmasked: list[tuple[int, int, int, int]] = field(default_factory=list)
-
-
-@dataclass
-class Schedule:
-    block_m: int
-    block_n: int
-    overlap: bool
-    packed: bool
-    num_splits: int
-    request_splits: tuple[int, ...]
-    window: tuple[int, int]
-    kv_heads: int
-    requests: list[RequestModel] = field(default_factory=list)
-
-    def wrong(self) -> list[np.ndarray]:
-        """Per request, the (q_len, group) rows the model calls wrong (the same under every kv head)."""
-        return [(r.extra_left + r.extra_right + r.missing) > 0 for r in self.requests]
-
-    def totals(self) -> dict[str, int]:
-        """Counts of (row, query head) pairs over every kv head, and the most keys a row gains."""
-        reqs, kh = self.requests, self.kv_heads
-        return {
-            "wrong_rows": kh * int(sum(w.sum() for w in self.wrong())),
-            "rows_extra_right": kh * int(sum((r.extra_right > 0).sum() for r in reqs)),
-            "rows_extra_left": kh * int(sum((r.extra_left > 0).sum() for r in reqs)),
-            "rows_missing": kh * int(sum((r.missing > 0).sum() for r in reqs)),
-            "max_extra_keys": max([int((r.extra_left + r.extra_right).max(initial=0)) for r in reqs] or [0]),
-        }
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "tile": f"{self.block_m}x{self.block_n}",
-            "intra_wg_overlap": self.overlap,
-            "pack_gqa": self.packed,
-            "num_splits": self.num_splits,
-            "request_splits_max": max(self.request_splits),
-            "kernel_window": list(self.window),
-            **self.totals(),
-        }
-
-
-def schedule(case: AttentionCase, correct_bounds: bool = False) -> Schedule | None:
-    """The model's rows for the fork's call of ``case``; None where the call has no window (nothing to model) or is
-    not a plain call (context parallel, chunk, append, q_v, engine, graph, invariance, backward).
-    ``correct_bounds``: A and B from the shifted key count on every path (the control: it must find nothing)."""
-    from attnfast.decisions import fa3_vllm_call_mask, fa3_vllm_fwd_tile
-
-    if case.cp_world > 1 or case.chunk is not None or case.append or case.qv:
-        return None
-    if case.engine or case.graph or case.invariance or case.backward:
-        return None
-    case = case.padded_v_call()
-    _, is_local, wl, wr = fa3_vllm_call_mask(case)
-    if not is_local:
-        return None
-    bm, bn, overlap = fa3_vllm_fwd_tile(case)
-    static, pack, per_request = fork_splits(case)
-    group = case.num_heads // case.num_kv_heads
-    packed = pack and group > 1
-    out = Schedule(bm, bn, overlap, packed, static, per_request, (wl, wr), case.num_kv_heads)
-    for b, (sq, sk) in enumerate(case.requests):
-        lo, hi = true_bounds(case, b)
-        model = RequestModel(*(np.zeros((sq, group), dtype=np.int64) for _ in range(3)))
-        units = sq * group if packed else sq
-        splits = per_request[b] if static > 1 else 1
-        for m_block in range(-(-units // bm)):
-            r0, r1 = m_block * bm, min((m_block + 1) * bm, units)
-            m_min = r0 // group if packed else r0
-            m_max = ((m_block + 1) * bm - 1) // group + 1 if packed else (m_block + 1) * bm
-            off = max(0, m_min + sk - sq - wl)  # block.h: n_offset
-            sk_s = sk - off
-            nb_end = min(_cdiv(sk_s, bn), _cdiv(m_max + sk_s - sq + wr, bn))
-            tiles: list[tuple[int, bool]] = []  # (key tile in shifted coordinates, masked)
-            for s in range(splits):
-                nb_min, nb_max = 0, nb_end
-                if static > 1:  # Split: get_n_block_min_max's share of this split
-                    per = 0 if nb_max <= nb_min else _cdiv(nb_max - nb_min, splits)
-                    nb_min, nb_max = s * per, min(s * per + per, nb_max)
-                if nb_max <= nb_min:
-                    continue
-                tot = sk_s if (correct_bounds or not overlap) else sk  # the overlap path reads tot_seqlen_k
-                a = max(nb_min, _tdiv(m_min + tot - sq + wr, bn))
-                b_ = max(nb_min, _cdiv(m_max + tot - sq - wl, bn))
-                n = nb_max - 1
-                tiles.append((n, True))
-                for n in range(n - 1, nb_min - 1, -1):
-                    tiles.append((n, not (b_ <= n < a)))
-            pr = np.arange(r0, r1)
-            rows, heads = (pr // group, pr % group) if packed else (pr, slice(None))
-            tlo, thi = lo[rows], hi[rows]
-            seen = np.zeros(len(rows), dtype=np.int64)
-            xl, xr = np.zeros_like(seen), np.zeros_like(seen)
-            for n, masked in tiles:
-                k0, k1 = off + n * bn, off + min((n + 1) * bn, sk_s)
-                if k1 <= k0:
-                    continue
-                seen += np.clip(np.minimum(thi, k1) - np.maximum(tlo, k0), 0, None)
-                if not masked:
-                    xl += np.clip(np.minimum(tlo, k1) - k0, 0, None)
-                    xr += np.clip(k1 - np.maximum(thi, k0), 0, None)
-                    model.unmasked.append((r0, r1, k0, k1))
-            miss = np.clip(thi - tlo, 0, None) - seen
-            if packed:
-                model.extra_left[rows, heads], model.extra_right[rows, heads] = xl, xr
-                model.missing[rows, heads] = miss
-            else:
-                model.extra_left[rows, :], model.extra_right[rows, :] = xl[:, None], xr[:, None]
-                model.missing[rows, :] = miss[:, None]
-        out.requests.append(model)
-    return out
+#: the model lives in attnfast (the ledger field fa3_window_unmasked_rows reads it too); the names this script used
+schedule = fa3_vllm_window_schedule
+fork_splits = fa3_vllm_request_splits
+true_bounds = window_bounds
+Schedule = WindowSchedule
 
 
 # ============================================================================================== records
@@ -768,6 +572,119 @@ def _short(row: dict) -> str:
             f"fit[{sides}] {row['seconds']}s {row['case_id'][:70]}")  # fmt: skip
 
 
+# ============================================================================================== judge
+def _fp8(row: dict) -> bool:
+    return row["case"].get("quant", "none") != "none"
+
+
+#: the precision classes of the judgement: the kernel's own rounding of the LSE differs by class
+CLASSES = ("16-bit", "soft-cap", "fp8")
+
+
+def _class(row: dict) -> str:
+    """``fp8`` (any quantized case), ``soft-cap`` (16-bit with a soft-cap) or ``16-bit``."""
+    return "fp8" if _fp8(row) else ("soft-cap" if row["case"].get("softcap") else "16-bit")
+
+
+def _adds(row: dict) -> bool:
+    return (row.get("model") or {}).get("wrong_rows", 0) > 0
+
+
+def _fit(row: dict, side: str) -> dict:
+    return (row.get("side_fit") or {}).get(side) or {}
+
+
+#: the hypothesis's criteria (the module docstring, "The hypothesis holds where ..."), each as ``(key, what,
+#: applies to the row, holds for it, its figures)``, over the JSON lines of the GPU run
+CRITERIA: list[tuple[str, str, Any, Any, Any]] = [
+    ("1a", "no wrong row outside the model's (`kernel_only == 0`)", lambda r: True,
+     lambda r: r["kernel_vs_fp64"]["kernel_only"] == 0,
+     lambda r: f"kernel_only {r['kernel_vs_fp64']['kernel_only']}"),
+    ("1b", "every model row wrong (`model_only == 0`)", lambda r: True,
+     lambda r: r["kernel_vs_fp64"]["model_only"] == 0,
+     lambda r: f"model_only {r['kernel_vs_fp64']['model_only']} of {r['kernel_vs_fp64']['model_rows']}"),
+    ("1c", "no row outside the model's beyond 1e-3 in LSE", lambda r: True,
+     lambda r: r["kernel_vs_fp64"]["kernel_only_beyond_1e-3"] == 0,
+     lambda r: f"{r['kernel_vs_fp64']['kernel_only_beyond_1e-3']} rows, LSE up to "
+               f"{r['kernel_vs_fp64']['lse_max_elsewhere']:.1e}"),
+    ("2a", "kernel within 1e-4 (LSE) of float64 over the model's keys, every row", _adds,
+     lambda r: r["kernel_vs_model_fp64"]["lse_max"] <= 1e-4,
+     lambda r: f"{r['kernel_vs_model_fp64']['lse_max']:.2e}"),
+    ("2b", "... and no farther from them than from float64 on the rows the model leaves alone", _adds,
+     lambda r: r["kernel_vs_model_fp64"]["lse_max"] <= r["kernel_vs_fp64"]["lse_max_elsewhere"],
+     lambda r: f"{r['kernel_vs_model_fp64']['lse_max']:.2e} vs {r['kernel_vs_fp64']['lse_max_elsewhere']:.2e}"),
+    ("2c", "closer to the model's keys than to the window on every row they move by 1e-4", _adds,
+     lambda r: r["kernel_vs_model_fp64"]["closer_to_model"] == r["kernel_vs_model_fp64"]["model_rows_moved"],
+     lambda r: f"{r['kernel_vs_model_fp64']['closer_to_model']} of {r['kernel_vs_model_fp64']['model_rows_moved']}"),
+    ("3a", "every fitted wrong row an exact (2e-5) extension on the right", lambda r: bool(_fit(r, "right")),
+     lambda r: _fit(r, "right")["exact"] == _fit(r, "right")["rows"],
+     lambda r: f"{_fit(r, 'right')['exact']}/{_fit(r, 'right')['rows']}, residual up to "
+               f"{_fit(r, 'right')['max_residual']:.1e}"),
+    ("3b", "none an exact extension on the left", lambda r: bool(_fit(r, "left")),
+     lambda r: _fit(r, "left")["exact"] == 0,
+     lambda r: f"{_fit(r, 'left')['exact']}/{_fit(r, 'left')['rows']}"),
+    ("3c", "the right fit closer than the left on every fitted row", lambda r: bool(_fit(r, "right")),
+     lambda r: r["side_fit"]["right_closer"] == _fit(r, "right")["rows"],
+     lambda r: f"{r['side_fit']['right_closer']}/{_fit(r, 'right')['rows']}"),
+    ("3d", "the right fit's longest extension is the model's most added keys",
+     lambda r: bool(_fit(r, "right")) and _adds(r),
+     lambda r: _fit(r, "right")["keys_max"] == r["model"]["max_extra_keys"],
+     lambda r: f"{_fit(r, 'right')['keys_max']} vs {r['model']['max_extra_keys']}"),
+    ("4a", "model right: the harness passes, no wrong row", lambda r: not _adds(r),
+     lambda r: r["harness"]["status"] == "pass" and r["kernel_vs_fp64"]["wrong_rows"] == 0,
+     lambda r: f"{r['harness']['status']}, {r['kernel_vs_fp64']['wrong_rows']} wrong rows"),
+    ("4b", "model wrong: the harness fails", _adds, lambda r: r["harness"]["status"] == "fail",
+     lambda r: r["harness"]["status"]),
+    ("5a", "reference within 1e-5 of float64 (LSE and output)", lambda r: True,
+     lambda r: max(r["reference_vs_fp64"]["lse_max"], r["reference_vs_fp64"]["out_max"]) <= 1e-5,
+     lambda r: f"LSE {r['reference_vs_fp64']['lse_max']:.1e}, output {r['reference_vs_fp64']['out_max']:.1e}"),
+    ("5b", "fp8: dequantized inputs within 2e-6 of stored x descale", _fp8, lambda r: r["dequant_gap"] <= 2e-6,
+     lambda r: f"{r['dequant_gap']:.1e}"),
+]  # fmt: skip
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The JSON lines of a GPU run (gzip or not).  ``ValueError`` naming the file when it is unreadable, holds no
+    line or a line that is not a case's row (a case that raised is a row with ``error``: it fails every criterion)."""
+    try:
+        with (gzip.open if str(path).endswith(".gz") else open)(path, "rt", encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+    except (OSError, ValueError, EOFError) as exc:
+        raise ValueError(f"{path}: not readable as JSON lines ({exc})") from None
+    if not rows or not all(isinstance(r, dict) and "case_id" in r for r in rows):
+        raise ValueError(f"{path}: no rows of this script's GPU run")
+    return rows
+
+
+def judge(rows: list[dict]) -> tuple[list[str], bool]:
+    """The criteria over every row as Markdown: a table of counts (cases it applies to, holds, fails; the fails by
+    precision class) and each failing case with its figures; and whether every criterion holds for every row.  A row
+    the kernel was not compared on (the case raised, or the harness did not judge it) fails every criterion."""
+    lines = ["| criterion | cases | holds | fails | fails: " + " / ".join(CLASSES) + " |", "|---|---|---|---|---|"]
+    failing: list[str] = []
+    unmeasured = [r for r in rows if "error" in r or "kernel_vs_fp64" not in r]
+    measured = [r for r in rows if r not in unmeasured]
+    every = not unmeasured
+    for key, what, applies, holds, figures in CRITERIA:
+        cases = [r for r in measured if applies(r)]
+        bad = [r for r in cases if not holds(r)]
+        every = every and not bad
+        by_class = " / ".join(str(sum(_class(r) == c for r in bad)) for c in CLASSES)
+        lines.append(
+            f"| {key}: {what} | {len(cases) + len(unmeasured)} | {len(cases) - len(bad)} "
+            f"| {len(bad) + len(unmeasured)} | {by_class} |"
+        )
+        for c in CLASSES:
+            of = [r for r in bad if _class(r) == c]
+            if of:
+                failing.append(f"* **{key}**, {c} ({len(of)}): " + "; ".join(
+                    f"`{r['label']}` {r['case_id'][-6:]} ({figures(r)})" for r in of))  # fmt: skip
+    for r in unmeasured:
+        why = r.get("error") or f"harness {(r.get('harness') or {}).get('status')}: {r.get('note', 'no comparison')}"
+        failing.append(f"* **not measured** `{r.get('label')}` {r['case_id']}: {why[:200]}")
+    return lines + [""] + failing, every
+
+
 # ============================================================================================== main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -782,7 +699,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the grid and the model's verdicts, run nothing")
     ap.add_argument("--classify", type=Path, nargs="+", help="records to classify (no grid, no kernel)")
     ap.add_argument("--tsv", type=Path, help="with --classify: write the per-record table here (gzip: *.gz)")
+    ap.add_argument("--judge", type=Path, help="print the criteria's verdicts over a GPU run's JSON lines")
     args = ap.parse_args(argv)
+    if args.judge:
+        try:
+            rows = read_rows(args.judge)
+        except ValueError as exc:
+            ap.error(f"--judge: {exc}")
+        lines, every = judge(rows)
+        print("\n".join(lines))
+        print(f"{len(rows)} cases: the criteria {'hold on every case' if every else 'do not all hold'}")
+        return 0
     if args.classify:
         if args.tsv is not None and args.tsv.exists():
             ap.error(f"--tsv: {args.tsv} exists (this script writes a new file only)")

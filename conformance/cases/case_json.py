@@ -171,8 +171,9 @@ def _ints(case: Any) -> Iterator[tuple[str, int]]:
 
 
 @functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+def _field_defaults(cls: type) -> tuple[tuple[str, Any], ...]:
+    """(name, default) of each field of a dataclass, in order (``dataclasses.MISSING`` where it has none)."""
+    return tuple((f.name, f.default) for f in dataclasses.fields(cls))
 
 
 def _fit(values: Iterable[Any]) -> bool:
@@ -191,12 +192,13 @@ def value_problems(case: Any) -> Iterator[str]:
     """The limits of :mod:`this module <conformance.cases.case_json>`'s docstring, checked on a built case; a
     problem here stops the case's other checks (they would compute sizes from values beyond the limits)."""
     cls: type = type(case)
-    names = _field_names(cls)
-    values = [getattr(case, name) for name in names]
-    wide = [] if _fit(values) else [(name, v) for name, v in _ints(case) if not INT64_MIN <= v <= INT64_MAX]
+    # a field holding its own default (the object itself) fits and is printable: most fields of most cases
+    changed = [(name, v) for name, default in _field_defaults(cls) if (v := getattr(case, name)) is not default]
+    fit = _fit(v for _, v in changed)
+    wide = [] if fit else [(name, v) for name, v in _ints(case) if not INT64_MIN <= v <= INT64_MAX]
     for name, v in wide[:3]:
         yield f"{name} must fit in a 64-bit integer (|x| < 2**63), got {show(v)}"
-    for name, value in zip(names, values):
+    for name, value in changed:
         if isinstance(value, str) and not value.isprintable():
             yield f"{name} must be printable text (no control characters), got {show(value)}"
     if wide:

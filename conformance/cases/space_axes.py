@@ -75,9 +75,11 @@ class Constraint:
     reason: str
 
     def allowed(self, point: Point) -> bool:
-        if any(a not in point for a in self.axes):
+        try:
+            values = [point[a] for a in self.axes]
+        except KeyError:  # an axis the rule reads is unassigned
             return True
-        return bool(self.rule(*(point[a] for a in self.axes)))
+        return bool(self.rule(*values))
 
 
 # ---------------------------------------------------------------------------------------------- levels

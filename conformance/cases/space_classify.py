@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
+from functools import lru_cache
 from typing import Any
 
 from conformance.cases.case import AttentionCase
@@ -75,6 +76,7 @@ def _pow2(x: int) -> bool:
     return x & (x - 1) == 0
 
 
+@lru_cache(maxsize=4096)  # pure: a suite asks about the same few values again and again
 def classify_heads(num_heads: int, num_kv_heads: int) -> str:
     """Heads level.  MHA (equal counts) and MQA (one kv head): the level of that kind with the nearest q head
     count (log scale, ties to the smaller: mha 8, h32-mha, h128-mha; mqa 8, h128-mqa).  GQA: among the GQA
@@ -97,6 +99,7 @@ def classify_heads(num_heads: int, num_kv_heads: int) -> str:
     return min(in_band, key=key)
 
 
+@lru_cache(maxsize=4096)  # pure: a suite asks about the same few values again and again
 def classify_dims(head_dim: int, head_dim_v: int) -> tuple[int, int]:
     """Dims level: equal dims -> the nearest equal-dims level (ties to the smaller); head_dim_v < head_dim -> the
     nearer of 192/128 and 576/512 (summed log distance of both dims, ties to the first); head_dim_v > head_dim ->
@@ -140,6 +143,7 @@ def classify_append(case: AttentionCase) -> bool | str:
     return True if case.quant == "none" else "fp8"
 
 
+@lru_cache(maxsize=4096)  # pure: a suite asks about the same few values again and again
 def _nearest_block(bs: int) -> int:
     return min(_BLOCK_SIZES, key=lambda x: (abs(math.log2(x) - math.log2(bs)), x))
 

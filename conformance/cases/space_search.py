@@ -55,7 +55,13 @@ def _component_points(component: tuple[str, ...], within: Within = ()) -> tuple[
     """Every valid assignment of one component's axes (in component order) inside the sub-space, by
     backtracking: a brute force, for tests (the component of ``cp`` / ``quant`` / ``dims`` has about 10**5
     points; :func:`_eliminate` answers projections and extensibility without listing them)."""
-    rules = [c for c in CONSTRAINTS if set(c.axes) <= set(component)]
+    # each rule checked once, at the depth that assigns the last of its axes (before, it allows any partial point;
+    # after, its axes keep their values)
+    depth = {a: i for i, a in enumerate(component)}
+    due: list[list] = [[] for _ in component]
+    for c in CONSTRAINTS:
+        if set(c.axes) <= set(component):
+            due[max(depth[a] for a in c.axes)].append((c.rule, c.axes))
     allowed = dict(within)
     out: list[tuple[Hashable, ...]] = []
 
@@ -68,7 +74,7 @@ def _component_points(component: tuple[str, ...], within: Within = ()) -> tuple[
             if axis in allowed and value not in allowed[axis]:
                 continue
             partial[axis] = value
-            if all(c.allowed(partial) for c in rules):
+            if all(rule(*(partial[a] for a in axes)) for rule, axes in due[i]):
                 extend(partial, i + 1)
             del partial[axis]
 
@@ -114,12 +120,17 @@ def _eliminate(
             factors.append((scope, rows))
     todo = [a for a in component if a not in keep]
 
-    def cost(axis: str) -> int:
-        scope = {x for s, _ in factors if axis in s for x in s}
-        return math.prod(len(dom[x]) for x in scope)
+    def cheapest() -> str:
+        """The axis of ``todo`` whose joined table would be smallest (the first such in ``todo`` order)."""
+        scopes: dict[str, set[str]] = {a: set() for a in todo}
+        for s, _ in factors:
+            for a in s:
+                if a in scopes:
+                    scopes[a].update(s)
+        return min(todo, key=lambda a: math.prod(len(dom[x]) for x in scopes[a]))
 
     while todo:
-        axis = min(todo, key=cost)
+        axis = cheapest()
         todo.remove(axis)
         involved = [f for f in factors if axis in f[0]]
         factors = [f for f in factors if axis not in f[0]]
@@ -169,6 +180,8 @@ def extensible(point: Point, within: Mapping[str, Iterable[Hashable]] | None = N
     allowed levels); exact, per constraint component."""
     if violations(point):
         return False
+    if within is None and len(point) == len(AXES):
+        return True  # every axis set and no rule broken: a valid full point
     key = _within_key(within)
     by_comp: dict[tuple[str, ...], list[str]] = {}
     for a in point:
@@ -176,7 +189,7 @@ def extensible(point: Point, within: Mapping[str, Iterable[Hashable]] | None = N
     for comp, axes in by_comp.items():
         if within is None and len(axes) == len(comp):
             continue  # every axis of the component set and no rule broken: a valid assignment
-        if len(axes) <= 3:  # small projections are shared by many queries
+        if len(axes) <= 5:  # small projections are shared by many queries (5: the covering arrays' fastest bound)
             ordered = tuple(a for a in comp if a in axes)
             if tuple(point[a] for a in ordered) not in _component_projection(comp, ordered, key):
                 return False

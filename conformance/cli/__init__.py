@@ -17,8 +17,10 @@ broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
   file (:mod:`conformance.running.compile_phase`); 0, 130 when interrupted.
 * ``--version``: the package version; 0.
 * ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`), opening
-  on the verdict; ``--baseline OLD`` adds what changed since OLD (``compare``'s comparison); 0, 2 when a file is
-  missing or unreadable, the files hold no result (skipped lines are counted on stderr) or OLD cannot be compared.
+  on the verdict; ``--baseline OLD`` adds what changed since OLD (``compare``'s comparison); ``--json`` the verdict
+  for scripts (:mod:`conformance.reporting.report_summary`: the status a gate on the files would exit); 0, 2 when a
+  file is missing or unreadable, the files hold no result (skipped lines are counted on stderr) or OLD cannot be
+  compared.
 * ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed, 4
   when a backend family judged nothing in both files (``--allow-unjudged``), 2
   when the files may not be compared (:mod:`conformance.reporting.compare_inputs`: unreadable, empty, skipped

@@ -42,7 +42,8 @@ def add_parsers(sub) -> None:
         "unsupported, or nothing judged), then the unexpected problems grouped by cause with their repro lines, "
         "then what changed against --baseline, then the details; the environment comes last, folded. "
         "Exit status: 0 when the report was written (whatever it found: attnconf run and attnconf compare are "
-        "the gates); 2 when a file is missing or unreadable (not "
+        "the gates; the verdict.exit_status of --json says what they would exit on these files); 2 when a file "
+        "is missing or unreadable (not "
         "UTF-8 text, a broken gzip stream, a line over 64 MiB, no records at all), records a (case, backend) pair "
         "twice (unless --drop-duplicates) or the files hold no result record, when --baseline cannot be read or "
         "compared with the results (as attnconf compare refuses it), or an output path is refused (an "
@@ -84,9 +85,14 @@ def add_parsers(sub) -> None:
         "--json",
         metavar="PATH",
         dest="summary_json",
-        help="also write a JSON summary here (- for stdout): files read and lines skipped, counts per backend and "
-        "status, unexpected failures with repro, known failures per ledger entry, unexpected passes, stale "
-        "entries; an earlier summary is replaced, any other file kept as a numbered backup",
+        help="also write a JSON summary here (- for stdout: the JSON alone): first the verdict a script acts on "
+        "(verdict.exit_status, what the results imply for a gate: 1 an unexpected problem or a regression against "
+        "--baseline, 2 a baseline attnconf compare would refuse (the results lack pairs of OLD, lines that are not "
+        "records), 4 a backend or family judged nothing, else 0; its reasons; one line per backend; the unexpected "
+        "problems grouped by cause with their repro lines), the comparison with --baseline as attnconf compare "
+        "--json writes it, then files read and lines skipped, counts per backend and status, known failures per "
+        "ledger entry, unexpected passes, stale entries (schema 2); an earlier summary is replaced, any other file "
+        "kept as a numbered backup",
     )
 
     c = sub.add_parser(
@@ -228,14 +234,14 @@ def report(args: argparse.Namespace) -> int:
     from conformance.ledger.entries import LedgerDirError, load_ledger_dir
     from conformance.reporting.report import load_runs
     from conformance.reporting.report_render import check_report_dir, report_outputs
-    from conformance.reporting.report_summary import report_json
+    from conformance.reporting.report_summary import SCHEMA, report_json
     from conformance.reporting.summary_json import summary_output, write_summary
 
     def refuse(path: str, reason: str, flag: str = "") -> int:
         print(f"attnconf report: {flag}{path}: {reason}", file=sys.stderr)
         if args.summary_json:
             write_summary(
-                {"schema": 1, "exit_status": 2, "refusal": {"file": path, "reason": reason}},
+                {"schema": SCHEMA, "exit_status": 2, "refusal": {"file": path, "reason": reason}, "verdict": None},
                 args.summary_json,
                 REPORT_JSON,
             )
@@ -288,7 +294,7 @@ def report(args: argparse.Namespace) -> int:
 
         print(f"attnconf report: {NONFINITE_PASS}: {runs.nonfinite_passes} record(s)", file=sys.stderr)
     outs, ctx = report_outputs(runs, args.out, args.ledger_dir, comparison)
-    summary = report_json(runs, ctx, md, html) if args.summary_json else None
+    summary = report_json(runs, ctx, md, html, comparison) if args.summary_json else None
     if summary is not None and args.summary_json != "-":
         outs.append(summary_output(summary, args.summary_json, REPORT_JSON))
     write_many(outs)

@@ -11,7 +11,8 @@ prints the list.  Three kinds:
   cannot disagree: ``fa4_sm90_tile_n`` / ``fa4_sm90_paged_loader`` (:mod:`attnfast.fa4`), ``fa2_entry`` /
   ``fa2_window_misread`` (:mod:`attnfast.fa2`, :mod:`attnfast._fa_common`), ``fa3_hdim_template``,
   ``fa3_one_mma_wg_switch`` and ``fa3_keyless_m_block`` (vLLM's FA3 fork's kernel choice and tiles, read from its
-  source: :mod:`attnfast.decisions`).
+  source: :mod:`attnfast.decisions`), ``fa3_window_unmasked_rows`` (the fork's window schedule:
+  :mod:`attnfast.fa3_vllm_window`).
 
 A value is ``None`` where it does not apply (``block_size`` of a contiguous case, ``scale`` left to the kernel).
 """
@@ -126,6 +127,15 @@ def _fa3_keyless_m_block(case: AttentionCase) -> bool:
             if empty[r0 : r1 + 1].all():
                 return True
     return False
+
+
+def _fa3_window_unmasked_rows(case: AttentionCase) -> int:
+    """(row, query head) pairs of the FA3 fork's call that see keys outside their window: the key tiles its
+    intra-warpgroup-overlap mainloop runs unmasked once the window moves the key pointer
+    (:func:`attnfast.fa3_vllm_window.fa3_vllm_window_rows`; 0 without a window or for a call it does not model)."""
+    from attnfast.fa3_vllm_window import fa3_vllm_window_rows
+
+    return fa3_vllm_window_rows(case)
 
 
 def _keys_left_of_window(case: AttentionCase) -> int:
@@ -342,6 +352,12 @@ FIELDS: dict[str, Field] = {
         "some query tile of the FA3 fork's forward (its kBlockM rows for the call: 192 at head dims 64/96, 64 for "
         "a one-MMA-warpgroup call, else 128; packed GQA rows with a group) sees no key",
         _fa3_keyless_m_block,
+    ),
+    "fa3_window_unmasked_rows": Field(
+        "int",
+        "(row, query head) pairs of the FA3 fork's call that see keys right of their window: key tiles its "
+        "intra-warpgroup-overlap mainloop leaves unmasked once the window moves the key pointer (0: none, no window)",
+        _fa3_window_unmasked_rows,
     ),
     "fa3_one_mma_wg_switch": Field(
         "bool",

@@ -138,8 +138,9 @@ class Predicate:
         return " or ".join(f"({w.text()})" if len(self.whens) > 1 else w.text() for w in self.whens)
 
 
-#: Cheap conditions first: a derived value that walks every query row is computed only when the rest held.
-_COST = dict.fromkeys(
+#: Cheap conditions first: a derived value that walks every query row is computed only when the rest held, the
+#: fork's window schedule (every query tile's key tiles) last.
+_COST = {"fa3_window_unmasked_rows": 3} | dict.fromkeys(
     (
         "rows_with_keys",
         "rows_without_keys",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from conformance.records import CheckResult, NONFINITE_PASS
-from conformance.reporting.compare import MAX_ROWS, Comparison, Pair, _family, numbers_moved, variant_of
+from conformance.reporting.compare import MAX_ROWS, Comparison, Pair, _digest, _family, numbers_moved, variant_of
 
 __all__ = ["render_markdown"]
 
@@ -28,6 +28,30 @@ def _ratio(r: CheckResult) -> str:
         return "n/a"
     x = r.stats.error_ratio
     return f"{x:.3g}" if isinstance(x, (int, float)) else repr(x)
+
+
+def _numerics_line(cmp: Comparison) -> str:
+    """What the numerics comparison compared and what differed: the pairs with error statistics in both runs (of
+    all the pairs in both files), how many are unchanged and changed, and how they were compared, with the changed
+    ones per way (bit for bit by the output digests, or by max error and LSE error where a record has no digest)."""
+    n, rest = cmp.compared_errors, cmp.common - cmp.compared_errors
+    changed = len(cmp.numerics_changed)
+    by_digest_changed = sum(_digest(p.old) is not None and _digest(p.new) is not None for p in cmp.numerics_changed)
+    by_errors = n - cmp.digest_compared
+    line = f"Numerics: {n} of the {cmp.common} pairs in both files have error statistics in both runs"
+    if rest:
+        line += f" (the other {rest} lack them on one side or both: unsupported, or no output compared)"
+    line += f"; of those, {n - changed} unchanged, {changed} changed."
+    digest = "bit for bit by their output digests"
+    errors = "by max error and LSE error (the same errors, not proven the same bits)"
+    if not by_errors:
+        return line + f" All {n} compared {digest}."
+    if not cmp.digest_compared:
+        return line + f" All {n} compared {errors}: the records carry no output digest."
+    return line + (
+        f" Compared {digest}: {cmp.digest_compared} ({by_digest_changed} changed); {errors}, where a record has "
+        f"no digest: {by_errors} ({changed - by_digest_changed} changed)."
+    )
 
 
 def render_markdown(cmp: Comparison) -> str:
@@ -70,17 +94,7 @@ def render_markdown(cmp: Comparison) -> str:
         if n:
             out.append(f"{NONFINITE_PASS}: {n} record(s) of the {side} file.")
     if cmp.compared_errors:
-        by_stats = cmp.compared_errors - cmp.digest_compared
-        how = (
-            f"{cmp.digest_compared} by their output digests (the same bits), {by_stats} by their max error and LSE "
-            "error only (records without a digest: the same numbers, not proven the same bits)"
-            if by_stats
-            else "every one by its output digest (the same bits)"
-        )
-        out.append(
-            f"Numerics: {cmp.identical_errors} of {cmp.compared_errors} pairs checked in both runs are unchanged, "
-            f"{how}; {cmp.compared_errors - cmp.identical_errors} changed."
-        )
+        out.append(_numerics_line(cmp))
     for label, counts in (("old", cmp.families_only_old), ("new", cmp.families_only_new)):
         if counts:
             listed = ", ".join(f"{f} ({n} records)" for f, n in sorted(counts.items()))

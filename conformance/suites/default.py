@@ -267,7 +267,8 @@ DEFAULT: tuple[Sweep, ...] = (
         "chunk", {"batch": ("pfvar", "chunk", "mixdf"), "mask": ("chunk64", "cchunk64", "cchunk128")}, {"heads": (8, 2)}
     ),
     # a sliding window inside a 2k prefill, every FA3 head-dim template: where fa3-vllm's d 96/192/256 kernels
-    # let keys left of the window into the LSE (found by the perf suite's 8k case, ledgers/fa3-vllm.toml)
+    # let keys right of the window into the LSE (found by the perf suite's 8k case; the fork's window schedule,
+    # ledgers/fa3-vllm.toml)
     Sweep(
         "window_long",
         {"dims": ((64, 64), (96, 96), (128, 128), (192, 192), (256, 256))},

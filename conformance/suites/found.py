@@ -143,8 +143,8 @@ FOUND += (
     Found(
         _c("win136", [(39, 231)], num_heads=3, head_dim=136, window=(154, 0)),
         ("fa3-vllm",),
-        "a left window (154, 0) with head dim 136 (FA3's 192 template): rows take in keys left of the window "
-        "(error ratio 28; the fa3-vllm windowed-template entry of its ledger)",
+        "a left window (154, 0) with head dim 136 (FA3's 192 template): rows take in keys right of the window, "
+        "key tiles the fork's overlap mainloop leaves unmasked (error ratio 28; the fa3-vllm window entry)",
         _CAMPAIGN12.format("fa3-vllm"),
     ),
     Found(

@@ -263,3 +263,36 @@ def test_session_fails_without_stats(noxfile, monkeypatch, tmp_path: Path) -> No
     monkeypatch.setattr(noxfile, "_mutmut", lambda session, *args, **kwargs: None)
     with pytest.raises(_Stop, match="cannot read the kill rate"):
         noxfile.mutation.func(_Session())
+
+
+def test_a_glob_given_again_runs_only_the_mutants_without_a_result(noxfile, monkeypatch, tmp_path: Path) -> None:
+    """mutmut reruns every mutant its command line names: going on with ``nox -s mutation -- 'pkg.a.*'`` after an
+    interrupted run must name only ``pkg.a``'s untried mutants, keep other arguments, and leave other modules out."""
+    _project(tmp_path, {"a": _codes("pkg.a", 3, 1, untried=2), "b": _codes("pkg.b", 0, untried=4)})
+    monkeypatch.chdir(tmp_path)
+    args = ["--max-children", "4", "pkg.a.*"]
+    assert noxfile.untried_mutants(args) == ["--max-children", "4", "pkg.a.x_f__mutmut_4", "pkg.a.x_f__mutmut_5"]
+    assert noxfile.untried_mutants(["pkg.a.x_f__mutmut_0"]) == ["pkg.a.x_f__mutmut_0"]  # a name: rerun as asked
+    assert noxfile.untried_mutants([]) == []  # no glob: mutmut itself tries only what has no result
+    assert noxfile.untried_mutants(["pkg.?.x_f__mutmut_[05]"]) == ["pkg.a.x_f__mutmut_5", "pkg.b.x_f__mutmut_0"]
+
+
+def test_before_the_first_run_the_globs_go_to_mutmut_as_given(noxfile, monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # no mutants/ yet: mutmut makes the mutants, then runs those the glob names
+    assert noxfile.untried_mutants(["pkg.a.*"]) == ["pkg.a.*"]
+
+
+def test_a_glob_with_nothing_left_to_try_runs_nothing(noxfile, monkeypatch, tmp_path: Path) -> None:
+    """Every mutant of ``pkg.a`` has a result: no ``mutmut run`` (which, given no name, would try ``pkg.b``'s), and
+    the scores are read as they stand (``pkg.b`` untried fails the session)."""
+    _project(tmp_path, {"a": _codes("pkg.a", 10), "b": _codes("pkg.b", 0, untried=4)})
+    monkeypatch.chdir(tmp_path)
+    assert noxfile.untried_mutants(["--max-children", "2", "pkg.a.*"]) is None
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(noxfile, "_install", lambda session, *extras: None)
+    monkeypatch.setattr(noxfile, "_mutmut", lambda session, *args, **kwargs: calls.append(args))
+    session = _Session()
+    session.posargs = ["pkg.a.*"]
+    with pytest.raises(_Stop, match=r"10/14 = 71\.4% killed, below 95%"):
+        noxfile.mutation.func(session)
+    assert [c[0] for c in calls] == ["export-cicd-stats", "results"] and "nothing to run" in session.logs[0]

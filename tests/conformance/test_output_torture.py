@@ -1,6 +1,6 @@
 """No output ever clobbers data: every subcommand x every output flag x every hostile condition, through the real
 command line (:func:`conformance.cli.main` in-process; the real disk-full runs are ``python -m conformance``
-subprocesses under ``RLIMIT_FSIZE``).
+subprocesses under ``RLIMIT_FSIZE``, in the slow session: ``nox -s slow``).
 
 Outputs: ``report --out DIR`` (report.md, report.html, the PNGs) and ``--json``; ``compare --out`` and ``--json``;
 ``merge --out`` (a results file: data, always backed up) and ``--summary``; ``run --out`` (the results file) and
@@ -89,7 +89,7 @@ class Spec:
     input: Callable[[Workspace], Path]  # one of the command's inputs
     sibling: Callable[[Workspace, Path], list[str]] | None = None  # another output flag at P
     directory: bool = False  # the flag names a directory (report --out): its file is P/report.md
-    slow: bool = False  # runs kernels in workers
+    slow: bool = False  # runs kernels in workers: the conditions it runs through are in the slow session
 
     def target(self, p: Path) -> Path:
         return p / "report.md" if self.directory else p
@@ -229,8 +229,16 @@ UNWRITABLE = ["proc-dir", "proc-subdir", "read-only-dir", "read-only-file", "dis
 #: conditions under which the command works and keeps what was there
 KEPT = ["foreign", "own"]
 
+#: conditions under which the command runs to its end: with a ``slow`` spec (kernels in worker processes, a torch
+#: import each) they run in the slow session; merge keeps a results file (always backed up) in the fast one
+RUN_THROUGH = ["disk-full", "read-only-dir", "read-only-file", *KEPT]
 CASES = [
-    pytest.param(spec, cond, id=f"{spec.command}{spec.flag}-{cond}")
+    pytest.param(
+        spec,
+        cond,
+        id=f"{spec.command}{spec.flag}-{cond}",
+        marks=[pytest.mark.slow] if spec.slow and cond in RUN_THROUGH else [],
+    )
     for spec in SPECS
     for cond in REFUSED + UNWRITABLE + KEPT
     if not (cond == "other-output" and spec.sibling is None)
@@ -466,6 +474,7 @@ def child(limit: int, argv: list[str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # six `python -c` children (torch imported in each, and in run's and fuzz's workers): 20 s of CPU
 @pytest.mark.parametrize("what", REAL_DISK_FULL)
 def test_a_real_full_disk_is_exit_3_one_line_and_changes_nothing(what: str, ws: Workspace) -> None:
     w, out = ws, ws.dir / "out"

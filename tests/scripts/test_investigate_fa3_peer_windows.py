@@ -197,8 +197,9 @@ def _record(case: AttentionCase, backend: str, status: str, reason: str = "", fa
 
 
 def test_classify_writes_the_table(tmp_path: Path) -> None:
-    """``--classify``: one row per fa3-vllm pass or fail with its fields, figures, ledger entry and the model's
-    verdict; other backends and statuses are left out; an existing table is refused."""
+    """``--classify``: one row per fa3-vllm pass or fail with its fields, figures, ledger entry (the window entry
+    for a failure the model marks) and the model's verdict; other backends and statuses are left out; an existing
+    table is refused."""
     case = inv.MINIMAL[0]
     recs = [
         _record(case, "fa3-vllm", "fail", "max_error: ... | lse: ...; 82 of 600 rows over", ("max_error", "lse")),
@@ -213,7 +214,9 @@ def test_classify_writes_the_table(tmp_path: Path) -> None:
     lines = tsv.read_text().splitlines()
     head = lines[0].split("\t")
     rows = [dict(zip(head, x.split("\t"))) for x in lines[1:]]
-    assert [(r["status"], r["model"], r["entry"]) for r in rows] == [("fail", "wrong", ""), ("pass", "right", "")]
+    # the fail is the window entry's (its field is this model), the pass no entry's
+    want = [("fail", "wrong", "fa3-vllm[2]"), ("pass", "right", "")]
+    assert [(r["status"], r["model"], r["entry"]) for r in rows] == want
     assert rows[0]["model_rows"] == "82" and rows[0]["model_side"] == "right" and rows[0]["lse_rows_over"] == "82/600"
     assert rows[0]["failed_checks"] == "max_error+lse" and rows[0]["error_ratio"] == "4.0"
     with pytest.raises(SystemExit) as exc:  # never over a file it did not write
@@ -230,3 +233,61 @@ def test_bad_arguments_exit_2(argv, capsys) -> None:
         inv.main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+WINDOWS_RUN = ROOT / "reports" / "h100-2026-11-27-windows" / "investigate-fa3-peer-windows-h100.json.gz"
+
+
+def _counts(lines: list[str]) -> dict[str, tuple[int, int, int, str]]:
+    """``criterion key -> (cases, holds, fails, fails by class)`` from the judgement's table."""
+    out = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 5 and cells[0][:2] in {k for k, *_ in inv.CRITERIA}:
+            out[cells[0][:2]] = (int(cells[1]), int(cells[2]), int(cells[3]), cells[4])
+    return out
+
+
+@pytest.mark.skipif(not WINDOWS_RUN.exists(), reason="the 2026-11-27 H100 window run is not in this checkout")
+def test_judge_over_the_h100_window_run(capsys) -> None:
+    """The counts of reports/h100-2026-11-27-windows/README.md: the model separates the fails from the passes (4a,
+    4b: the one model-right fail is the d128 twin's keyless rows), no wrong row outside it (1a), every 16-bit case
+    within 2e-6 of the model's keys (2a fails only with soft-cap or fp8), the reference within 1e-5 in LSE."""
+    assert inv.main(["--judge", str(WINDOWS_RUN)]) == 0
+    out = capsys.readouterr().out
+    counts = _counts(out.splitlines())
+    assert counts["1a"] == (120, 119, 1, "0 / 1 / 0") and "`d128` 8eb9ce (kernel_only 18432)" in out
+    assert counts["4a"] == (44, 43, 1, "0 / 1 / 0") and counts["4b"] == (76, 76, 0, "0 / 0 / 0")
+    assert counts["2a"] == (76, 46, 30, "0 / 4 / 26") and counts["3a"] == (75, 28, 47, "1 / 21 / 25")
+    assert counts["3d"][3] == "0 / 18 / 17" and counts["5b"] == (38, 38, 0, "0 / 0 / 0")
+    assert out.rstrip().endswith("120 cases: the criteria do not all hold")
+
+
+def test_judge_on_a_planted_kernel_and_an_unmeasured_case() -> None:
+    """The kernel that makes exactly the model's mistake holds every criterion the LSE can resolve: no wrong row
+    outside the model's, at float64 rounding of its keys, every fitted row exact on the right; 1b fails (5 of its 82
+    rows move less than the threshold), as on the GPU.  A row the kernel was not compared on fails every criterion."""
+    case = inv.MINIMAL[0]
+    row = json.loads(json.dumps(inv.study("base", case.id, case, ModelBugBackend(), "cpu"), default=str))
+    lines, every = inv.judge([row])
+    counts = _counts(lines)
+    failed = {k for k, (_, _, fails, _) in counts.items() if fails}
+    assert not every and failed == {"1b"} and counts["4a"][0] == 0 and counts["5b"][0] == 0
+    broken = {"label": "base", "case_id": case.id, "error": "RuntimeError: CUDA error"}
+    lines, every = inv.judge([row, broken])
+    counts = _counts(lines)
+    assert not every and all(c[2] >= 1 for c in counts.values()) and "**not measured** `base`" in lines[-1]
+
+
+@pytest.mark.parametrize("text", ["", "not json\n", '{"label": "x"}\n', "[1, 2]\n"])
+def test_judge_refuses_what_is_no_run(tmp_path: Path, text: str, capsys) -> None:
+    """An empty file, a line that is not JSON, a row without a case id, a line that is not a row: exit 2, one line
+    naming the file."""
+    path = tmp_path / "run.jsonl"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        inv.main(["--judge", str(path)])
+    assert exc.value.code == 2 and str(path) in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        inv.main(["--judge", str(tmp_path / "missing.jsonl.gz")])
+    assert exc.value.code == 2

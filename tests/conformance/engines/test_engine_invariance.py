@@ -17,7 +17,8 @@ from conformance.engines import get_engine
 from conformance.engines.invariance import EngineInvariance, promised
 from conformance.records import Status
 from conformance.reporting.invariance_table import invariance_sections
-from conformance.verdict.check import check_backend, composition_of, prepare_context
+from conformance.verdict.check import composition_of, prepare_context
+from tests.conformance.contexts import params, verdict
 from tests.conformance.fakes import ExactBackend
 
 #: the four seeds with a CUDA-graph path, and their scenarios whose batch break is a promise broken.
@@ -29,19 +30,15 @@ PROMISED = {
     "vllm_diff": set(),
 }
 CASES = [c for name in ENGINES for c in get_engine(name).cases() if c.invariance]
-#: one case per (engine, kind, batch-invariant configuration) for the pass test (the CPU run covers them all)
-SAMPLE = list({(c.engine, c.invariance, c.num_splits): c for c in CASES}.values())
-_CONTEXTS: dict[str, object] = {}
+#: one case per (engine, kind, batch-invariant configuration) for the pass test (the CPU run covers them all), a
+#: neighbour kind's at each head dim (the d128 one is slow: :func:`tests.conformance.contexts.params`)
+SAMPLE = list(
+    {(c.engine, c.invariance, c.num_splits, c.invariance == "neighbour" and c.head_dim): c for c in CASES}.values()
+)
 
 
 def _case(engine: str, scenario: str) -> AttentionCase:
     return next(c for c in CASES if c.engine == engine and c.scenario == scenario)
-
-
-def _verdict(case: AttentionCase, backend):
-    if case.id not in _CONTEXTS:
-        _CONTEXTS[case.id] = prepare_context(case, 0, "cpu")
-    return check_backend(_CONTEXTS[case.id], backend)  # type: ignore[arg-type]
 
 
 def _ulp_up(res: KernelOutput) -> KernelOutput:
@@ -146,9 +143,9 @@ def test_splits_stays_kernel_level():
         )
 
 
-@pytest.mark.parametrize("case", SAMPLE, ids=[c.id for c in SAMPLE])
+@pytest.mark.parametrize("case", params(SAMPLE))
 def test_every_invariance_scenario_passes_and_keeps_its_invariance_on_sdpa_cpu(case):
-    r = _verdict(case, get_backend("sdpa-cpu"))
+    r = verdict(case, get_backend("sdpa-cpu"))
     assert r.status is Status.PASS, r.reason
     inv = r.extra["invariance"]
     assert inv["kind"] == case.invariance and inv["kept"] is True
@@ -171,7 +168,7 @@ def test_every_invariance_scenario_passes_and_keeps_its_invariance_on_sdpa_cpu(c
     [("vllm_v1_fa", "inv_batch_invariant_decode"), ("sglang_fa", "inv_batch_decode_deterministic")],
 )
 def test_a_batch_dependent_kernel_fails_a_promised_scenario(engine, scenario):
-    r = _verdict(_case(engine, scenario), BatchDependent())
+    r = verdict(_case(engine, scenario), BatchDependent())
     assert r.status is Status.FAIL
     assert "invariance batch: request 0 'alone' differs from 'in batch (first)'" in r.reason
     assert r.extra["invariance"]["promised"] is True and r.extra["invariance"]["kept"] is False
@@ -187,7 +184,7 @@ def test_a_batch_dependent_kernel_fails_a_promised_scenario(engine, scenario):
     ],
 )
 def test_a_batch_dependent_kernel_is_reported_in_a_default_configuration(engine, scenario):
-    r = _verdict(_case(engine, scenario), BatchDependent())
+    r = verdict(_case(engine, scenario), BatchDependent())
     assert r.status is Status.PASS, r.reason
     inv = r.extra["invariance"]
     assert inv["promised"] is False and inv["kept"] is False
@@ -195,7 +192,7 @@ def test_a_batch_dependent_kernel_is_reported_in_a_default_configuration(engine,
 
 
 def test_nothing_is_promised_on_a_kernel_without_a_split_count():
-    r = _verdict(_case("vllm_v1_fa", "inv_batch_invariant_decode"), BatchDependentNoSplits())
+    r = verdict(_case("vllm_v1_fa", "inv_batch_invariant_decode"), BatchDependentNoSplits())
     assert r.status is Status.PASS, r.reason  # a break, reported: the mode cannot pin what the kernel lacks
     assert r.extra["invariance"]["promised"] is False and r.extra["invariance"]["kept"] is False
 
@@ -211,7 +208,7 @@ def test_batch_invariance_is_promised_only_when_every_call_of_the_step_pins_its_
     assert labels == ["prefill (varlen, paged)", "decode (paged kvcache)"]
     assert promised(engine, case, backend) is False
     assert promised(engine, case, BatchDependent()) is True  # every call pins it
-    r = _verdict(case, backend)
+    r = verdict(case, backend)
     assert r.status is Status.PASS, r.reason
     assert r.extra["invariance"]["promised"] is False and r.extra["invariance"]["kept"] is False
 
@@ -230,13 +227,13 @@ def test_batch_invariance_is_not_promised_for_a_step_without_calls():
 
 def test_a_nondeterministic_kernel_fails_the_run_scenarios():
     for engine, scenario in (("vllm_v1_fa", "inv_run_mixed"), ("sglang_fa", "inv_run_decode")):
-        r = _verdict(_case(engine, scenario), AutotunedNonDeterministic())
+        r = verdict(_case(engine, scenario), AutotunedNonDeterministic())
         assert r.status is Status.FAIL, (engine, r.reason)
         assert "invariance run: request 0 'second run' differs from 'first run'" in r.reason
 
 
 def test_every_variant_is_judged_numerically():
-    r = _verdict(_case("vllm_v0_fa", "inv_batch_decode"), WrongAlone())
+    r = verdict(_case("vllm_v0_fa", "inv_batch_decode"), WrongAlone())
     assert r.status is Status.FAIL and "invariance" not in r.reason  # the numbers, not a promise
 
 
@@ -341,9 +338,9 @@ def test_a_step_without_notes_or_problems_notes_no_call():
 # ------------------------------------------------------------------------------------------------ the report
 def test_the_report_matrix_has_a_row_per_engine_configuration():
     records = [
-        _verdict(_case("vllm_v1_fa", "inv_batch_invariant_decode"), BatchDependent()),
-        _verdict(_case("vllm_v0_fa", "inv_batch_decode"), BatchDependent()),
-        _verdict(_case("sglang_fa", "inv_run_decode"), ExactBackend()),
+        verdict(_case("vllm_v1_fa", "inv_batch_invariant_decode"), BatchDependent()),
+        verdict(_case("vllm_v0_fa", "inv_batch_decode"), BatchDependent()),
+        verdict(_case("sglang_fa", "inv_run_decode"), ExactBackend()),
     ]
     table = invariance_sections(records, ["fake-batch-dependent", "fake-exact"])
     assert table is not None

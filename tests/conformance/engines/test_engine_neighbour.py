@@ -24,7 +24,8 @@ from conformance.engines.sglang.scenarios import forward_mode
 from conformance.graphs.invariance import variants
 from conformance.records import Status
 from conformance.reporting.invariance_table import invariance_sections
-from conformance.verdict.check import check_backend, composition_of, prepare_context
+from conformance.verdict.check import composition_of
+from tests.conformance.contexts import params, verdict
 from tests.conformance.fakes import ExactBackend
 
 ENGINES = ("vllm_v1_fa", "sglang_fa", "vllm_v0_fa", "vllm_diff")
@@ -38,13 +39,6 @@ COUNTS = {"vllm_v1_fa": 8, "sglang_fa": 8, "vllm_v0_fa": 4, "vllm_diff": 2}
 CUT_LABELS = ["alone", "beside a neighbour of 1 query"] + [
     f"beside a neighbour of {n} queries" for n in (9, 10, 64, 65, 128)
 ]
-_CONTEXTS: dict[str, object] = {}
-
-
-def _verdict(case: AttentionCase, backend):
-    if case.id not in _CONTEXTS:
-        _CONTEXTS[case.id] = prepare_context(case, 0, "cpu")
-    return check_backend(_CONTEXTS[case.id], backend)  # type: ignore[arg-type]
 
 
 def _nb(engine: str, *parts: str) -> list[AttentionCase]:
@@ -166,7 +160,7 @@ def test_an_engine_that_cannot_replay_a_variant_refuses_the_case_up_front():
 # ------------------------------------------------------------------------------------------------ verdicts
 @pytest.mark.parametrize("case", [c for c in NEIGHBOUR if c.head_dim == 64], ids=lambda c: c.id)
 def test_every_d64_neighbour_scenario_passes_on_the_exact_fake(case):
-    r = _verdict(case, ExactBackend())
+    r = verdict(case, ExactBackend())
     assert r.status is Status.PASS, r.reason
     inv = r.extra["invariance"]
     assert inv["kind"] == "neighbour" and inv["kept"] is True
@@ -182,7 +176,7 @@ def test_the_old_scenarios_miss_a_tile_picked_from_the_longest_request():
     backend = TileByLongestQuery()
     broken = []
     for case in OLD:
-        r = _verdict(case, backend)
+        r = verdict(case, backend)
         assert r.status is Status.PASS, (case.id, r.reason)
         if not r.extra["invariance"]["kept"]:
             assert r.extra["invariance"]["promised"] is False, case.id
@@ -190,13 +184,9 @@ def test_the_old_scenarios_miss_a_tile_picked_from_the_longest_request():
     assert broken == ["inv_batch_prefill"]
 
 
-@pytest.mark.parametrize(
-    "case",
-    _nb("vllm_v1_fa", "batch_invariant_chunk") + _nb("sglang_fa", "deterministic"),
-    ids=lambda c: c.id,
-)
+@pytest.mark.parametrize("case", params(_nb("vllm_v1_fa", "batch_invariant_chunk") + _nb("sglang_fa", "deterministic")))
 def test_the_neighbour_scenarios_fail_it_where_the_engine_promises_batch_invariance(case):
-    r = _verdict(case, TileByLongestQuery())
+    r = verdict(case, TileByLongestQuery())
     assert r.status is Status.FAIL
     assert "invariance neighbour: request 0 'alone' differs from 'beside a neighbour of 129 queries'" in r.reason
     inv = r.extra["invariance"]
@@ -206,31 +196,35 @@ def test_the_neighbour_scenarios_fail_it_where_the_engine_promises_batch_invaria
     assert equal == dict.fromkeys(CUT_LABELS[:3], False) | dict.fromkeys(CUT_LABELS[3:], True)
 
 
-def test_vllms_decode_prefill_split_keeps_a_decode_target_apart_from_the_growing_prefill():
-    for case in _nb("vllm_v1_fa", "decode") + _nb("vllm_v0_fa", "decode"):
-        r = _verdict(case, TileByLongestQuery())
-        assert r.status is Status.PASS and r.extra["invariance"]["kept"] is True, case.id
+@pytest.mark.parametrize("case", params(_nb("vllm_v1_fa", "decode") + _nb("vllm_v0_fa", "decode")))
+def test_vllms_decode_prefill_split_keeps_a_decode_target_apart_from_the_growing_prefill(case):
+    r = verdict(case, TileByLongestQuery())
+    assert r.status is Status.PASS and r.extra["invariance"]["kept"] is True, case.id
 
 
 @pytest.mark.parametrize(
     "case",
-    [c for c in NEIGHBOUR if c.num_splits is None and not (c.engine != "sglang_fa" and "decode" in c.scenario)],
-    ids=lambda c: c.id,
+    params([c for c in NEIGHBOUR if c.num_splits is None and not (c.engine != "sglang_fa" and "decode" in c.scenario)]),
 )
 def test_the_default_configurations_report_it(case):
-    r = _verdict(case, TileByLongestQuery())
+    r = verdict(case, TileByLongestQuery())
     assert r.status is Status.PASS, r.reason
     assert r.extra["invariance"]["promised"] is False and r.extra["invariance"]["kept"] is False
 
 
-def test_a_split_count_read_from_the_total_query_tokens_fails_too():
-    """The brief's fake (it was already caught by SGLang's deterministic verify, three 4-token requests)."""
-    backend = SplitsByTotalQueries()
-    for case in _nb("sglang_fa", "deterministic_decode") + _nb("vllm_v1_fa", "batch_invariant_chunk"):
-        r = _verdict(case, backend)
-        assert r.status is Status.FAIL and "invariance neighbour" in r.reason, case.id
+@pytest.mark.parametrize(
+    "case", params(_nb("sglang_fa", "deterministic_decode") + _nb("vllm_v1_fa", "batch_invariant_chunk"))
+)
+def test_a_split_count_read_from_the_total_query_tokens_fails_too(case):
+    """The brief's fake."""
+    r = verdict(case, SplitsByTotalQueries())
+    assert r.status is Status.FAIL and "invariance neighbour" in r.reason, case.id
+
+
+def test_sglangs_deterministic_verify_already_caught_a_split_count_read_from_the_total_query_tokens():
+    """Three 4-token requests: the brief's fake before the neighbour scenarios."""
     old = next(c for c in OLD if c.scenario == "inv_batch_verify_deterministic")
-    assert _verdict(old, backend).status is Status.FAIL
+    assert verdict(old, SplitsByTotalQueries()).status is Status.FAIL
 
 
 def test_the_promise_reads_every_variants_calls():
@@ -242,7 +236,7 @@ def test_the_promise_reads_every_variants_calls():
     assert all(backend.pins_splits(c) for _, c in engine.plan(case.replace(invariance="")))
     assert promised(engine, case, backend) is False
     assert promised(engine, case, TileByLongestQuery()) is True
-    r = _verdict(case, backend)
+    r = verdict(case, backend)
     assert r.status is Status.PASS, r.reason
     assert r.extra["invariance"]["promised"] is False and r.extra["invariance"]["kept"] is False
 
@@ -250,7 +244,7 @@ def test_the_promise_reads_every_variants_calls():
 def test_the_report_matrix_shows_an_engines_neighbour_break_in_its_column():
     case = _nb("sglang_fa", "deterministic_decode", "d64")[0]
     backend = TileByLongestQuery()
-    table = invariance_sections([_verdict(case, backend)], [backend.name])
+    table = invariance_sections([verdict(case, backend)], [backend.name])
     assert table is not None
     rows = {(r["backend"], r["mode"]): r["cells"] for r in table["rows"]}
     cell = rows[(backend.name, "engine sglang_fa, num_splits = 1")][table["columns"].index("neighbour")]

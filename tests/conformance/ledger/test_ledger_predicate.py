@@ -238,6 +238,18 @@ def test_derived_fields_of_the_kernels() -> None:
     )
     assert not v(inv.replace(requests=((200, 200), (1, 2000)))).value("invariance_max_q_len_varies")
     assert not v(inv.replace(invariance="")).value("invariance_max_q_len_varies")
+    # the fork's window schedule (attnfast.fa3_vllm_window, worked out in tests/attnfast/test_fa3_vllm_window.py):
+    # d128, (768, 768), causal window 500, one split: 22 rows get keys right of their window; the d64 bf16 path
+    # without overlap none, fp8 d64 (192 x 128 with overlap) 11; each kv head counts its group's rows
+    win = case(requests=((768, 768),), num_heads=1, num_kv_heads=1, head_dim=128, causal=True, window=(500, 0),
+               num_splits=1)  # fmt: skip
+    assert v(win).value("fa3_window_unmasked_rows") == 22
+    assert v(win.replace(head_dim=64)).value("fa3_window_unmasked_rows") == 0
+    assert v(win.replace(head_dim=64, quant="fp8_e4m3", descale="head")).value("fa3_window_unmasked_rows") == 11
+    assert v(win.replace(num_heads=2, num_kv_heads=2)).value("fa3_window_unmasked_rows") == 44
+    never = win.replace(requests=((640, 640),), window=(600, 0))  # the last query tile starts at 512 < 600
+    assert v(never).value("fa3_window_unmasked_rows") == 0  # the key pointer never moves
+    assert v(win.replace(window=(None, None))).value("fa3_window_unmasked_rows") == 0
 
 
 @pytest.mark.parametrize(

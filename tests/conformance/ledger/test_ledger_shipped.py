@@ -4,6 +4,7 @@ in the one field the cause needs (the test fails if a predicate is widened or na
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,10 @@ def c(**kw) -> AttentionCase:
 
 
 P16 = dict(kv_layout="NHD", block_size=16)
+#: the d64 minimal case of the H100 window run (2 query heads over 1, causal window 370, one split)
+D64_WINDOW = dict(requests=((400, 400),), num_heads=2, num_kv_heads=1, causal=True, window=(370, 0), num_splits=1)
+#: how fa3-vllm.toml[2] (the fork's window schedule) states its cause
+WINDOW = "sliding window: once the window moves a query tile's key pointer (block.h n_offset > 0)"
 #: the d64 neighbour probe of fa3-vllm.toml[5] (vLLM #51902): 14 query / 2 KV heads, causal, one split, pages of 16
 D64_NEIGHBOUR = dict(
     num_heads=14, num_kv_heads=2, head_dim=64, causal=True, num_splits=1, invariance="neighbour", **P16
@@ -85,13 +90,29 @@ CASES = [
         c(requests=((7, 0), (2, 9)), sinks=True),
         c(requests=((270, 257),), causal=True, sinks=True),
     ),
+    # the fork's window schedule: key tiles the overlap mainloop leaves unmasked once the window moves the key pointer
+    # (fa3_window_unmasked_rows); each neighbour changes one field and the schedule has no such row (the last two
+    # measured on the H100: reports/h100-2026-11-27-windows)
     (
         "fa3-vllm",
         "0.24.0",
-        "sliding window (w, 0) (causal or not) on FA3's head-dim templates 96/192/256",
+        WINDOW,
         c(requests=((39, 231),), num_heads=3, num_kv_heads=1, head_dim=136, window=(154, 0), batch_name="fzwin136"),
-        # partial: the envelope's rule is unknown, so the neighbour is outside it (template 128 is right)
-        c(requests=((39, 231),), num_heads=3, num_kv_heads=1, head_dim=128, window=(154, 0)),
+        c(requests=((39, 231),), num_heads=3, num_kv_heads=1, head_dim=128, window=(154, 0)),  # 128 x 128: none
+    ),
+    (
+        "fa3-vllm",
+        "0.24.0",
+        WINDOW,
+        c(requests=((520, 520),), num_heads=2, num_kv_heads=1, head_dim=96, window=(256, 37), num_splits=1),
+        c(requests=((520, 520),), num_heads=2, num_kv_heads=1, head_dim=96, window=(251, 37), num_splits=1),
+    ),
+    (
+        "fa3-vllm",
+        "0.24.0",
+        WINDOW,
+        c(**D64_WINDOW, quant="fp8_e4m3", descale="head"),  # 192 x 128 with overlap
+        c(**D64_WINDOW),  # bf16: 192 x 160 without overlap
     ),
     (
         "fa3-vllm",
@@ -246,7 +267,6 @@ def test_the_shipped_ledger_over_the_committed_fuzz_campaigns() -> None:
     describes is recognised and no pass is claimed; the 38 left are the adapter defects fixed since
     (reports/README.md, the ledger section), all errors but the two ALiBi-bias records of sdpa-cuda, 28 of them
     refusals declared since."""
-    from pathlib import Path
 
     from conformance.ledger.audit import audit
 
@@ -268,17 +288,73 @@ def test_the_shipped_ledger_over_the_committed_fuzz_campaigns() -> None:
 
 
 def test_partial_entry_recognises_new_cases_of_its_envelope_and_claims_no_pass():
-    """The fa3-vllm window entry is an envelope (``partial``): a failing case no suite holds (the models suite's
-    d96 window 2046 prefill) is recognised; a pass inside the envelope is not an unexpected pass."""
+    """A partial entry is an envelope: the fa3-vllm batch-invariance one (d64/d128 batches whose request 0 is shorter
+    than the longest query) recognises a failing case no suite holds, and a pass inside it is no unexpected pass."""
     ledger = load_ledger()
-    new = c(
-        requests=((2546, 2546), (1000, 1000)), num_heads=32, num_kv_heads=32, head_dim=96, causal=True, window=(2046, 0)
-    )
+    new = c(requests=((1, 700), (90, 90)), head_dim=64, num_splits=1, invariance="batch", **P16)
     entry = ledger.explain(result("fa3-vllm", new, "0.24.0"))
     assert entry is not None and entry.partial and not entry.claims_passes
     passed = dataclasses.replace(result("fa3-vllm", new, "0.24.0"), status=Status.PASS)
     verdict = ledger.classify([passed])
     assert verdict.unexpected_passes == [] and verdict.fixed == []
+
+
+def test_the_window_entry_is_steady_and_recognises_the_models_prefill():
+    """The fork's window schedule is the cause, not an envelope: the models suite's d96 window-2046 prefill (which
+    failed on the H100, 2026-11-25, and which the former envelope was widened for) is recognised, and a pass of it
+    would be an unexpected pass."""
+    ledger = load_ledger()
+    new = c(
+        requests=((2546, 2546), (1000, 1000)), num_heads=32, num_kv_heads=32, head_dim=96, causal=True, window=(2046, 0)
+    )
+    failed = dataclasses.replace(result("fa3-vllm", new, "0.24.0"), reason="max_error: |out-ref| 2.0e-01 | lse: ...")
+    entry = ledger.explain(failed)
+    assert entry is not None and entry.reason.startswith(WINDOW) and entry.claims_passes
+    passed = dataclasses.replace(failed, status=Status.PASS, reason="")
+    assert [e.reason for _, e in ledger.classify([passed]).unexpected_passes] == [entry.reason]
+
+
+WINDOWS_H100 = Path(__file__).resolve().parents[3] / "reports" / "h100-2026-11-27-windows"
+
+
+@pytest.mark.skipif(
+    not (WINDOWS_H100 / "investigate-fa3-peer-windows-h100.json.gz").exists(),
+    reason="the 2026-11-27 H100 window run is not in this checkout",
+)
+def test_the_window_entry_against_the_h100_window_run() -> None:
+    """The 120 cases of scripts/investigate_fa3_peer_windows.py on the H100: the field is the schedule the run
+    recorded (``model.wrong_rows``, the same code), the window entry explains every case it marks as its harness
+    failed, and no case it marks passed; the one failure it leaves (the claimed pass's d128 twin, 128 keyless rows
+    with sinks) is the sink entry's."""
+    import gzip
+    import json
+
+    from conformance.ledger.fields import case_view
+
+    ledger = load_ledger()
+    with gzip.open(WINDOWS_H100 / "investigate-fa3-peer-windows-h100.json.gz", "rt") as fh:
+        rows = [json.loads(line) for line in fh]
+    assert len(rows) == 120
+    seen = {"window": 0, "sink": 0, "pass": 0}
+    for row in rows:
+        case = AttentionCase.from_json(row["case"])
+        unmasked = case_view(case).value("fa3_window_unmasked_rows")
+        assert unmasked == row["model"]["wrong_rows"], row["case_id"]
+        status = row["harness"]["status"]
+        record = dataclasses.replace(result("fa3-vllm", case, "0.24.0"), status=Status(status),
+                                     reason=row["harness"]["reason"])  # fmt: skip
+        if status == "pass":
+            assert unmasked == 0 and ledger.classify([record]).unexpected_passes == [], row["case_id"]
+            seen["pass"] += 1
+            continue
+        entry = ledger.explain(record)
+        assert entry is not None, row["case_id"]
+        kind = "window" if entry.reason.startswith(WINDOW) else "sink"
+        assert (kind == "window") == (unmasked > 0), (row["case_id"], entry.reason)
+        if kind == "sink":
+            assert entry.reason.startswith("with s_aux, rows that see no key get LSE -inf")
+        seen[kind] += 1
+    assert seen == {"window": 76, "sink": 1, "pass": 43}
 
 
 #: every problem of the committed GPU runs and fuzz campaigns the shipped ledger does not explain, by backend, status
@@ -316,11 +392,8 @@ NAMED = {
     # rounding the adapter's correction cannot undo; the adapter declares it per row since (lse_slack,
     # scripts/investigate_fa2_alibi_lse.py)
     ("fa2", "fail", "lse: "): 1,
-    # peer-fa3's shard 0 of 32 on the fork (reports/h100-2026-11-27-peers): windows beside fa3-vllm[2]'s envelope (a
-    # right side, or templates 64/128 with fp8, soft-cap or sinks) whose rows the model of the fork's window schedule
-    # (scripts/investigate_fa3_peer_windows.py) marks, as it marks every failure of [2] and no pass: new until its GPU
-    # run shows the same cause (reports/h100-2026-11-27-peers/triage.md)
-    ("fa3-vllm", "fail", "max_error"): 23,
+    # (peer-fa3's 23 window failures beside the former envelope of fa3-vllm[2] are the window entry's since its GPU run,
+    # reports/h100-2026-11-27-windows: the entry is the fork's window schedule, fa3_window_unmasked_rows)
 }
 
 
@@ -329,8 +402,6 @@ def test_the_shipped_ledger_over_every_committed_run() -> None:
     """Issue 31: over every committed GPU run and fuzz campaign (25 s on 2 cores) no entry claims a pass and the
     problems no entry explains are exactly the named ones (adapter and harness defects, none a kernel's cause), and
     the error records of calls the adapters refuse since are exactly the refused-now ones."""
-    from pathlib import Path
-
     from conformance.ledger.audit import audit
 
     files = sorted((Path(__file__).resolve().parents[3] / "reports").rglob("*.jsonl.gz"))

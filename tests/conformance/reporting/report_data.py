@@ -16,7 +16,7 @@ from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, ErrorStats, Header, Status
 from conformance.results_writer import append_record
 
-__all__ = ["CASES", "LEDGER", "write_baseline", "write_results"]
+__all__ = ["CASES", "LEDGER", "stats", "write_baseline", "write_results"]
 
 #: Window cases (``kern`` fails them), plain causal cases, a sinks case (``kern`` refuses it), a graph case.
 WINDOWS = [
@@ -48,7 +48,8 @@ def _header() -> Header:
     )
 
 
-def _stats(ratio: float, failed: tuple[str, ...] = ()) -> ErrorStats:
+def stats(ratio: float, failed: tuple[str, ...] = ()) -> ErrorStats:
+    """Error statistics of a record whose error ratio is ``ratio`` (failing ``failed`` checks); test_report.py too."""
     return ErrorStats(
         max_abs=ratio * 0.01,
         max_rel=ratio,
@@ -66,7 +67,7 @@ def _stats(ratio: float, failed: tuple[str, ...] = ()) -> ErrorStats:
 
 def _rec(case: AttentionCase, backend: str, status: str, reason: str = "", **kw) -> CheckResult:
     if status in ("pass", "fail") and "stats" not in kw:
-        kw["stats"] = _stats(0.3)
+        kw["stats"] = stats(0.3)
     return CheckResult(
         case_id=case.id,
         backend=backend,
@@ -96,7 +97,7 @@ def _graph_record(backend: str) -> CheckResult:
         status=Status.PASS,
         case=case,
         version="1.0",
-        stats=_stats(0.2),
+        stats=stats(0.2),
         extra=extra | {"variant": {"entry": "flash_attn_varlen_func", "num_splits": 1}},
         repro=f"attnconf run --backend {backend} --case graph",
     )
@@ -109,11 +110,11 @@ def _records(baseline: bool) -> list[CheckResult]:
             out.append(_rec(case, "kern", "pass"))
         elif i < 3:
             reason = f"max_error: |out-ref| {0.5 + i:.1e} at (token {i}, head 1, dim 5)"
-            out.append(_rec(case, "kern", "fail", reason, stats=_stats(40.0 + i, ("max_error",))))
+            out.append(_rec(case, "kern", "fail", reason, stats=stats(40.0 + i, ("max_error",))))
         elif i < 5:
-            out.append(_rec(case, "kern", "fail", f"lse: |lse-ref| {2 + i:.1e}", stats=_stats(3.0 + i, ("lse",))))
+            out.append(_rec(case, "kern", "fail", f"lse: |lse-ref| {2 + i:.1e}", stats=stats(3.0 + i, ("lse",))))
         else:
-            out.append(_rec(case, "kern", "fail", "max_error: known", stats=_stats(9.0, ("max_error",))))
+            out.append(_rec(case, "kern", "fail", "max_error: known", stats=stats(9.0, ("max_error",))))
     for case in PLAIN:
         out.append(_rec(case, "kern", "pass"))
     if not baseline:

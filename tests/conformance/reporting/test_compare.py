@@ -158,7 +158,38 @@ def test_families_in_one_file_only_are_summarised_and_identical_numerics_counted
     assert (cmp.identical_errors, cmp.compared_errors) == (1, 2)
     text = render_markdown(cmp)
     assert "Families only in the new file, not compared: other (2 records)." in text
-    assert "1 of 2 pairs checked in both runs are unchanged" in text and "1 changed" in text
+    assert (
+        "Numerics: 2 of the 2 pairs in both files have error statistics in both runs; of those, 1 unchanged, 1 "
+        "changed. All 2 compared by max error and LSE error (the same errors, not proven the same bits): the records "
+        "carry no output digest."
+    ) in text
+
+
+def test_the_numerics_line_says_what_was_compared_and_what_changed_each_way() -> None:
+    """Issue 28's worked example read "1417 of 1417 pairs checked ... 0 by their output digests ..., 1417 by their
+    max error ... only; 0 changed": which pairs, and which counts were changes, was unclear.  Now: the pairs with
+    numbers of all the pairs in both files, why the others have none, unchanged and changed, and the changed ones
+    per way of comparing."""
+
+    def digest(r: CheckResult, d: str) -> CheckResult:
+        return dataclasses.replace(r, extra={"digest": d})
+
+    old = [digest(rec("a"), "1:-"), digest(rec("b"), "2:-"), rec("c"), rec("d"), rec("e", "unsupported", ratio=None)]
+    new = [digest(rec("a"), "1:-"), digest(rec("b"), "9:-"), rec("c"), rec("d", ratio=0.2), rec("e", ratio=None)]
+    new[4] = dataclasses.replace(new[4], status=Status.UNSUPPORTED)
+    cmp = compare_results(old, new)
+    assert (cmp.common, cmp.compared_errors, cmp.digest_compared, len(cmp.numerics_changed)) == (5, 4, 2, 2)
+    assert (
+        "Numerics: 4 of the 5 pairs in both files have error statistics in both runs (the other 1 lack them on one "
+        "side or both: unsupported, or no output compared); of those, 2 unchanged, 2 changed. Compared bit for bit "
+        "by their output digests: 2 (1 changed); by max error and LSE error (the same errors, not proven the same "
+        "bits), where a record has no digest: 2 (1 changed)."
+    ) in render_markdown(cmp)
+    only_digests = compare_results(old[:2], new[:2])
+    assert "of those, 1 unchanged, 1 changed. All 2 compared bit for bit by their output digests." in (
+        render_markdown(only_digests)
+    )
+    assert "Numerics:" not in render_markdown(compare_results(old[4:], new[4:]))  # nothing with numbers: no line
 
 
 @pytest.mark.parametrize("problem", ["fail", "error", "crash", "timeout"])

@@ -10,30 +10,15 @@ import pytest
 from conformance.cases.case import AttentionCase
 from conformance.cli import main
 from conformance.ledger.entries import load_ledger
-from conformance.records import CheckResult, ErrorStats, Header, Status, Timing
+from conformance.records import CheckResult, Header, Status, Timing
 from conformance.results_writer import append_record
 from conformance.reporting.report import build_context, load_runs
 from conformance.reporting.report_render import write_report
+from tests.conformance.reporting.report_data import stats
 
 WIN = AttentionCase(requests=((5, 9),), num_heads=4, num_kv_heads=2, head_dim=16, window=(3, 0))
 PLAIN = AttentionCase(requests=((7, 7), (1, 4)), num_heads=2, num_kv_heads=2, head_dim=8, causal=True)
 SINK = AttentionCase(requests=((2, 2),), num_heads=2, num_kv_heads=1, head_dim=8, sinks=True)
-
-
-def stats(ratio: float, failed: tuple[str, ...] = ()) -> ErrorStats:
-    return ErrorStats(
-        max_abs=ratio * 0.01,
-        max_rel=ratio,
-        mean_abs=ratio * 1e-3,
-        worst=(3, 1, 5),
-        mismatch_frac=0.25 if failed else 0.0,
-        error_ratio=ratio,
-        baseline_max_abs=0.004,
-        baseline_mean_abs=4e-4,
-        allowed_max_abs=0.01,
-        cosine=0.99,
-        failed_checks=failed,
-    )
 
 
 def rec(case: AttentionCase, backend: str, status: str, **kw) -> CheckResult:

@@ -177,8 +177,10 @@ def test_output_digest_tells_bits_apart_where_error_statistics_cannot():
     assert (same.identical_errors, same.digest_compared) == (1, 1)
     assert (other.identical_errors, other.digest_compared) == (0, 1)
     assert (legacy.identical_errors, legacy.digest_compared) == (1, 0)
-    assert "0 of 1 pairs checked in both runs are unchanged, every one by its output digest" in render_markdown(other)
-    assert "1 by their max error and LSE error only" in render_markdown(legacy)
+    assert "of those, 0 unchanged, 1 changed. All 1 compared bit for bit by their output digests." in (
+        render_markdown(other)
+    )
+    assert "of those, 1 unchanged, 0 changed. All 1 compared by max error and LSE error" in render_markdown(legacy)
     numerics = to_json(other)["numerics"]
     assert {k: numerics[k] for k in ("compared", "identical", "by_digest")} == {
         "compared": 1,

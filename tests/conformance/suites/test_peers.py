@@ -252,8 +252,20 @@ def test_fa3_kvcache_is_the_forks_grid(fa3_points):
         assert c.causal == v["causal_local"][0] and c.has_window == v["causal_local"][1]
 
 
+def _unique_stable_and_no_engine(name: str) -> None:
+    """What test_suites.py checks of every other suite: unique ids, the same cases (batch labels included) in the same
+    order on a second build, no engine case."""
+    cases = get_suite(name)
+    ids = [c.id for c in cases]
+    assert len(set(ids)) == len(ids)
+    again = get_suite(name)
+    assert again == cases and [c.batch_name for c in again] == [c.batch_name for c in cases]
+    assert not any(c.engine for c in cases)
+
+
 def test_fa3_suite_size(fa3_points):
     assert len(get_suite("peer-fa3")) == 63360 + 47517 + 15588 == sum(1 for p in fa3_points if p.case is not None)
+    _unique_stable_and_no_engine("peer-fa3")
 
 
 # ----------------------------------------------------------------------------------------------- peer-fa4
@@ -354,6 +366,7 @@ def test_fa4_kvcache_is_its_grid_on_sm90(fa4_points):
 
 def test_fa4_suite_size(fa4_points):
     assert len(get_suite("peer-fa4")) == 11396 + 65648 + 4992 == sum(1 for p in fa4_points if p.case is not None)
+    _unique_stable_and_no_engine("peer-fa4")
 
 
 # ----------------------------------------------------------------------------------------------- peer-vllm-*

@@ -19,22 +19,29 @@ SIZES = {
     "limits": (300, 1000),
     "training": (30, 60),
     "peer-fa2-kvcache": (13964, 13964),
-    "peer-fa3": (126465, 126465),
-    "peer-fa4": (82036, 82036),
     "peer-vllm-flash": (296, 296),
     "peer-vllm-flashmla": (144, 144),
     "peer-sgl": (1330, 1330),
 }
 
 
-@pytest.mark.parametrize("name", suite_names())
+#: the two large peer grids (120,597 and 82,036 cases) are checked the same way in test_peers.py, beside their
+#: grids, so a test process builds them once
+IN_TEST_PEERS = ("peer-fa3", "peer-fa4")
+
+
+@pytest.mark.parametrize("name", [name for name in suite_names() if name not in IN_TEST_PEERS])
 def test_suite_size_and_unique_ids(name: str) -> None:
     cases = get_suite(name)
     lo, hi = SIZES[name]
     assert lo <= len(cases) <= hi
     ids = [c.id for c in cases]
     assert len(set(ids)) == len(ids)
-    assert ids == [c.id for c in get_suite(name)]  # stable order
+    # stable order: the same cases, batch labels included (an id is a function of the two), in the same order; a
+    # peer suite is built once per process, so its second list holds the same objects (compared without rehashing
+    # 120,000 ids; tests/conformance/cases/test_peers.py walks its grids twice)
+    again = get_suite(name)
+    assert again == cases and [c.batch_name for c in again] == [c.batch_name for c in cases]
     assert all(bool(c.engine) == (name == "engines") for c in cases), "engine cases live in the engines suite"
 
 
