@@ -10,6 +10,7 @@ this spelling never changes for an existing case (a new field adds a part only w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,7 @@ def _fmt_num(x: float) -> str:
 
 class CaseDerived:
     """Derived values, features and names of :class:`~conformance.cases.case.AttentionCase` (which provides the
-    fields and ``to_json``); no state of its own."""
+    fields and ``to_json``); no state of its own but the cached :attr:`id`."""
 
     __slots__ = ()
 
@@ -203,9 +204,10 @@ class CaseDerived:
         return frozenset(f)
 
     # ------------------------------------------------------------------ naming
-    @property
+    @functools.cached_property
     def id(self) -> str:
-        """Deterministic readable id, unique per case: readable axes plus a short content hash."""
+        """Deterministic readable id, unique per case: readable axes plus a short content hash.  Computed once per
+        case object (the case is frozen; a test that forces a field past the case's checks makes a fresh case)."""
         h, hk = self.num_heads, self.num_kv_heads
         kind = "mha" if h == hk else ("mqa" if hk == 1 else "gqa")
         parts = [f"{self.engine}-{self.scenario}"] if self.engine else []
