@@ -16,7 +16,7 @@ from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, ErrorStats, Header, Status
 from conformance.results_writer import append_record
 
-__all__ = ["CASES", "LEDGER", "stats", "write_baseline", "write_results"]
+__all__ = ["CASES", "LEDGER", "stats", "write_baseline", "write_files", "write_results"]
 
 #: Window cases (``kern`` fails them), plain causal cases, a sinks case (``kern`` refuses it), a graph case.
 WINDOWS = [
@@ -141,3 +141,18 @@ def write_baseline(path: Path) -> Path:
     for r in _records(baseline=True):
         append_record(path, r)
     return path
+
+
+def write_files(tmp: Path) -> dict[str, Path]:
+    """In ``tmp``: the ledger directory of :data:`LEDGER`, :func:`write_results`' run and :func:`write_baseline`'s,
+    by name (``tmp``, ``new``, ``old``, ``ledgers``): what the verdict tests report on."""
+    ledgers = tmp / "ledgers"
+    ledgers.mkdir()
+    for name, text in LEDGER.items():
+        (ledgers / name).write_text(text)
+    return {
+        "tmp": tmp,
+        "new": write_results(tmp / "new.jsonl"),
+        "old": write_baseline(tmp / "old.jsonl"),
+        "ledgers": ledgers,
+    }

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main
-from tests.conformance.reporting.report_data import LEDGER, write_baseline, write_results
+from tests.conformance.reporting.report_data import write_files
 
 WIDTH, HEIGHT = 1280, 800
 
@@ -104,12 +104,8 @@ def _png_size(path: Path) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The report of report_data's run against its baseline, measured in the browser; its screenshot's path."""
-    tmp = tmp_path_factory.mktemp("browser")
-    ledgers = tmp / "ledgers"
-    ledgers.mkdir()
-    for name, text in LEDGER.items():
-        (ledgers / name).write_text(text)
-    new, old = write_results(tmp / "new.jsonl"), write_baseline(tmp / "old.jsonl")
+    f = write_files(tmp_path_factory.mktemp("browser"))
+    tmp, new, old, ledgers = f["tmp"], f["new"], f["old"], f["ledgers"]
     args = ["report", str(new), "--baseline", str(old), "--ledger-dir", str(ledgers), "--out", str(tmp / "rep")]
     assert main(args) == 0
     html = (tmp / "rep" / "report.html").read_text(encoding="utf-8")

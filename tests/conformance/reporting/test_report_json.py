@@ -26,7 +26,7 @@ from conformance.ledger.entries import load_ledger
 from conformance.reporting.report import _selected, load_runs
 from conformance.reporting.report_summary import SCHEMA, gate_status
 from conformance.running.outcome import RunSummary
-from tests.conformance.reporting.report_data import LEDGER, write_baseline, write_results
+from tests.conformance.reporting.report_data import write_files
 from tests.conformance.reporting.test_fail_closed import full, header, write
 
 
@@ -65,17 +65,7 @@ def run_status(paths: list[Path], ledger_dir: Path | None) -> int:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("verdict-json")
-    ledgers = tmp / "ledgers"
-    ledgers.mkdir()
-    for name, text in LEDGER.items():
-        (ledgers / name).write_text(text)
-    return {
-        "tmp": tmp,
-        "new": write_results(tmp / "new.jsonl"),
-        "old": write_baseline(tmp / "old.jsonl"),
-        "ledgers": ledgers,
-    }
+    return write_files(tmp_path_factory.mktemp("verdict-json"))
 
 
 def test_the_verdict_of_a_run_with_problems_and_a_baseline(files: dict[str, Path], capsys) -> None:

@@ -18,22 +18,12 @@ from conformance.reporting.report import build_context, load_runs, problem_group
 from conformance.ledger.entries import load_ledger
 from conformance.reporting.report_render import _inline_md, write_report
 from conformance.results_writer import append_record
-from tests.conformance.reporting.report_data import LEDGER, WINDOWS, write_baseline, write_results
+from tests.conformance.reporting.report_data import WINDOWS, write_files
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("verdict")
-    ledgers = tmp / "ledgers"
-    ledgers.mkdir()
-    for name, text in LEDGER.items():
-        (ledgers / name).write_text(text)
-    return {
-        "tmp": tmp,
-        "new": write_results(tmp / "new.jsonl"),
-        "old": write_baseline(tmp / "old.jsonl"),
-        "ledgers": ledgers,
-    }
+    return write_files(tmp_path_factory.mktemp("verdict"))
 
 
 @pytest.fixture(scope="module")
