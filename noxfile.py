@@ -368,22 +368,30 @@ def mutated_modules(pyproject: str = "pyproject.toml") -> list[str]:
     ]
 
 
-def module_score(module: str) -> tuple[int, int, list[str]]:
-    """(detected, counted, names of the mutants not detected) of one module, from the per-mutant results mutmut
-    keeps in ``mutants/<module>.meta``, counted as :func:`mutation_score` counts the whole run.  ``ValueError``
-    when the file is missing (mutmut made no mutants of it: a broken run) or not mutmut's JSON."""
+def exit_codes(meta: str) -> dict[str, int | None]:
+    """Mutant name -> mutmut's exit code (``None``: not tried yet) from one of mutmut's ``.meta`` files.
+    ``OSError`` when it cannot be read, ``ValueError`` when it is not mutmut's per-mutant results."""
     import json
 
-    meta = os.path.join("mutants", module + ".meta")
     try:
         with open(meta, encoding="utf-8") as f:
             codes = json.load(f)["exit_code_by_key"]
         if not isinstance(codes, dict):
             raise TypeError(f"exit_code_by_key is a {type(codes).__name__}")
-    except OSError as exc:
-        raise ValueError(f"{meta}: no results for module {module} ({exc.strerror or exc})") from exc
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{meta}: not mutmut's per-mutant results ({exc!r})") from exc
+    return codes
+
+
+def module_score(module: str) -> tuple[int, int, list[str]]:
+    """(detected, counted, names of the mutants not detected) of one module, from the per-mutant results mutmut
+    keeps in ``mutants/<module>.meta``, counted as :func:`mutation_score` counts the whole run.  ``ValueError``
+    when the file is missing (mutmut made no mutants of it: a broken run) or not mutmut's JSON."""
+    meta = os.path.join("mutants", module + ".meta")
+    try:
+        codes = exit_codes(meta)
+    except OSError as exc:
+        raise ValueError(f"{meta}: no results for module {module} ({exc.strerror or exc})") from exc
     counted = {k: v for k, v in codes.items() if v not in MUTMUT_SKIPPED}
     missed = sorted(k for k, v in counted.items() if v not in MUTMUT_DETECTED)
     return len(counted) - len(missed), len(counted), missed
@@ -399,10 +407,10 @@ def untried_mutants(args: list[str]) -> list[str] | None:
     replaced by the names of its mutants that have no result yet in ``mutants/**/*.meta``; other arguments kept.
     mutmut 3.8 reruns every mutant its command line names, results or not (``__main__.py``: "Rerun mutant if it's
     explicitly mentioned"), so a glob given again to go on with an interrupted run would start it over.  Before the
-    first run (no ``.meta`` file) the globs are kept; ``None`` when every glob given has nothing left to try."""
+    first run (no ``.meta`` file) the globs are kept; ``None`` when every glob given has nothing left to try.
+    :func:`exit_codes`' errors for a ``.meta`` file it cannot read."""
     import fnmatch
     import glob
-    import json
 
     globs = [a for a in args if not a.startswith("-") and any(c in a for c in "*?[")]
     metas = glob.glob(os.path.join("mutants", "**", "*.meta"), recursive=True)
@@ -410,8 +418,7 @@ def untried_mutants(args: list[str]) -> list[str] | None:
         return list(args)
     untried: list[str] = []
     for meta in metas:
-        with open(meta, encoding="utf-8") as f:
-            untried += [k for k, v in json.load(f).get("exit_code_by_key", {}).items() if v is None]
+        untried += [k for k, v in exit_codes(meta).items() if v is None]
     out: list[str] = []
     for a in args:
         out += sorted(k for k in untried if fnmatch.fnmatchcase(k, a)) if a in globs else [a]
@@ -442,7 +449,10 @@ def mutation(session: nox.Session) -> None:
     _install(session, "test", "mutation")
     # one torch thread per mutant process: mutmut already runs one process per core
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    todo = untried_mutants(list(session.posargs))
+    try:
+        todo = untried_mutants(list(session.posargs))
+    except (OSError, ValueError) as exc:
+        session.error(f"nox -s mutation: cannot read which mutants have results: {exc}")
     if todo is None:
         session.log(f"nox -s mutation: every mutant of {' '.join(session.posargs)} has a result; nothing to run")
     else:

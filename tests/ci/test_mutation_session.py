@@ -296,3 +296,18 @@ def test_a_glob_with_nothing_left_to_try_runs_nothing(noxfile, monkeypatch, tmp_
     with pytest.raises(_Stop, match=r"10/14 = 71\.4% killed, below 95%"):
         noxfile.mutation.func(session)
     assert [c[0] for c in calls] == ["export-cicd-stats", "results"] and "nothing to run" in session.logs[0]
+
+
+def test_a_garbled_result_file_stops_the_glob_expansion_in_one_line(noxfile, monkeypatch, tmp_path: Path) -> None:
+    """The same reading as the scores (:func:`exit_codes`): a ``.meta`` that is not mutmut's is refused, naming it."""
+    _project(tmp_path, {"a": _codes("pkg.a", 3, untried=2)})
+    (tmp_path / "mutants" / "pkg" / "a.py.meta").write_text('{"exit_code_by_key": [1]}')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"a\.py\.meta: not mutmut's per-mutant results"):
+        noxfile.untried_mutants(["pkg.a.*"])
+    monkeypatch.setattr(noxfile, "_install", lambda session, *extras: None)
+    monkeypatch.setattr(noxfile, "_mutmut", lambda session, *args, **kwargs: None)
+    session = _Session()
+    session.posargs = ["pkg.a.*"]
+    with pytest.raises(_Stop, match=r"^nox -s mutation: cannot read which mutants have results: .*a\.py\.meta"):
+        noxfile.mutation.func(session)
