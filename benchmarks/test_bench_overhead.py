@@ -32,7 +32,7 @@ from attnfast.base import KernelOutput
 from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult
 from conformance.running.outcome import RunSummary
-from conformance.running.pairs import RunConfig, _account, _record, _Writer
+from conformance.running.pairs import RunConfig, _account, _Writer, reply_record
 from conformance.running.profile import RunClock
 from conformance.running.worker import Reply, WorkerClient, _Worker
 from tests.conformance.fakes import ExactBackend
@@ -100,7 +100,7 @@ def test_bench_parent_record(benchmark, reply: dict[str, Any], tmp_path: Path) -
 
     def parent() -> None:
         t0 = time.perf_counter()
-        record = _record(answer, CASE, SPEC, info, config)
+        record = reply_record(answer, CASE, SPEC, info, config)
         extra = {**record.extra, "worker": 0}
         clock.judged(extra, answer, time.perf_counter() - t0)
         clock.written(extra)

@@ -219,6 +219,10 @@ class Header:
     #: what makes the records one sweep (suite, selection, seed, device, resolved tolerance): the format is in
     #: :mod:`conformance.running.outfile`; empty in files written before it existed (and by ``fuzz``)
     sweep: dict[str, Any] = field(default_factory=dict)
+    #: what decides the run's (case, backend) pairs, as ``attnconf run`` was given it (the format is
+    #: :meth:`conformance.running.selection.Selection.to_json`; ``attnconf merge`` rebuilds a shard's cases from it);
+    #: empty in files written before it existed (``argv`` is read instead) and by ``fuzz``
+    selection: dict[str, Any] = field(default_factory=dict)
 
     @property
     def run_options(self) -> dict[str, Any]:

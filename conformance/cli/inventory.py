@@ -128,9 +128,9 @@ def backends(args: argparse.Namespace) -> int:
 
     from conformance.cases.case import FEATURES
     from conformance.running.env import backend_info, refused_features, resolve_backend
-    from conformance.running.pairs import _check_names
+    from conformance.running.pairs import check_backend_names
 
-    _check_names(tuple(args.backend))  # an unknown registry name is a typo: exit 2, listing the names
+    check_backend_names(tuple(args.backend))  # an unknown registry name is a typo: exit 2, listing the names
     infos: dict[str, dict[str, str]] = {}
     for spec in args.backend or available_names():
         try:

@@ -50,34 +50,24 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    """``attnconf run``: the options as a :class:`~conformance.running.runner.RunConfig`, run by the runner."""
-    from conformance.running.runner import RunConfig, parse_shard
+    """``attnconf run``: the options as a :class:`~conformance.running.runner.RunConfig` (its selection parsed once,
+    :meth:`~conformance.running.selection.Selection.from_args`), run by the runner."""
+    from conformance.running.runner import RunConfig, Selection
     from conformance.running.usage import device_and_backends
 
     device, backends = device_and_backends("run", args.device, args.backend)
-    config = RunConfig(
-        backends=tuple(backends),
-        suite=args.suite or ("models" if args.model else None),
-        device=device,
+    config = RunConfig.from_selection(
+        Selection.from_args(args, device=device, backends=backends),
         out=args.out,
         resume=args.resume,
-        shard=parse_shard(args.shard) if args.shard else None,
         timeout=args.timeout,
-        seed=args.seed,
-        case_patterns=tuple(args.case),
-        case_json=args.case_json,
         time=args.time,
         tol=tuple(args.tol),
         tol_file=args.tol_file,
-        limit=args.limit,
         progress=not args.no_progress,
         argv=("attnconf", *argv),
         jobs=args.jobs,
         gpus=args.gpus,
-        exclude=tuple(args.exclude),
-        features=tuple(args.feature),
-        exclude_features=tuple(args.exclude_feature),
-        models=tuple(args.model),
         strict=args.strict,
         ledger_dir=args.ledger_dir,
         summary_json=args.summary_json,

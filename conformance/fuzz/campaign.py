@@ -41,7 +41,7 @@ from conformance.results_writer import append_record
 from conformance.running.env import refused_features
 from conformance.exits import OutputError, UsageError
 from conformance.outputs import check_output, move_aside
-from conformance.running.runner import _check_names, _describe, _record
+from conformance.running.runner import check_backend_names, describe_backends, reply_record
 from conformance.running.worker import WorkerClient
 
 __all__ = ["Budget", "FuzzConfig", "FuzzSummary", "declared_refusal", "parse_budget", "run_fuzz"]
@@ -115,7 +115,7 @@ class _Campaign:
             "time": False,
         }
         reply = self.client.request(request, timeout=c.timeout)
-        record = _record(reply, case, spec, self.infos[spec], self.rc)
+        record = reply_record(reply, case, spec, self.infos[spec], self.rc)
         if record.status is Status.ERROR and c.device.startswith("cuda"):
             self.client.kill()  # the CUDA context may be poisoned: the next request starts a fresh worker
         return record
@@ -266,7 +266,7 @@ def _run_fuzz(config: FuzzConfig) -> FuzzSummary:
         raise UsageError("give at least one --backend")
     if config.max_shrink_steps < 0:
         raise UsageError(f"--max-shrink-steps must be >= 0, got {config.max_shrink_steps}")
-    _check_names(config.backends)
+    check_backend_names(config.backends)
     from conformance.running.worker import load_overrides
 
     try:
@@ -277,7 +277,7 @@ def _run_fuzz(config: FuzzConfig) -> FuzzSummary:
     camp = _Campaign(config)
     s = camp.summary
     try:
-        env, camp.infos, _ = _describe(camp.client, camp.rc)
+        env, camp.infos, _ = describe_backends(camp.client, camp.rc)
         s.allow_unjudged = config.allow_unjudged
         s.backends = {
             camp.infos[spec]["name"]: (camp.infos[spec].get("unavailable_reason") or "?")

@@ -4,10 +4,11 @@ The reading half of ``attnconf merge`` (:mod:`conformance.reporting.shards` merg
 one per header line (a resumed run has several headers of one shard, the ``cat`` of several shard files one
 segment per shard, a merged file one header whose ``env.merge`` lists the shards it holds); each shard becomes
 a :class:`ShardPart` with the selected (case, backend) pairs it did not record.  The pairs are named when the
-shard's selection can be rebuilt from its header (``argv`` re-parsed by :func:`conformance.running.run_args.
-parse_run_argv`, the suite built by this checkout, and the same number of cases as the header recorded);
-otherwise they are counted from the header's case count.  :func:`agree` is the sweep identity two headers must
-share (suite, git commit, backends and versions, device type, seed, timing and tolerance options).
+shard's selection can be rebuilt from its header (:func:`rebuild_selection`: its ``selection``, or for a header
+written before that field existed its ``argv`` re-parsed; the suite built by this checkout, and the same number of
+cases as the header recorded); otherwise they are counted from the header's case count.  :func:`agree` is the
+sweep identity two headers must share (suite, git commit, backends and versions, device type, seed, timing and
+tolerance options).
 
 Files are read by :func:`conformance.results_file.load_results`, strictly: an unreadable file (binary, not UTF-8, a
 line longer than :data:`conformance.results_file.MAX_LINE`, corrupt gzip data), one written by a newer attnconf (the
@@ -19,6 +20,7 @@ last gzip member) is not refused: its pair is missing like any other, and the me
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +28,9 @@ from typing import Any
 
 from conformance.records import CheckResult, Header, SCHEMA
 from conformance.results_file import load_results, ResultsFile, ResultsFileError
+from conformance.running.selection import Selection, SelectionError
 
-__all__ = ["RUN_KEYS", "MergeError", "Pair", "ShardPart", "agree", "read_file", "read_parts"]
+__all__ = ["RUN_KEYS", "MergeError", "Pair", "ShardPart", "agree", "read_file", "read_parts", "rebuild_selection"]
 
 Pair = tuple[str, str]  # (case id, backend)
 #: run options that every shard of one sweep shares (``env.run`` keys; the device compared by type)
@@ -119,22 +122,34 @@ def _coverage(h: Header, source: Path) -> tuple[int, tuple[int, ...]]:
     return n, (i,)
 
 
-def _selection(h: Header, shard: tuple[int, int]) -> list[str] | None:
-    """Case ids a shard's run selected, rebuilt from its argv; None when that is not possible here."""
-    argv = list(h.argv)
-    if len(argv) < 2 or argv[1] != "run":
-        return None
-    from conformance.running.run_args import parse_run_argv
-    from conformance.running.selection import select_cases, selection_kwargs
+def rebuild_selection(h: Header) -> Selection | None:
+    """The selection of the run that wrote ``h``: its ``selection`` (:meth:`Selection.from_json`), or, in a header
+    written before that field existed (empty), its ``argv`` re-parsed
+    (:func:`conformance.running.run_args.selection_from_argv`); None when the header is not a run's (``fuzz``),
+    or this version cannot read it (a newer selection format, a field or flag it does not know, a refused value)."""
+    from conformance.running.run_args import selection_from_argv
     from conformance.exits import UsageError
 
     try:
-        args = parse_run_argv(argv[2:])
-        shard_arg = shard if shard[1] > 1 else None
-        chosen = selection_kwargs(args)
-        cases = select_cases(args.suite, tuple(args.case), args.case_json, shard_arg, args.limit, **chosen)
+        if h.selection:
+            return Selection.from_json(h.selection)
+        return selection_from_argv(list(h.argv))
+    except (SystemExit, UsageError, SelectionError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _selection(h: Header, shard: tuple[int, int]) -> list[str] | None:
+    """Case ids a shard's run selected (:func:`rebuild_selection`, with the header's shard); None when that is not
+    possible here."""
+    from conformance.exits import UsageError
+
+    chosen = rebuild_selection(h)
+    if chosen is None:
+        return None
+    try:
+        cases = dataclasses.replace(chosen, shard=shard if shard[1] > 1 else None).cases()
     except (SystemExit, UsageError, OSError, ValueError, KeyError, TypeError):
-        return None  # a flag this version lacks, a suite it does not know, a --case-json file not here
+        return None  # a suite this version does not know, a --case-json file not here
     return [c.id for c in cases]
 
 

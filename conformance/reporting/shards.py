@@ -14,8 +14,8 @@ checks that they belong together before anything is compared with a baseline:
   runner's cut last line is not refused, its pair is missing like the others;
 * what is missing: shards ``i/n`` no file holds, and, per shard, the selected (case, backend) pairs it did
   not record (a runner killed mid-sweep).  The pairs are named when the shard's selection can be rebuilt
-  from its header (``argv`` re-parsed, the suite built by this checkout, and the same number of cases as
-  the header recorded); otherwise they are counted from the header's case count;
+  from its header (its ``selection``, or an older header's ``argv`` re-parsed; the suite built by this checkout,
+  and the same number of cases as the header recorded); otherwise they are counted from the header's case count;
 * what the whole sweep judged: a backend of the sweep none of whose merged records is judged (every pair
   ``unsupported``, e.g. its kernel not installed on the runners) is listed (:attr:`MergedRun.unjudged`, as
   ``attnconf run`` lists it; ``attnconf merge`` exits 4).  One shard judging nothing of a backend is no finding
@@ -23,8 +23,9 @@ checks that they belong together before anything is compared with a baseline:
 
 A file is read as segments, one per header line (:mod:`conformance.reporting.shard_parts` reads them and checks
 that two headers belong to one sweep; a merged file's header lists the shards it holds, so merged files merge
-again).  The merged file has one header: the first shard's, with ``env.run.shard`` cleared, ``env.run.cases``
-summed and ``env.merge`` recording the sources, the shards held, and what is missing.
+again).  The merged file has one header: the first shard's, with ``env.run.shard`` (and the shard of its ``argv``,
+``sweep`` and ``selection``) cleared, ``env.run.cases`` summed and ``env.merge`` recording the sources, the shards
+held, and what is missing.
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ def _header(parts: list[ShardPart], n: int, missing_shards: tuple[int, ...], dup
         sweep["selection"] = {**sweep.get("selection", {}), "shard": None}
         sweep["cases"] = run["cases"]
         sweep["case_ids_sha256"] = None
+    selection = {**first.selection, "shard": None} if isinstance(first.selection, dict) and first.selection else {}
     return Header(
         suite=first.suite,
         backends=first.backends,
@@ -235,6 +237,7 @@ def _header(parts: list[ShardPart], n: int, missing_shards: tuple[int, ...], dup
         argv=argv,
         started=started,
         sweep=sweep,
+        selection=selection,
     )
 
 

@@ -20,15 +20,17 @@ from conformance.records import CheckResult, Status
 from conformance.results_writer import Appender
 from conformance.running.outcome import RunSummary
 from conformance.running.pool import Placement, PlacementError, parse_gpus, plan_workers
+from conformance.running.selection import Selection
 from conformance.exits import OutputError, UsageError
 from conformance.running.worker import Reply, WorkerClient
 
-__all__ = ["RunConfig", "is_cuda_oom"]
+__all__ = ["RunConfig", "check_backend_names", "describe_backends", "is_cuda_oom", "reply_record"]
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything ``attnconf run`` was asked to do."""
+    """Everything ``attnconf run`` was asked to do: its :attr:`selection` (the fields from ``backends`` to ``seed``
+    that decide the pairs, :class:`~conformance.running.selection.Selection`) and how to run and report them."""
 
     backends: tuple[str, ...]
     suite: str | None = None
@@ -79,9 +81,48 @@ class RunConfig:
     #: ``--allow-skipped``: ``resume`` keeps lines of the file that are not records instead of refusing it
     allow_skipped: bool = False
 
+    @classmethod
+    def from_selection(cls, selection: Selection, **options: Any) -> RunConfig:
+        """The configuration that runs ``selection`` with ``options`` (the other fields):
+        ``RunConfig.from_selection(s, ...).selection == s``."""
+        return cls(
+            backends=selection.backends,
+            suite=selection.suite,
+            case_patterns=selection.case_patterns,
+            case_json=selection.case_json,
+            exclude=selection.exclude,
+            features=selection.features,
+            exclude_features=selection.exclude_features,
+            models=selection.models,
+            shard=selection.shard,
+            limit=selection.limit,
+            device=selection.device,
+            seed=selection.seed,
+            **options,
+        )
 
-def _check_names(specs: tuple[str, ...]) -> None:
-    """Unknown registry names fail here, before a worker starts (``module:Class`` is checked there)."""
+    @property
+    def selection(self) -> Selection:
+        """What decides the run's pairs (written into the results file's header as ``Header.selection``)."""
+        return Selection(
+            backends=self.backends,
+            suite=self.suite,
+            case_patterns=self.case_patterns,
+            case_json=self.case_json,
+            exclude=self.exclude,
+            features=self.features,
+            exclude_features=self.exclude_features,
+            models=self.models,
+            shard=self.shard,
+            limit=self.limit,
+            device=self.device,
+            seed=self.seed,
+        )
+
+
+def check_backend_names(specs: tuple[str, ...]) -> None:
+    """:class:`UsageError` for a spec that is not a registry name nor ``module:Class`` (checked here, before a
+    worker starts; ``module:Class`` is checked by the worker's describe)."""
     from attnfast.registry import available_names
 
     known = available_names()
@@ -92,7 +133,12 @@ def _check_names(specs: tuple[str, ...]) -> None:
         )
 
 
-def _describe(client: WorkerClient, config: RunConfig) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
+def describe_backends(
+    client: WorkerClient, config: RunConfig
+) -> tuple[dict[str, Any], dict[str, dict[str, str]], list[str]]:
+    """(the host's environment, each backend spec's description, the JIT-compiling specs), as the worker
+    ``client`` describes ``config.backends`` on ``config.device``; :class:`UsageError` when it cannot, when a
+    spec does not load, when a backend does not run on the device, or when two specs name one backend."""
     reply = client.request(
         {"op": "describe", "backends": list(config.backends), "device": config.device},
         timeout=max(120.0, config.timeout),
@@ -137,8 +183,10 @@ def _compile_keys(
     return keys
 
 
-def _record(reply: Reply, case: AttentionCase, spec: str, info: dict[str, str], config: RunConfig) -> CheckResult:
-    """The record of one request: the worker's verdict, or one the parent writes for it."""
+def reply_record(reply: Reply, case: AttentionCase, spec: str, info: dict[str, str], config: RunConfig) -> CheckResult:
+    """The record of one request (``case`` against backend ``spec``, described by ``info``): the worker's verdict,
+    or one the parent writes for it (a harness error, a crash, a timeout); its repro command is rebuilt from
+    ``config`` (device, seed, tolerance overrides)."""
     from conformance.verdict.check import repro_command
 
     # Rebuilt here rather than taken from the worker's record: a `module:Class` backend is only

@@ -1,8 +1,9 @@
 """The arguments of ``attnconf run``, apart from the command line that offers them.
 
 Two readers need them: the command line (:mod:`conformance.cli`), which parses what a user types, and the
-shard merge (:mod:`conformance.reporting.shards`), which re-parses the ``argv`` a results file's header
-recorded to rebuild the cases that run selected (:func:`parse_run_argv`).  Keeping them here, in the running
+shard merge (:mod:`conformance.reporting.shards`), which re-parses the ``argv`` of a results file's header written
+before the header held its selection (``Header.selection``) to rebuild the cases that run selected
+(:func:`selection_from_argv`).  Keeping them here, in the running
 layer, lets the report layer read a run's options without importing the command line (that was an import cycle:
 ``cli`` -> ``reporting.shards`` -> ``cli``).
 """
@@ -13,11 +14,11 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-from conformance.running.selection import add_selection_args
+from conformance.running.selection import add_selection_args, Selection
 from conformance.exits import UsageError
 from conformance.running.usage import device_spec, positive_int, positive_seconds, seed_int
 
-__all__ = ["add_run_arguments", "parse_run_argv"]
+__all__ = ["add_run_arguments", "parse_run_argv", "selection_from_argv"]
 
 
 def _jobs(text: str) -> int | None:
@@ -234,3 +235,14 @@ def parse_run_argv(argv: list[str]) -> argparse.Namespace:
     parser = _Quiet(prog="attnconf run", add_help=False)
     add_run_arguments(parser)
     return parser.parse_args(argv)
+
+
+def selection_from_argv(argv: list[str]) -> Selection | None:
+    """The selection of a recorded ``attnconf run`` command line (a header's ``argv``, ``attnconf run`` included)
+    as :meth:`Selection.from_args` reads it (the device and backends as typed: ``--device auto`` stays ``auto``);
+    None when ``argv`` is not an ``attnconf run`` (``fuzz``, ``merge``).  :class:`UsageError` when this version
+    does not read it (:func:`parse_run_argv`)."""
+    if len(argv) < 2 or argv[1] != "run":
+        return None
+    args = parse_run_argv(argv[2:])
+    return Selection.from_args(args, device=args.device, backends=args.backend or ())

@@ -33,8 +33,11 @@ Exit status of a run: :attr:`conformance.running.outcome.RunSummary.exit_code` (
 known-failure ledger; ``--strict``; 4 when a selected backend judged no case, unless ``--allow-unjudged``; 130
 when interrupted).
 
-Size: the sweep's one loop and its bookkeeping (selection, workers, records, resume, the summary it returns);
-its parts live in :mod:`conformance.running.pairs`, :mod:`~conformance.running.pool` and their siblings.
+A run is four parts, each a function here with its contract: :func:`select_run` (the selection, checked before any
+worker starts: :class:`Selected`), :func:`plan_pairs` (the (case, backend) pairs still to run, grouped and ordered
+for the workers: :class:`Plan`), :func:`execute` (the compile phase, the header, the checks, the records) and
+:func:`summarize` (the workers closed, the wall time and profile); :func:`run` holds the file's lock around them.
+Their pieces live in :mod:`conformance.running.pairs`, :mod:`~conformance.running.pool` and their siblings.
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.lock import hold
 from conformance.records import CheckResult, Header, Status
@@ -57,38 +60,60 @@ from conformance.running.outfile import check_resume, check_writable, move_aside
 from conformance.running.pairs import (
     RunConfig,
     _account,
-    _check_names,
     _close_all,
     _compile_keys,
-    _describe,
     _Pair,
     _placements,
     _progress,
-    _record,
     _retry_units,
     _timing_warning,
     _units,
     _Writer,
     _counts_text,
+    check_backend_names,
+    describe_backends,
     is_cuda_oom,
+    reply_record,
 )
 from conformance.running.compile_phase import CompileStats, compile_first
-from conformance.running.pool import Outcome, WorkFeed, serve
+from conformance.running.pool import Outcome, Placement, WorkFeed, serve
 from conformance.running.profile import RunClock, profile_records
 from conformance.running.schedule import load_costs, schedule_units
-from conformance.running.selection import json_case_ids, parse_features, parse_models, parse_shard, select_cases
+from conformance.running.selection import (
+    json_case_ids,
+    parse_features,
+    parse_models,
+    parse_shard,
+    select_cases,
+    Selection,
+)
 from conformance.exits import OutputError, UsageError
 from conformance.running.worker import Reply, WorkerClient
 
+if TYPE_CHECKING:
+    from conformance.cases.case import AttentionCase
+
 __all__ = [
+    "Plan",
     "RunConfig",
+    "RunState",
     "RunSummary",
+    "Selected",
+    "Selection",
     "UsageError",
+    "check_backend_names",
+    "describe_backends",
+    "execute",
     "is_cuda_oom",
     "parse_shard",
+    "plan_pairs",
     "repair_tail",
+    "reply_record",
     "run",
+    "run_header",
     "select_cases",
+    "select_run",
+    "summarize",
 ]
 
 
@@ -130,22 +155,34 @@ def run(config: RunConfig) -> RunSummary:
         return _run(config)
 
 
-def _run(config: RunConfig) -> RunSummary:
-    t_start = time.perf_counter()
-    cases = select_cases(
-        config.suite,
-        config.case_patterns,
-        config.case_json,
-        config.shard,
-        config.limit,
-        exclude=config.exclude,
-        features=config.features,
-        exclude_features=config.exclude_features,
-        models=config.models,
-    )
+@dataclass(frozen=True)
+class Selected:
+    """What a run selected (:func:`select_run`), before any worker starts."""
+
+    #: what decides the pairs: the header's ``selection``
+    selection: Selection
+    #: the selected cases, in run order
+    cases: list[AttentionCase]
+    #: the tolerance overrides, resolved (:func:`conformance.running.worker.load_overrides`)
+    overrides: tuple[Any, ...]
+    #: one per worker the run may start (:func:`conformance.running.pool.plan_workers`)
+    placements: list[Placement]
+    #: the header's ``sweep`` (:func:`conformance.running.outfile.sweep`), which ``--resume`` checks
+    identity: dict[str, Any]
+    #: a warning for stderr (``--time`` with workers sharing a device), or None
+    warning: str | None
+
+
+def select_run(config: RunConfig) -> Selected:
+    """The selection part of a run: ``config``'s cases (:meth:`Selection.cases`), its backend names checked
+    (:func:`check_backend_names`), its tolerance overrides loaded, its workers placed and its sweep identity.
+    Starts no worker and touches no output; :class:`UsageError` (one line) for a bad selection, no backend, an
+    unknown backend name, tolerance overrides that do not load, or a placement this machine cannot give."""
+    selection = config.selection
+    cases = selection.cases()
     if not config.backends:
         raise UsageError("give at least one --backend")
-    _check_names(config.backends)
+    check_backend_names(config.backends)
     from conformance.running.worker import load_overrides
 
     try:
@@ -153,9 +190,6 @@ def _run(config: RunConfig) -> RunSummary:
     except (OSError, ValueError, RuntimeError) as exc:
         raise UsageError(f"tolerance overrides: {exc}") from None
     placements = _placements(config)
-    warning = _timing_warning(config, placements)
-    if warning:
-        print(f"attnconf run: {warning}", file=sys.stderr)
     identity = sweep(
         suite=config.suite,
         cases=cases,
@@ -173,16 +207,309 @@ def _run(config: RunConfig) -> RunSummary:
         tol_args=config.tol,
         tol_file=config.tol_file,
     )
-    done = _previous(config, identity)
-    measured = [*load_costs(config.costs), *done.values()] if config.costs else list(done.values())
-    clients = [WorkerClient(env=p.env()) for p in placements]
-    summary = RunSummary(out=config.out, compile_only=config.compile_only)
-    clock = RunClock(t_start)
-    n_before, workers, checks_at = 0, 0, None
+    return Selected(selection, cases, overrides, placements, identity, _timing_warning(config, placements))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The (case, backend) pairs of a run and how they go to the workers (:func:`plan_pairs`)."""
+
+    #: every selected (case, backend spec) pair, cases outer, backends inner
+    pairs: list[tuple[AttentionCase, str]]
+    #: the (case id, spec) pairs still to run: those the resumed file does not hold
+    todo: set[tuple[str, str]]
+    #: the pairs to run grouped by case (one worker request list per case), in the order they go to workers
+    units: list[list[_Pair]]
+    #: each case's expected cost (:func:`conformance.running.schedule.schedule_units`)
+    unit_cost: dict[str, float]
+    #: the resumed file's records of the selected pairs, in pair order
+    recorded: list[CheckResult]
+    #: how many records the resumed file holds (``env.run.already_recorded``)
+    already_recorded: int
+    #: workers the run uses: one per unit at most
+    workers: int
+
+
+def plan_pairs(
+    config: RunConfig,
+    selected: Selected,
+    infos: dict[str, dict[str, str]],
+    done: dict[tuple[str, str], CheckResult],
+    measured: list[CheckResult],
+) -> Plan:
+    """The plan part of a run: every pair of ``selected.cases`` and ``config.backends``; those whose (case id,
+    backend name) ``done`` (the resumed file's records) lacks grouped by case into worker requests
+    (``available`` as ``infos``, the backends' description, says) and ordered by ``config.schedule`` with the
+    ``measured`` times; the workers, at most one per unit and one per placement.  Pure: no worker, no file."""
+    cases = selected.cases
+    pairs = [(c, s) for c in cases for s in config.backends]
+    todo = {(c.id, s) for c, s in pairs if (c.id, infos[s]["name"]) not in done}
+    units = _units(config, cases, todo, frozenset(s for s in config.backends if infos[s].get("available") == "yes"))
+    names = {s: infos[s]["name"] for s in config.backends}
+    units, unit_cost = schedule_units(units, names, measured, config.schedule)
+    recorded = [done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done]
+    workers = min(len(selected.placements), len(units))
+    return Plan(pairs, todo, units, unit_cost, recorded, len(done), workers)
+
+
+@dataclass
+class RunState:
+    """How far a run got, for :func:`summarize`: filled in by :func:`run`'s parts as they go."""
+
+    #: the run's clock (its start, the parent's writer time)
+    clock: RunClock
+    #: workers the plan uses (0 before there is a plan)
+    workers: int = 0
+    #: records in the summary before this run's first (the resumed file's)
+    n_before: int = 0
+    #: seconds from the start to the first check (None before the checks)
+    checks_at: float | None = None
+
+
+def run_header(
+    config: RunConfig,
+    selected: Selected,
+    plan: Plan,
+    env: dict[str, Any],
+    infos: dict[str, dict[str, str]],
+    *,
+    compile: CompileStats | None,
+    checks_at: float,
+    started: str,
+) -> Header:
+    """The header line of this run's segment of the results file: the suite (``custom`` for ``--case-json``
+    alone), the backends by name, ``env`` with the run's options (``env.run``), ``argv``, ``started``, the sweep
+    identity (``sweep``) and the selection (``selection``: :meth:`Selection.to_json`)."""
+    placements = selected.placements
+    gpus = [p.gpu for p in placements[: max(1, plan.workers)] if p.gpu is not None]
+    run_info = {
+        "device": config.device,
+        "seed": config.seed,
+        "shard": list(config.shard) if config.shard else None,
+        "timeout_s": config.timeout,
+        "time": config.time,
+        "tol": list(config.tol),
+        "tol_file": config.tol_file,
+        "cases": len(selected.cases),
+        "resume": config.resume,
+        "already_recorded": plan.already_recorded,
+        "jobs": plan.workers,
+        "gpus": sorted(set(gpus), key=gpus.index) if gpus else None,
+        "workers": [p.to_json() for p in placements[: plan.workers]],
+        "schedule": config.schedule,
+        "compile": compile.to_json() if compile else None,
+        "checks_at_s": checks_at,
+    }
+    return Header(
+        suite=config.suite or "custom",
+        backends={infos[s]["name"]: infos[s] for s in config.backends},
+        env={**env, "run": run_info},
+        argv=list(config.argv),
+        started=started,
+        sweep=selected.identity,
+        selection=selected.selection.to_json(),
+    )
+
+
+def execute(
+    config: RunConfig,
+    selected: Selected,
+    plan: Plan,
+    clients: list[WorkerClient],
+    summary: RunSummary,
+    state: RunState,
+    *,
+    env: dict[str, Any],
+    infos: dict[str, dict[str, str]],
+    jit: list[str],
+) -> None:
+    """The execution part of a run: the compile phase (with several workers or ``--compile-only``: each JIT
+    kernel of ``jit`` compiled once over the workers; ``--compile-only`` stops there), then the header
+    (:func:`run_header`) appended to ``config.out`` and every unit of ``plan`` run on ``clients`` (one per
+    placement, ``plan.workers`` of them used), each record appended as it arrives and counted into ``summary``;
+    CUDA OOMs of workers sharing a GPU are run again at the end, one worker per GPU.  ``state`` says how far it
+    got.  :class:`OutputError` when the file cannot be written; a ``KeyboardInterrupt`` propagates once the
+    workers are stopped and every record that arrived is on disk."""
+    units, workers, placements = plan.units, plan.workers, selected.placements
+    clock = state.clock
+    unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 or config.compile_only else {}
+    if unit_keys and (config.compile_only or config.compile_phase):
+        summary.compile = CompileStats()  # filled in place: Ctrl-C in the phase still reports what it did
+        compile_first(
+            clients[:workers], units, unit_keys, seed=config.seed, device=config.device,
+            timeout=config.timeout, progress=config.progress, stats=summary.compile,
+        )  # fmt: skip
+    if config.compile_only:
+        summary.workers = summary.compile.workers if summary.compile else 0
+        return
+    state.checks_at = checks_at = round(time.perf_counter() - clock.t_start, 3)
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    header = run_header(
+        config, selected, plan, env, infos, compile=summary.compile, checks_at=checks_at, started=started
+    )
     try:
-        for client in clients[1 : len(cases)]:
+        append_record(config.out, header)
+    except OSError as exc:
+        raise OutputError(f"--out {config.out}: cannot write: {exc.strerror or exc}") from None
+    summary.skipped = len(plan.pairs) - len(plan.todo)
+    summary.keep_recorded(plan.recorded)
+    summary.backends = {
+        infos[s]["name"]: infos[s].get("unavailable_reason", "?") if infos[s].get("available") == "no" else ""
+        for s in config.backends
+    }
+    summary.workers = workers
+    state.n_before = len(summary.results)
+
+    #: (case id, backend name) -> its pair; deferred CUDA OOMs and their first error, for the retry phase
+    pair_of = {(p.case.id, infos[p.spec]["name"]): p for u in units for p in u}
+    deferred: list[_Pair] = []
+    retried: dict[tuple[str, str], dict[str, Any]] = {}
+    sharing = Counter(p.gpu for p in placements[:workers])  # workers per GPU (None: the one device)
+
+    def judge(pair: _Pair, reply: Reply, worker: int) -> tuple[CheckResult, bool]:
+        t0 = time.perf_counter()
+        record = reply_record(reply, pair.case, pair.spec, infos[pair.spec], config)
+        extra = {**record.extra, "worker": worker}
+        if placements[worker].gpu is not None:
+            extra["gpu"] = placements[worker].gpu
+        if (pair.case.id, pair.spec) in retried:
+            extra["oom_retry"] = retried[pair.case.id, pair.spec]
+        # An ERROR on CUDA may have poisoned the worker's context, and one that ran out of memory holds a
+        # large allocator cache: it is replaced before its next request; so is one whose kernel wrote into
+        # memory it was not given (check_backend's guard: ``wrote_outside``), which may have hit more than the
+        # case's tensors.
+        restart = (record.status is Status.ERROR and (config.device.startswith("cuda") or is_cuda_oom(record))) or (
+            "wrote_outside" in record.extra
+        )
+        clock.judged(extra, reply, time.perf_counter() - t0)
+        return replace(record, extra=extra), restart
+
+    def deliver(outcome: Outcome, writer: _Writer, shared: Counter) -> bool:
+        """Write a finished record, or defer a CUDA OOM of a worker that shared its GPU (False)."""
+        record = outcome.record
+        n = shared[placements[outcome.worker].gpu]
+        if n > 1 and is_cuda_oom(record):
+            pair = pair_of[record.case_id, record.backend]
+            retried[pair.case.id, pair.spec] = {"first_error": short_reason(record.reason), "workers_sharing": n}
+            deferred.append(pair)
+            return False
+        clock.written(record.extra)
+        writer.write(record)
+        _account(summary, record, outcome.reply)
+        return True
+
+    def phase(ids: list[int], feed: WorkFeed, shared: Counter, writer: _Writer, bar: Any, task: Any) -> None:
+        """Drive the workers ``ids`` until ``feed`` is empty, writing records as they arrive."""
+        outcomes: queue.Queue[Outcome] = queue.Queue()
+        stop = threading.Event()
+        threads = [
+            threading.Thread(
+                target=serve,
+                args=(i, clients[i], feed, outcomes, judge, config.timeout, stop),
+                name=f"attnconf-worker-{i}",
+                daemon=True,
+            )
+            for i in ids
+        ]
+        for thread in threads:
+            thread.start()
+        ended = 0
+        try:
+            while ended < len(ids):
+                batch = [outcomes.get()]
+                t0 = time.perf_counter()
+                while True:
+                    try:
+                        batch.append(outcomes.get_nowait())
+                    except queue.Empty:
+                        break
+                wrote = 0
+                for outcome in batch:
+                    ended += outcome.end
+                    if outcome.error is not None:
+                        raise outcome.error
+                    if outcome.record is not None:
+                        wrote += deliver(outcome, writer, shared)
+                if wrote:
+                    writer.sync()
+                    bar.update(task, advance=wrote, counts=_counts_text(summary.counts))
+                summary.parent_s += time.perf_counter() - t0
+                clock.batch(time.perf_counter() - t0, wrote)
+        finally:
+            if ended < len(ids):  # interrupted or a worker could not start: stop the others now
+                stop.set()
+                for i in ids:
+                    clients[i].kill()
+                for thread in threads:
+                    thread.join(timeout=10)
+                while True:  # records that arrived complete are kept; only the pairs in flight are lost
+                    try:
+                        outcome = outcomes.get_nowait()
+                    except queue.Empty:
+                        break
+                    if outcome.record is not None:
+                        deliver(outcome, writer, shared)
+            writer.sync(force=True)  # every record that arrived is on disk before the phase returns
+
+    weigh = (lambda unit: plan.unit_cost[unit[0].case.id]) if config.schedule == "cost" else None
+    feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()), cost=weigh)
+    for key, holder in (summary.compile.owner if summary.compile else {}).items():
+        feed.hold(holder, key)  # the worker that compiled a kernel runs its cases first
+    label = (config.suite or "cases") + (f" ({workers} workers)" if workers > 1 else "")
+    with _progress(config, len(plan.todo)) as bar, Appender(config.out) as appender:
+        writer = _Writer(appender)
+        task = bar.add_task(label, total=len(plan.todo), counts="")
+        phase(list(range(workers)), feed, sharing, writer, bar, task)
+        if deferred:
+            # Alone: one worker per GPU (the first placed on it), every other worker closed so that its
+            # CUDA context and allocator cache are gone too.
+            first: dict[str | None, int] = {}
+            for i in range(workers):
+                first.setdefault(placements[i].gpu, i)
+            alone = sorted(first.values())
+            others = [clients[i] for i in range(workers) if i not in alone]
+            _close_all(others)
+            summary.oom_retries = len(deferred)
+            retry = _retry_units(deferred)
+            bar.update(task, description=f"{label}: {len(deferred)} CUDA OOM(s) again, one worker per GPU")
+            phase(alone, WorkFeed(retry), Counter(placements[i].gpu for i in alone), writer, bar, task)
+
+
+def summarize(summary: RunSummary, clients: list[WorkerClient], state: RunState) -> RunSummary:
+    """The summary part of a run, whatever happened before (it runs in a ``finally``): every worker of ``clients``
+    closed, their starts counted, the wall time since ``state.clock`` started and the profile of this run's
+    records (those past ``state.n_before``) put into ``summary``, which is returned."""
+    summary.worker_starts = sum(c.starts for c in clients)
+    _close_all(clients)
+    summary.wall_s = time.perf_counter() - state.clock.t_start
+    summary.profile = profile_records(
+        summary.results[state.n_before :],
+        wall_s=summary.wall_s,
+        workers=state.workers or None,
+        checks_at_s=state.checks_at,
+    )
+    summary.profile.live = state.clock.live([s for c in clients for s in c.start_s])
+    summary.profile.compile = summary.compile.to_json() if summary.compile else None
+    return summary
+
+
+def _run(config: RunConfig) -> RunSummary:
+    """The four parts in order: :func:`select_run`, the resumed file read (:func:`_previous`), the backends
+    described and the file moved aside (a fresh run), :func:`plan_pairs`, :func:`execute`, :func:`summarize`;
+    Ctrl-C after the selection returns the summary with ``interrupted`` set."""
+    clock = RunClock(time.perf_counter())
+    selected = select_run(config)
+    if selected.warning:
+        print(f"attnconf run: {selected.warning}", file=sys.stderr)
+    done = _previous(config, selected.identity)
+    measured = [*load_costs(config.costs), *done.values()] if config.costs else list(done.values())
+    clients = [WorkerClient(env=p.env()) for p in selected.placements]
+    summary = RunSummary(out=config.out, compile_only=config.compile_only)
+    state = RunState(clock)
+    try:
+        for client in clients[1 : len(selected.cases)]:
             client.spawn()  # their imports overlap the first worker's describe
-        env, infos, jit = _describe(clients[0], config)
+        env, infos, jit = describe_backends(clients[0], config)
         for client in clients:
             client.preload = list(config.backends)
         if not config.compile_only and not config.resume and config.out.exists():
@@ -190,187 +517,12 @@ def _run(config: RunConfig) -> RunSummary:
             # report (default --out) must not destroy the sweep it came from.
             backup = move_aside(config.out)
             print(f"attnconf run: moved the existing {config.out} to {backup}", file=sys.stderr)
-        pairs = [(c, s) for c in cases for s in config.backends]
-        todo = {(c.id, s) for c, s in pairs if (c.id, infos[s]["name"]) not in done}
-        units = _units(config, cases, todo, frozenset(s for s in config.backends if infos[s].get("available") == "yes"))
-        names = {s: infos[s]["name"] for s in config.backends}
-        units, unit_cost = schedule_units(units, names, measured, config.schedule)
-        workers = min(len(placements), len(units))
-        unit_keys = _compile_keys(clients[0], config, units, jit) if workers > 1 or config.compile_only else {}
-        if unit_keys and (config.compile_only or config.compile_phase):
-            summary.compile = CompileStats()  # filled in place: Ctrl-C in the phase still reports what it did
-            compile_first(
-                clients[:workers], units, unit_keys, seed=config.seed, device=config.device,
-                timeout=config.timeout, progress=config.progress, stats=summary.compile,
-            )  # fmt: skip
-        if config.compile_only:
-            summary.workers = summary.compile.workers if summary.compile else 0
-            return summary
-        gpus = [p.gpu for p in placements[: max(1, workers)] if p.gpu is not None]
-        checks_at = round(time.perf_counter() - t_start, 3)
-        run_info = {
-            "device": config.device,
-            "seed": config.seed,
-            "shard": list(config.shard) if config.shard else None,
-            "timeout_s": config.timeout,
-            "time": config.time,
-            "tol": list(config.tol),
-            "tol_file": config.tol_file,
-            "cases": len(cases),
-            "resume": config.resume,
-            "already_recorded": len(done),
-            "jobs": workers,
-            "gpus": sorted(set(gpus), key=gpus.index) if gpus else None,
-            "workers": [p.to_json() for p in placements[:workers]],
-            "schedule": config.schedule,
-            "compile": summary.compile.to_json() if summary.compile else None,
-            "checks_at_s": checks_at,
-        }
-        started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        header = Header(
-            suite=config.suite or "custom",
-            backends={infos[s]["name"]: infos[s] for s in config.backends},
-            env={**env, "run": run_info},
-            argv=list(config.argv),
-            started=started,
-            sweep=identity,
-        )
-        try:
-            append_record(config.out, header)
-        except OSError as exc:
-            raise OutputError(f"--out {config.out}: cannot write: {exc.strerror or exc}") from None
-        summary.skipped = len(pairs) - len(todo)
-        summary.keep_recorded(done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done)
-        summary.backends = {
-            infos[s]["name"]: infos[s].get("unavailable_reason", "?") if infos[s].get("available") == "no" else ""
-            for s in config.backends
-        }
-        summary.workers = workers
-        n_before = len(summary.results)
-
-        #: (case id, backend name) -> its pair; deferred CUDA OOMs and their first error, for the retry phase
-        pair_of = {(p.case.id, infos[p.spec]["name"]): p for u in units for p in u}
-        deferred: list[_Pair] = []
-        retried: dict[tuple[str, str], dict[str, Any]] = {}
-        sharing = Counter(p.gpu for p in placements[:workers])  # workers per GPU (None: the one device)
-
-        def judge(pair: _Pair, reply: Reply, worker: int) -> tuple[CheckResult, bool]:
-            t0 = time.perf_counter()
-            record = _record(reply, pair.case, pair.spec, infos[pair.spec], config)
-            extra = {**record.extra, "worker": worker}
-            if placements[worker].gpu is not None:
-                extra["gpu"] = placements[worker].gpu
-            if (pair.case.id, pair.spec) in retried:
-                extra["oom_retry"] = retried[pair.case.id, pair.spec]
-            # An ERROR on CUDA may have poisoned the worker's context, and one that ran out of memory holds a
-            # large allocator cache: it is replaced before its next request; so is one whose kernel wrote into
-            # memory it was not given (check_backend's guard: ``wrote_outside``), which may have hit more than the
-            # case's tensors.
-            restart = (record.status is Status.ERROR and (config.device.startswith("cuda") or is_cuda_oom(record))) or (
-                "wrote_outside" in record.extra
-            )
-            clock.judged(extra, reply, time.perf_counter() - t0)
-            return replace(record, extra=extra), restart
-
-        def deliver(outcome: Outcome, writer: _Writer, shared: Counter) -> bool:
-            """Write a finished record, or defer a CUDA OOM of a worker that shared its GPU (False)."""
-            record = outcome.record
-            n = shared[placements[outcome.worker].gpu]
-            if n > 1 and is_cuda_oom(record):
-                pair = pair_of[record.case_id, record.backend]
-                retried[pair.case.id, pair.spec] = {"first_error": short_reason(record.reason), "workers_sharing": n}
-                deferred.append(pair)
-                return False
-            clock.written(record.extra)
-            writer.write(record)
-            _account(summary, record, outcome.reply)
-            return True
-
-        def phase(ids: list[int], feed: WorkFeed, shared: Counter, writer: _Writer, bar: Any, task: Any) -> None:
-            """Drive the workers ``ids`` until ``feed`` is empty, writing records as they arrive."""
-            outcomes: queue.Queue[Outcome] = queue.Queue()
-            stop = threading.Event()
-            threads = [
-                threading.Thread(
-                    target=serve,
-                    args=(i, clients[i], feed, outcomes, judge, config.timeout, stop),
-                    name=f"attnconf-worker-{i}",
-                    daemon=True,
-                )
-                for i in ids
-            ]
-            for thread in threads:
-                thread.start()
-            ended = 0
-            try:
-                while ended < len(ids):
-                    batch = [outcomes.get()]
-                    t0 = time.perf_counter()
-                    while True:
-                        try:
-                            batch.append(outcomes.get_nowait())
-                        except queue.Empty:
-                            break
-                    wrote = 0
-                    for outcome in batch:
-                        ended += outcome.end
-                        if outcome.error is not None:
-                            raise outcome.error
-                        if outcome.record is not None:
-                            wrote += deliver(outcome, writer, shared)
-                    if wrote:
-                        writer.sync()
-                        bar.update(task, advance=wrote, counts=_counts_text(summary.counts))
-                    summary.parent_s += time.perf_counter() - t0
-                    clock.batch(time.perf_counter() - t0, wrote)
-            finally:
-                if ended < len(ids):  # interrupted or a worker could not start: stop the others now
-                    stop.set()
-                    for i in ids:
-                        clients[i].kill()
-                    for thread in threads:
-                        thread.join(timeout=10)
-                    while True:  # records that arrived complete are kept; only the pairs in flight are lost
-                        try:
-                            outcome = outcomes.get_nowait()
-                        except queue.Empty:
-                            break
-                        if outcome.record is not None:
-                            deliver(outcome, writer, shared)
-                writer.sync(force=True)  # every record that arrived is on disk before the phase returns
-
-        weigh = (lambda unit: unit_cost[unit[0].case.id]) if config.schedule == "cost" else None
-        feed = WorkFeed(units, keys=lambda unit: unit_keys.get(unit[0].case.id, ()), cost=weigh)
-        for key, holder in (summary.compile.owner if summary.compile else {}).items():
-            feed.hold(holder, key)  # the worker that compiled a kernel runs its cases first
-        label = (config.suite or "cases") + (f" ({workers} workers)" if workers > 1 else "")
-        with _progress(config, len(todo)) as bar, Appender(config.out) as appender:
-            writer = _Writer(appender)
-            task = bar.add_task(label, total=len(todo), counts="")
-            phase(list(range(workers)), feed, sharing, writer, bar, task)
-            if deferred:
-                # Alone: one worker per GPU (the first placed on it), every other worker closed so that its
-                # CUDA context and allocator cache are gone too.
-                first: dict[str | None, int] = {}
-                for i in range(workers):
-                    first.setdefault(placements[i].gpu, i)
-                alone = sorted(first.values())
-                others = [clients[i] for i in range(workers) if i not in alone]
-                _close_all(others)
-                summary.oom_retries = len(deferred)
-                retry = _retry_units(deferred)
-                bar.update(task, description=f"{label}: {len(deferred)} CUDA OOM(s) again, one worker per GPU")
-                phase(alone, WorkFeed(retry), Counter(placements[i].gpu for i in alone), writer, bar, task)
+        plan = plan_pairs(config, selected, infos, done, measured)
+        state.workers = plan.workers
+        execute(config, selected, plan, clients, summary, state, env=env, infos=infos, jit=jit)
     except KeyboardInterrupt:
-        # phase() has stopped the workers and fsync'ed every record that arrived; the pairs in flight are lost
+        # execute() has stopped the workers and fsync'ed every record that arrived; the pairs in flight are lost
         summary.interrupted = True
     finally:
-        summary.worker_starts = sum(c.starts for c in clients)
-        _close_all(clients)
-        summary.wall_s = time.perf_counter() - t_start
-        summary.profile = profile_records(
-            summary.results[n_before:], wall_s=summary.wall_s, workers=workers or None, checks_at_s=checks_at
-        )
-        summary.profile.live = clock.live([s for c in clients for s in c.start_s])
-        summary.profile.compile = summary.compile.to_json() if summary.compile else None
+        summarize(summary, clients, state)
     return summary

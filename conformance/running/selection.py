@@ -10,6 +10,11 @@ Shared by ``attnconf run`` and ``attnconf cases`` (:func:`add_selection_args`, :
 * ``--case-json``: cases of your own, always added (the filters select from the suite);
 * ``--shard i/n`` and ``--limit N`` (``run`` only): applied last, in that order.
 
+:class:`Selection` is the frozen value of what decides the (case, backend) pairs of a run: these flags, the
+backends, the device and the seed.  ``attnconf run`` parses it once (:meth:`Selection.from_args`), the runner
+writes it into the results file's header (``Header.selection``, :meth:`Selection.to_json`), and ``attnconf merge``
+rebuilds a shard's cases from it (:meth:`Selection.from_json`, :meth:`Selection.cases`).
+
 Ids name the shape, not every mode: ``gqa_h8_kv2_d128_bf16_b4_ps16nhd_causal_win64-0-1a2b3c`` is
 ``KIND_hH_kvHK_dD[_dvDV]_DTYPE_BATCH_{contig|psBLOCKLAYOUT}[_causal][_winL-R][_chunkC][_capX][_alibi][_sink]...``
 then ``-DIGEST`` (:attr:`conformance.cases.case.AttentionCase.id`); ``'*paged*'`` matches nothing, ``--feature
@@ -21,7 +26,8 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +40,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CASE_JSON_MAX_BYTES",
     "ID_HELP",
+    "SELECTION_SCHEMA",
+    "Selection",
+    "SelectionError",
     "add_selection_args",
     "case_from_json",
     "json_case_ids",
@@ -273,3 +282,133 @@ def selection_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def json_case_ids(case_json: str) -> list[str]:
     """The ids of the ``--case-json`` cases (for the header's sweep identity)."""
     return [c.id for c in _json_cases(case_json)]
+
+
+#: Version of :meth:`Selection.to_json`'s format; a header whose selection has a higher one is not rebuilt here.
+SELECTION_SCHEMA = 1
+
+
+class SelectionError(ValueError):
+    """A header's ``selection`` that this version cannot read (not its format, or a newer one); one line naming
+    the field."""
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: The JSON fields of :meth:`Selection.to_json` -> (attribute, check of the JSON value, what the check wants).
+_FIELDS: dict[str, tuple[str, Any, str]] = {
+    "suite": ("suite", lambda v: v is None or isinstance(v, str), "a string or null"),
+    "backends": ("backends", _strings, "a list of strings"),
+    "case": ("case_patterns", _strings, "a list of strings"),
+    "case_json": ("case_json", lambda v: v is None or isinstance(v, str), "a string or null"),
+    "exclude": ("exclude", _strings, "a list of strings"),
+    "feature": ("features", _strings, "a list of strings"),
+    "exclude_feature": ("exclude_features", _strings, "a list of strings"),
+    "model": ("models", _strings, "a list of strings"),
+    "shard": (
+        "shard",
+        lambda v: v is None or (isinstance(v, list) and len(v) == 2 and all(map(_count, v)) and 0 <= v[0] < v[1]),
+        "null or [i, n] with 0 <= i < n",
+    ),
+    "limit": ("limit", lambda v: v is None or (_count(v) and v >= 1), "null or an integer >= 1"),
+    "device": ("device", lambda v: isinstance(v, str), "a string"),
+    "seed": ("seed", lambda v: _count(v) and 0 <= v < 2**32, "an integer in [0, 2**32)"),
+}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What decides which (case, backend) pairs a run holds, as ``attnconf run`` was given it: the suite and its
+    filters (``--case``, ``--exclude``, ``--feature``, ``--exclude-feature``, ``--model``, as typed), the
+    ``--case-json`` cases (inline JSON or ``@FILE``, as typed), ``--shard`` and ``--limit``, the backends (specs,
+    as given or defaulted), the device (resolved: never ``auto``) and the seed.
+
+    :meth:`cases` is :func:`select_cases` of it; :meth:`to_json` / :meth:`from_json` are its form in a results
+    file's header (``Header.selection``): ``from_json(to_json(s)) == s`` for every selection."""
+
+    backends: tuple[str, ...]
+    suite: str | None = None
+    case_patterns: tuple[str, ...] = ()
+    case_json: str | None = None
+    exclude: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+    exclude_features: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    shard: tuple[int, int] | None = None
+    limit: int | None = None
+    device: str = "cpu"
+    seed: int = 0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, *, device: str, backends: Iterable[str]) -> Selection:
+        """The selection of parsed ``attnconf run`` options (:mod:`conformance.running.run_args`), with the
+        device and backends as resolved (:func:`conformance.running.usage.device_and_backends`): ``--model``
+        without ``--suite`` is ``--suite models``; ``--shard`` is parsed (:func:`parse_shard`)."""
+        return cls(
+            backends=tuple(backends),
+            suite=args.suite or ("models" if args.model else None),
+            case_patterns=tuple(args.case),
+            case_json=args.case_json,
+            exclude=tuple(args.exclude),
+            features=tuple(args.feature),
+            exclude_features=tuple(args.exclude_feature),
+            models=tuple(args.model),
+            shard=parse_shard(args.shard) if args.shard else None,
+            limit=args.limit,
+            device=device,
+            seed=args.seed,
+        )
+
+    def cases(self) -> list[AttentionCase]:
+        """The selected cases, in run order (:func:`select_cases`; its :class:`UsageError` for a bad selection,
+        e.g. a suite this checkout does not have or a ``--case-json`` file not here)."""
+        return select_cases(
+            self.suite,
+            self.case_patterns,
+            self.case_json,
+            self.shard,
+            self.limit,
+            exclude=self.exclude,
+            features=self.features,
+            exclude_features=self.exclude_features,
+            models=self.models,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The header's ``selection``: ``{"schema": 1, "suite", "backends", "case", "case_json", "exclude",
+        "feature", "exclude_feature", "model", "shard": [i, n] | null, "limit", "device", "seed"}`` (flag
+        names; lists for tuples)."""
+        out: dict[str, Any] = {"schema": SELECTION_SCHEMA}
+        for key, (attr, _, _) in _FIELDS.items():
+            value = getattr(self, attr)
+            out[key] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> Selection:
+        """The selection a header recorded (:meth:`to_json`); :class:`SelectionError` (one line naming the field)
+        when it is not an object, its ``schema`` is missing or newer than :data:`SELECTION_SCHEMA`, a field is
+        missing, unknown (a newer writer's: the pairs it decides are not known here) or of the wrong type."""
+        if not isinstance(data, Mapping):
+            raise SelectionError(f"selection must be a JSON object, got {type(data).__name__}")
+        schema = data.get("schema")
+        if not (isinstance(schema, int) and not isinstance(schema, bool) and 1 <= schema <= SELECTION_SCHEMA):
+            raise SelectionError(f"selection.schema must be an integer in [1, {SELECTION_SCHEMA}], got {schema!r}")
+        unknown = sorted(set(data) - set(_FIELDS) - {"schema"})
+        if unknown:
+            raise SelectionError(f"selection.{unknown[0]}: a field this version does not know")
+        kwargs: dict[str, Any] = {}
+        for key, (attr, ok, wanted) in _FIELDS.items():
+            if key not in data:
+                raise SelectionError(f"selection.{key} is missing")
+            value = data[key]
+            if not ok(value):
+                raise SelectionError(f"selection.{key} must be {wanted}, got {value!r}")
+            kwargs[attr] = tuple(value) if isinstance(value, list) else value
+        return cls(**kwargs)

@@ -154,7 +154,7 @@ def device_and_backends(command: str, device: str, backends: list[str] | None) -
     else the CPU), and ``--backend`` defaulting to every installed backend that runs there, said on stderr
     (``attnconf COMMAND: device D, backends ...``); a :class:`UsageError` when none does.  A named backend that
     does not run on the device is refused once a worker has described it
-    (:func:`conformance.running.pairs._describe`)."""
+    (:func:`conformance.running.pairs.describe_backends`)."""
     if not _DEVICE.fullmatch(device):
         raise UsageError(f"--device must be {DEVICE_SPELLINGS}, got {device!r}")
     if device == "auto":

@@ -350,8 +350,8 @@ def test_any_ledger_entry_loads_or_is_refused_with_a_value_error(tmp_path_factor
 @pytest.mark.parametrize(
     "where",
     [
-        "conformance.running.runner.select_cases",  # while the cases are selected
-        "conformance.running.runner._describe",  # while the worker describes the backends
+        "conformance.running.runner.select_run",  # while the cases are selected
+        "conformance.running.runner.describe_backends",  # while the worker describes the backends
         "conformance.running.runner._progress",  # right after the header is written
         "conformance.running.outcome.RunSummary.text",  # while the summary is printed
         "conformance.running.outcome.RunSummary.listing",  # while the problems are listed
