@@ -21,6 +21,7 @@ from conformance.results_file import read_records
 from conformance.results_writer import append_record
 from conformance.reporting.shards import MergeError, merge_shards, read_parts
 from conformance.running.runner import select_cases
+from conformance.running.selection import Selection
 
 N, LIMIT = 3, 2
 BACKENDS = ("kern-a", "kern-b")
@@ -69,6 +70,12 @@ def header(i: int | None, n: int = N, *, commit: str = COMMIT, versions: str = "
         argv=argv,
         started=f"2026-11-22T10:0{i or 0}:00+00:00",
     )
+
+
+def selection_header(i: int | None, n: int = N, **run: Any) -> Header:
+    """:func:`header` as runs write it since ``Header.selection`` exists: the selection beside the argv."""
+    chosen = Selection(backends=BACKENDS, suite="smoke", limit=LIMIT, shard=None if i is None else (i, n))
+    return dataclasses.replace(header(i, n, **run), selection=chosen.to_json())
 
 
 def results(i: int, n: int = N) -> list[CheckResult]:
@@ -301,3 +308,39 @@ def test_a_backend_unsupported_in_every_shard_exits_4_one_unsupported_in_one_sha
     assert "## Nothing judged" in (tmp_path / "m.md").read_text() and len(read_records(out)[1]) == N * LIMIT * 2
     assert main(["merge", *map(str, every), "--out", str(out), "--allow-unjudged"]) == 0
     assert main(["merge", *map(str, every[:2]), "--out", str(out)]) == 1  # missing shard: 1 before 4
+
+
+def _cut_sweep(make, where: Path) -> list[Path]:
+    """The shards of one sweep with headers by ``make``, shard 1 killed 3 pairs short; relative paths in ``where``."""
+    where.mkdir()
+    full = [write(where / f"s{i}.jsonl", make(i), *results(i)) for i in (0, 2)]
+    cut = write(where / "s1.jsonl", make(1), *results(1)[:-3])
+    return [Path(p.name) for p in (full[0], cut, full[1])]
+
+
+def test_merge_by_the_header_selection_equals_merge_by_the_old_argv(tmp_path: Path, monkeypatch) -> None:
+    merged = {}
+    for name, make in (("new", selection_header), ("old", header)):
+        files = _cut_sweep(make, tmp_path / name)
+        monkeypatch.chdir(tmp_path / name)
+        merged[name] = merge_shards(files)
+    new, old = merged["new"], merged["old"]
+    assert len(new.missing_pairs) == new.missing_count == 3 and set(new.missing_pairs) == set(old.missing_pairs)
+    assert new.results == old.results and new.parts == tuple(
+        dataclasses.replace(p, header=dataclasses.replace(p.header, selection=selection_header(i).selection))
+        for i, p in enumerate(old.parts)
+    )
+    assert new.header.selection == {**selection_header(0).selection, "shard": None} and old.header.selection == {}
+    assert dataclasses.replace(new.header, selection={}) == old.header
+
+
+def test_the_selection_is_read_not_the_argv_which_only_old_headers_need(tmp_path: Path) -> None:
+    unreadable_argv = ["attnconf", "run", "--a-flag-of-no-version"]
+    files = _cut_sweep(lambda i: dataclasses.replace(selection_header(i), argv=unreadable_argv), tmp_path / "new")
+    merged = merge_shards([tmp_path / "new" / f for f in files])
+    assert merged.missing_count == 3 and len(merged.missing_pairs) == 3  # named: the selection was rebuilt
+    # a selection this version cannot read is not replaced by the argv beside it: the pairs are counted, not named
+    later = {**selection_header(1).selection, "schema": 2}
+    path = write(tmp_path / "later.jsonl", dataclasses.replace(header(1), selection=later), *results(1)[:-3])
+    (part,) = read_parts(path)
+    assert part.missing == () and part.missing_count == 3

@@ -154,6 +154,20 @@ def test_the_header_carries_the_sweep_identity(sweep: dict) -> None:
     assert s["cases"] == 2 and len(s["case_ids_sha256"]) == 64 and len(results) == 6
 
 
+def test_the_header_carries_the_selection_the_cli_parsed(sweep: dict) -> None:
+    """``Header.selection``: what decides the pairs, as ``attnconf run`` parsed it (the device resolved), from which
+    ``attnconf merge`` rebuilds the cases (:meth:`Selection.cases`)."""
+    from conformance.running.run_args import selection_from_argv
+    from conformance.running.selection import Selection
+
+    [header], results = read_records(sweep["out"])
+    chosen = Selection.from_json(header.selection)
+    assert chosen.suite == "smoke" and chosen.case_patterns == tuple(IDS) and chosen.device == "cpu"
+    assert chosen.backends == tuple(f"{FAKES}:{b}" for b in ("ExactBackend", "LseSignBackend", "RaisingBackend"))
+    assert [c.id for c in chosen.cases()] == IDS and {r.case_id for r in results} == set(IDS)
+    assert selection_from_argv(header.argv) == dataclasses.replace(chosen, device="auto")  # as typed: no --device
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
