@@ -46,5 +46,6 @@ def test_the_check_finds_what_fuzz_used_to_import() -> None:
         "conformance.running.runner: _record",
         "conformance._toml",
     ]
-    inside = "from conformance.fuzz.draw import _private\nfrom .group import _also\nfrom __future__ import annotations\n"
+    inside = "from conformance.fuzz.draw import _private\nfrom .group import _also\n"
+    inside += "from __future__ import annotations\n"
     assert private_imports(inside) == []
