@@ -378,7 +378,10 @@ def test_fa4_kvcache_is_its_grid_on_sm90(fa4_points):
 
 
 def test_fa4_suite_size(fa4_points):
-    assert len(get_suite("peer-fa4")) == 11396 + 65648 + 4992 == sum(1 for p in fa4_points if p.case is not None)
+    cases = get_suite("peer-fa4")
+    assert len(cases) == 11396 + 65648 + 4992 == sum(1 for p in fa4_points if p.case is not None)
+    # its ids in order (test_ids_golden.py pins every other suite but peer-fa3)
+    assert _digest(cases) == "f7db7a1c3b03f62b98e5f8be5742f9043d9344e29e13a0f980fecc7bd70ead48"
     _unique_stable_and_no_engine("peer-fa4")
 
 
