@@ -71,7 +71,17 @@ from conformance.cases.case_tables import DESCALES, DTYPES, FEATURES, LAYOUTS, O
 from conformance.cases.backward_fields import backward_problems
 from conformance.cases.graph_fields import graph_problems
 
-__all__ = ["AttentionCase", "CaseError", "append_fields", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
+__all__ = [
+    "AttentionCase",
+    "CaseError",
+    "append_fields",
+    "DESCALES",
+    "DTYPES",
+    "FEATURES",
+    "LAYOUTS",
+    "OPT_IN_FEATURES",
+    "QUANTS",
+]
 
 
 def append_fields(q_lens: Sequence[int], new: Sequence[int]) -> dict[str, Any]:
@@ -87,13 +97,20 @@ def append_fields(q_lens: Sequence[int], new: Sequence[int]) -> dict[str, Any]:
     return {"append_len": None, "append_lens": counts}
 
 
+def _int_tuple(value: Any) -> tuple[int, ...]:
+    """``value``'s items as ints; ``TypeError`` for text (a string is a sequence, but not of counts)."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError("text is not a sequence of integers")
+    return tuple(int(n) for n in value)
+
+
 #: How ``__post_init__`` normalises the fields that take several spellings (a list for a tuple, an int for a
 #: float), and what a field must be when its value cannot be converted.
 _CONVERSIONS: dict[str, tuple[Any, str]] = {
     "requests": (lambda v: tuple((int(a), int(b)) for a, b in v), "(q_len, kv_len) integer pairs"),
     "window": (tuple, "(left, right) with None or ints >= 0"),
     "graph": (lambda v: tuple(int(n) for n in v), "a sequence of integers"),
-    "append_lens": (lambda v: tuple(int(n) for n in v), "a sequence of integers (new keys per request)"),
+    "append_lens": (_int_tuple, "a sequence of integers (new keys per request)"),
     "softcap": (lambda v: None if v is None else float(v), "a finite number > 0 (or unset)"),
     "scale": (lambda v: None if v is None else float(v), "a finite number (or unset)"),
 }
@@ -252,8 +269,8 @@ class AttentionCase(CaseDerived):
             n = spelling["append_len"]
             said = "append_len unset (each request appends its q_len)" if n is None else f"append_len={n}"
             yield (
-                f"append_lens must hold counts append_len cannot say (one call, one id): {show(list(self.append_lens))} "
-                f"with q_lens {show(self.q_lens)} is {said}"
+                f"append_lens must hold counts append_len cannot say (one call, one id): "
+                f"{show(list(self.append_lens))} with q_lens {show(self.q_lens)} is {said}"
             )
 
     def _cp_problems(self):

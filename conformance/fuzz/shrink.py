@@ -1,15 +1,15 @@
 """Shrinking one failing (case, backend) to a minimal case that still fails the same way.
 
-Greedy and domain-aware: :func:`candidates` lists simpler versions of a case, biggest simplifications first
-(drop requests, an uneven append keeping the kept requests' new keys; drop quantization, qv, V padding, scheduler
-metadata, append, splits, ALiBi, sinks, soft-cap, scale; fewer new keys per request; paged -> contiguous, HND ->
-NHD, smaller blocks; window/chunk -> causal -> no mask, smaller windows and chunks; fewer heads keeping GQA
-divisibility; equal and smaller head dims; a simpler dtype; shorter q and kv lengths).  :func:`shrink` evaluates them in order and moves to the first candidate that still fails *the same
-way* (:func:`same_failure`), then starts over from the new case, until no candidate fails (a local minimum:
-no single listed simplification keeps the failure), the evaluation budget (``max_steps``) is spent, or the
-campaign's deadline passes.  Every candidate is strictly simpler by :func:`complexity` (so the walk cannot
-cycle), is a valid :class:`~conformance.cases.case.AttentionCase`, and is evaluated only if ``admissible``
-(the campaign passes the case space's constraints and the backend's declared refusals), at most once.
+Greedy and domain-aware: :func:`candidates` lists simpler versions of a case, biggest simplifications first (drop
+requests, an uneven append keeping the kept requests' new keys; drop quantization, qv, V padding, scheduler metadata,
+append, splits, ALiBi, sinks, soft-cap, scale; fewer new keys per request; paged -> contiguous, HND -> NHD, smaller
+blocks; window/chunk -> causal -> no mask, smaller windows and chunks; fewer heads keeping GQA divisibility; equal and
+smaller head dims; a simpler dtype; shorter q and kv lengths). :func:`shrink` evaluates them in order and moves to the
+first candidate that still fails *the same way* (:func:`same_failure`), then starts over from the new case, until no
+candidate fails (a local minimum: no single listed simplification keeps the failure), the evaluation budget
+(``max_steps``) is spent, or the campaign's deadline passes. Every candidate is strictly simpler by :func:`complexity`
+(so the walk cannot cycle), is a valid :class:`~conformance.cases.case.AttentionCase`, and is evaluated only if
+``admissible`` (the campaign passes the case space's constraints and the backend's declared refusals), at most once.
 
 Why not Hypothesis's shrinker: it shrinks the byte stream a strategy consumed, one failure per test function
 and in-process, and it needs many cheap evaluations.  Here each evaluation is a round trip to a crash-isolated
@@ -36,8 +36,8 @@ _DTYPE_RANK = {"bf16": 0, "fp16": 1, "fp32": 2}
 #: module) is simplified by resetting it to its default (:func:`_other_moves`).
 _HANDLED = frozenset(
     "requests num_heads num_kv_heads head_dim head_dim_v dtype kv_layout block_size causal window softcap alibi sinks "
-    "scale chunk append append_len append_lens num_splits quant quant_q descale qv v_padded scheduler_metadata engine scenario "
-    "batch_name".split()
+    "scale chunk append append_len append_lens num_splits quant quant_q descale qv v_padded scheduler_metadata engine "
+    "scenario batch_name".split()
 )
 
 

@@ -267,8 +267,12 @@ FIELDS: dict[str, Field] = {
     "append_len": _own(
         "append_len", "int", "new keys per request of a short append (None: q_len, or per request: append_uneven)", True
     ),
-    "append_uneven": Field("bool", "an append with a count of new keys per request (append_lens)", lambda c: bool(c.append_lens)),
-    "min_new_kv_len": Field("int", "fewest new keys a request appends (0 without append)", lambda c: min(c.new_kv_lens)),
+    "append_uneven": Field(
+        "bool", "an append with a count of new keys per request (append_lens)", lambda c: bool(c.append_lens)
+    ),
+    "min_new_kv_len": Field(
+        "int", "fewest new keys a request appends (0 without append)", lambda c: min(c.new_kv_lens)
+    ),
     "max_new_kv_len": Field("int", "most new keys a request appends (0 without append)", lambda c: max(c.new_kv_lens)),
     "num_splits": _own("num_splits", "int", "pinned split-KV count (None: the kernel's choice)", True),
     "quant": _own("quant", "str", "none, fp8_e4m3, fp8_e5m2, int8_t1, int8_t2"),
