@@ -261,8 +261,11 @@ def kvcache_caches(
 
 def padded_new_tokens(inputs: CaseInputs, new_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``inputs.k_new``/``v_new`` (packed, ``new_len`` per request: ``q_len``, or ``append_len`` for a short
-    append) as ``(b, new_len, hk, d)`` views."""
+    append) as ``(b, new_len, hk, d)`` views; ``ValueError`` for an uneven append (``append_lens``: no one
+    ``new_len``, the dense layout cannot hold it)."""
     case = inputs.case
+    if any(n != new_len for n in case.new_kv_lens):
+        raise ValueError(f"new keys per request {case.new_kv_lens} are not {new_len} each: no dense (b, n, hk, d) view")
     if inputs.k_new is None or inputs.v_new is None:
         raise ValueError("the case appends but inputs.k_new / v_new are missing")
     kn = inputs.k_new.reshape(case.batch, new_len, case.num_kv_heads, case.head_dim)

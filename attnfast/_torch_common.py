@@ -251,11 +251,11 @@ def _dequant_kv(
 def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
     """Per-request tensors as a kernel without paging or append support must be given them.
 
-    * paged: with ``append``, ``k_new``/``v_new`` (``n`` per request, ``case.new_kv_lens``: ``q_len``, or
-      ``append_len`` for a short append) are first written into a *clone* of the cache at positions
-      ``kv_len - n ..`` through the block table (the engine's write; the clone keeps the inputs untouched so
-      the case can be rerun), then every request's keys are gathered.  An fp8 append writes the stored
-      ``quant.k_new``/``v_new`` into the stored cache (the kernel's copy; the descales are the cache's).
+    * paged: with ``append``, ``k_new``/``v_new`` (``n`` per request, ``case.new_kv_lens``: ``q_len``,
+      ``append_len`` for a short append, ``append_lens[b]`` for an uneven one) are first written into a *clone* of
+      the cache at positions ``kv_len - n ..`` through the block table (the engine's write; the clone keeps the
+      inputs untouched so the case can be rerun), then every request's keys are gathered.  An fp8 append writes the
+      stored ``quant.k_new``/``v_new`` into the stored cache (the kernel's copy; the descales are the cache's).
     * contiguous with ``append``: the cache is the first ``kv_len - n`` keys of ``inputs.k``
       and the new tokens are written after them, so ``k_new`` (not ``k``'s copy of the new
       tokens) is what is attended.

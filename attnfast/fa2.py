@@ -10,7 +10,10 @@ Entry point per case (:func:`fa2_entry`):
   keys ``k``/``v`` are ``(b, seqlen_new, hk, d)`` with ``seqlen_new`` the case's ``append_len`` (else ``q_len``):
   ``flash_attn_with_kvcache`` (2.8.3) writes them at ``cache_seqlens`` and aligns the query rows to the end of
   ``cache_seqlens + seqlen_new`` keys, as the peer test ``tests/test_flash_attn.py::test_flash_attn_kvcache``
-  (2.8.3, ``seqlen_new_eq_seqlen_q=False``) checks it; the cache is the paged cache with
+  (2.8.3, ``seqlen_new_eq_seqlen_q=False``) checks it; an uneven append (``append_lens``, a count per request) is
+  refused: ``k`` is dense, ``CHECK_SHAPE(k, batch_size, seqlen_knew, num_heads_k, head_size_og)`` in
+  ``mha_fwd_kvcache`` (``csrc/flash_attn/flash_api.cpp``, 2.8.3), and ``flash_attn_varlen_func`` writes no cache;
+  the cache is the paged cache with
   ``block_table``, or a contiguous ``(b, max_kv, hk, d)`` copy whose unused slots hold stale finite
   values.  ``num_splits`` is the case's, or FA2's own heuristic (0) when the case leaves it unset:
   that is the path engines run (and the one whose speed matters); the heuristic's result depends on
@@ -239,6 +242,9 @@ class FA2Backend(Backend):
         "dv": "FA2 needs the value head dim equal to the qk head dim",
         "hnd": "FA2 reads NHD pages (num_blocks, block_size, hk, d) only",
         "append_quant": "FA2 takes fp16 and bf16 inputs only: it has no quantized cache to append to",
+        "append_uneven": "flash_attn_with_kvcache (2.8.3) takes the new keys as one dense (batch, seqlen_new, hk, d) "
+        "tensor (flash_api.cpp mha_fwd_kvcache: CHECK_SHAPE(k, batch_size, seqlen_knew, ...)), one count for every "
+        "request; flash_attn_varlen_func writes no cache",
     }
     #: seed 004's path for FA2: V zero-padded to the qk head dim, output stripped; the backward of
     #: flash_attn_varlen_func and its ``deterministic`` argument.

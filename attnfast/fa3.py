@@ -12,9 +12,12 @@ Entry point per case (:func:`fa3_entry`):
   ``max_seqlen_q/k``, ``return_attn_probs=True`` for ``(out, lse)``;
 * ``flash_attn_with_kvcache`` for paged KV or append: q stays packed (``cu_seqlens_q``,
   ``max_seqlen_q``); ``page_table`` is the block table (any page size); ``cache_seqlens`` (int32)
-  counts the keys already in the cache (``kv_len - n`` when appending ``n`` keys per request: ``q_len``, or the
-  case's ``append_len`` for a short append); new keys are packed ``k``/``v`` with ``cu_seqlens_k_new`` (their
-  cumulative counts, ``cu_seqlens_q`` when every query is a new key; hopper/test_flash_attn.py
+  counts the keys already in the cache (``kv_len - n`` when appending ``n`` keys per request: ``q_len``, the
+  case's ``append_len`` for a short append, or ``append_lens[b]`` for an uneven one); new keys are packed
+  ``k``/``v`` ``(total_k_new, hk, d)`` with ``cu_seqlens_k_new`` (their cumulative counts, ``cu_seqlens_q`` when
+  every query is a new key; ``hopper/flash_api.cpp`` ``mha_fwd``: ``k_new`` is ``(b, s_k_new, h_k, d) or
+  (total_k_new, h_k, d) if there is cu_seqlens_k_new``, so each request has its own count, as
+  ``test_flash_attn_kvcache``'s ``varlen_q`` appends pass them; hopper/test_flash_attn.py
   ``test_flash_attn_kvcache`` at commit 01afd16d, ``seqlen_new_eq_seqlen_q=False``, aligns the query rows to the end
   of ``cache_seqlens + seqlen_new`` keys); a contiguous
   appending case gets a ``(b, max_kv, hk, d)`` cache whose unused slots hold stale finite values.
@@ -175,7 +178,8 @@ class FA3Backend(Backend):
             "e4m3 with the cache's k_descale/v_descale (hopper/test_flash_attn.py test_flash_attn_kvcache)"
         ),
     }
-    accepts = frozenset({"append_short"})
+    #: short and uneven appends: packed new keys with their own cu_seqlens_k_new (see the module docstring)
+    accepts = frozenset({"append_short", "append_uneven"})
     #: both entry points take ``num_splits`` (``hopper/flash_attn_interface.py``: ``flash_attn_varlen_func``,
     #: ``flash_attn_with_kvcache``)
     batch_invariance_via = "num_splits"

@@ -170,7 +170,7 @@ class FlexCpuBackend(Backend):
     #: parallel (``cp``) is a rule of the ``mask_mod``.
     accepts: ClassVar[frozenset[str]] = frozenset(
         {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "cp", "graph"}
-        | {"append_short", "append_quant"}  # the appends of _torch_common.sequences
+        | {"append_short", "append_uneven", "append_quant"}  # the appends of _torch_common.sequences
     )
     #: ``flex_attention`` takes no split count
     batch_invariance_via: ClassVar[str | None] = None

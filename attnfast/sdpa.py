@@ -239,7 +239,7 @@ class _SdpaBase(Backend):
     #: parallel (``cp``) is the mask of ``_torch_common.visibility``.
     accepts: ClassVar[frozenset[str]] = frozenset(
         {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "cp"}
-        | {"append_short", "append_quant"}  # the appends of _torch_common.sequences
+        | {"append_short", "append_uneven", "append_quant"}  # the appends of _torch_common.sequences
         | {"backward", "bwd_deterministic"}  # attnfast.sdpa_backward
     )
     batch_invariance_via: ClassVar[str | None] = None  # aten::scaled_dot_product_attention has no split count

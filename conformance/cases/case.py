@@ -26,8 +26,14 @@ parallelism as vLLM's FA3 fork takes it (``cp_world_size``, ``cp_rank``, ``cp_to
 cp_world + cp_rank``, and the causal rule holds in absolute positions; each sequence's total comes with the inputs
 (``CaseInputs.cp_tot_seqused_k``).  ``append`` (a kvcache append): the call writes each request's new keys
 into the cache itself, the last ``q_len`` of its ``kv_len`` keys, or only the last ``append_len`` (a *short
-append*, ``1 <= append_len <= q_len``, below some ``q_len``: flash-attention's ``seqlen_new < seqlen_q``); the
-query rows stay aligned to the end of the ``kv_len`` keys either way.  With an fp8 ``quant`` the new keys and
+append*, ``1 <= append_len <= q_len``, below some ``q_len``: flash-attention's ``seqlen_new < seqlen_q``), or
+``append_lens[b]`` for request ``b`` (an *uneven append*, one count per request, ``0 <= append_lens[b] <= kv_len``:
+FA3's ``varlen_q`` appends, new keys packed with ``cu_seqlens_k_new``); the query rows stay aligned to the end of the
+``kv_len`` keys either way.  ``append_lens`` is a field of its own rather than a second type of ``append_len`` so
+that every reader of ``append_len`` keeps an ``int | None`` and every existing case keeps its JSON, hence its id (the
+field is written only when set); it holds only counts the other two spellings cannot say (not every ``q_len``, not
+one count ``<=`` every ``q_len``: :func:`append_fields` gives the one spelling of any counts), so one call has one
+id.  With an fp8 ``quant`` the new keys and
 values are given already in fp8, quantized with the cache's descales (FA3's fp8 kvcache append).  Features that
 arrived after the adapter API (:data:`OPT_IN_FEATURES`) are refused by an adapter unless it declares them.
 
@@ -55,6 +61,7 @@ case raises :class:`CaseError` (a ``ValueError``) with one line per problem, nam
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +71,37 @@ from conformance.cases.case_tables import DESCALES, DTYPES, FEATURES, LAYOUTS, O
 from conformance.cases.backward_fields import backward_problems
 from conformance.cases.graph_fields import graph_problems
 
-__all__ = ["AttentionCase", "CaseError", "DESCALES", "DTYPES", "FEATURES", "LAYOUTS", "OPT_IN_FEATURES", "QUANTS"]
+__all__ = [
+    "AttentionCase",
+    "CaseError",
+    "append_fields",
+    "DESCALES",
+    "DTYPES",
+    "FEATURES",
+    "LAYOUTS",
+    "OPT_IN_FEATURES",
+    "QUANTS",
+]
+
+
+def append_fields(q_lens: Sequence[int], new: Sequence[int]) -> dict[str, Any]:
+    """The one spelling of an append of ``new[b]`` keys into request ``b`` beside ``q_lens[b]`` query tokens, as
+    :class:`AttentionCase` fields: ``append_len`` None when every request appends its query tokens, the one count
+    when every request appends as many, ``1 <=`` it ``<=`` every ``q_len``; ``append_lens`` (one count per request)
+    otherwise.  Returns ``{"append_len": ..., "append_lens": ...}``; the case checks the counts against ``kv_len``."""
+    counts = tuple(int(n) for n in new)
+    if counts == tuple(q_lens):
+        return {"append_len": None, "append_lens": ()}
+    if len(set(counts)) == 1 and 1 <= counts[0] <= min(q_lens):
+        return {"append_len": counts[0], "append_lens": ()}
+    return {"append_len": None, "append_lens": counts}
+
+
+def _int_tuple(value: Any) -> tuple[int, ...]:
+    """``value``'s items as ints; ``TypeError`` for text (a string is a sequence, but not of counts)."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError("text is not a sequence of integers")
+    return tuple(int(n) for n in value)
 
 
 #: How ``__post_init__`` normalises the fields that take several spellings (a list for a tuple, an int for a
@@ -73,6 +110,7 @@ _CONVERSIONS: dict[str, tuple[Any, str]] = {
     "requests": (lambda v: tuple((int(a), int(b)) for a, b in v), "(q_len, kv_len) integer pairs"),
     "window": (tuple, "(left, right) with None or ints >= 0"),
     "graph": (lambda v: tuple(int(n) for n in v), "a sequence of integers"),
+    "append_lens": (_int_tuple, "a sequence of integers (new keys per request)"),
     "softcap": (lambda v: None if v is None else float(v), "a finite number > 0 (or unset)"),
     "scale": (lambda v: None if v is None else float(v), "a finite number (or unset)"),
 }
@@ -99,6 +137,7 @@ class AttentionCase(CaseDerived):
     chunk: int | None = None
     append: bool = False
     append_len: int | None = None
+    append_lens: tuple[int, ...] = ()
     num_splits: int | None = None
     quant: str = "none"
     quant_q: bool = True
@@ -183,6 +222,9 @@ class AttentionCase(CaseDerived):
             yield "v_padded cannot be combined with qv (qv is scored against V at head_dim_v; its padded call has none)"
 
     def _append_problems(self):
+        if self.append_lens:
+            yield from self._append_lens_problems()
+            return
         if self.append_len is None:
             if self.append and any(ql > kl for ql, kl in self.requests):
                 yield "append needs q_len <= kv_len for every request (the new tokens are the last q_len keys)"
@@ -200,6 +242,35 @@ class AttentionCase(CaseDerived):
             yield (
                 f"append_len ({self.append_len}) must be <= kv_len for every request (the new keys are the last "
                 f"append_len keys), got kv_lens {sorted(set(self.kv_lens))}"
+            )
+
+    def _append_lens_problems(self):
+        if not self.append:
+            yield "append_lens needs append=True (it counts the new keys the call writes into each request's cache)"
+            return
+        if self.append_len is not None:
+            yield (
+                f"append_lens and append_len cannot both be set (append_len: one count for every request), got "
+                f"append_len={self.append_len}"
+            )
+            return
+        if len(self.append_lens) != self.batch:
+            yield f"append_lens must hold one count per request ({self.batch}), got {len(self.append_lens)}"
+            return
+        for b, (n, (_, kl)) in enumerate(zip(self.append_lens, self.requests)):
+            if not 0 <= n <= kl:
+                yield (
+                    f"append_lens[{b}] = {n} must be in [0, kv_len] ({kl}: the new keys are the last keys of "
+                    f"requests[{b}])"
+                )
+                return
+        spelling = append_fields(self.q_lens, self.append_lens)
+        if not spelling["append_lens"]:
+            n = spelling["append_len"]
+            said = "append_len unset (each request appends its q_len)" if n is None else f"append_len={n}"
+            yield (
+                f"append_lens must hold counts append_len cannot say (one call, one id): "
+                f"{show(list(self.append_lens))} with q_lens {show(self.q_lens)} is {said}"
             )
 
     def _cp_problems(self):
@@ -262,7 +333,7 @@ class AttentionCase(CaseDerived):
         known = {f.name for f in fields}
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["requests"] = tuple(tuple(r) for r in kwargs["requests"])
-        for name in ("window", "graph"):
+        for name in ("window", "graph", "append_lens"):
             if name in kwargs:
                 kwargs[name] = tuple(kwargs[name])
         return cls(**kwargs)

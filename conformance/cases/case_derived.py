@@ -50,6 +50,7 @@ class CaseDerived:
         chunk: int | None
         append: bool
         append_len: int | None
+        append_lens: tuple[int, ...]
         num_splits: int | None
         quant: str
         quant_q: bool
@@ -108,10 +109,12 @@ class CaseDerived:
 
     @property
     def new_kv_lens(self) -> list[int]:
-        """Keys the call writes into the cache per request: ``append_len`` (a short append), else ``q_len`` when
-        appending, else 0.  They are the last keys of each request's ``kv_len``."""
+        """Keys the call writes into the cache per request: ``append_lens[b]`` (an uneven append), ``append_len`` (a
+        short append), else ``q_len`` when appending, else 0.  They are the last keys of each request's ``kv_len``."""
         if not self.append:
             return [0] * len(self.requests)
+        if self.append_lens:
+            return list(self.append_lens)
         return [ql if self.append_len is None else self.append_len for ql, _ in self.requests]
 
     @property
@@ -164,6 +167,8 @@ class CaseDerived:
                 f.add(name)
         if self.append_len is not None:
             f.add("append_short")
+        if self.append_lens:
+            f.add("append_uneven")
         if self.append and self.quant != "none":
             f.add("append_quant")
         if self.has_window:
@@ -232,7 +237,9 @@ class CaseDerived:
             parts.append("sink")
         if self.scale is not None:
             parts.append(f"scale{_fmt_num(self.scale)}")
-        if self.append:
+        if self.append_lens:  # "appendv" + the counts: a readable part no other spelling of an append has
+            parts.append("appendv" + ".".join(map(str, self.append_lens)))
+        elif self.append:
             parts.append("append" if self.append_len is None else f"append{self.append_len}")
         if self.num_splits is not None:
             parts.append(f"split{self.num_splits}")

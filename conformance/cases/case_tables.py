@@ -66,6 +66,10 @@ FEATURES: dict[str, str] = {
     "dv": "value head dim differs from the qk head dim",
     "append": "the kernel writes the new k/v into the cache itself (kvcache append)",
     "append_short": "an append of fewer new keys than query tokens (append_len; the peers' seqlen_new < seqlen_q)",
+    "append_uneven": (
+        "an append of its own count of new keys per request, not every q_len nor one count <= every q_len "
+        "(append_lens; FA3's varlen_q appends, cu_seqlens_k_new)"
+    ),
     "append_quant": "an append into a quantized cache: the new keys and values given already quantized (FA3 fp8)",
     "splits": "split-KV with a pinned num_splits > 1",
     "fp16": "fp16 inputs",
@@ -106,6 +110,7 @@ OPT_IN_FEATURES: frozenset[str] = frozenset(
         "sched_meta",
         "cp",
         "append_short",
+        "append_uneven",
         "append_quant",
         "graph",
         "backward",

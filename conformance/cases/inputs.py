@@ -64,11 +64,11 @@ class CaseInputs:
     given (the paged caches then have the stored dtype);
     the paged fields are set when ``case.paged``. With ``case.append`` the paged cache (or, for a contiguous case,
     ``k_cache_padded``) holds only the first ``kv_len - n`` keys of each request and the kernel is expected to write
-    ``k_new``/``v_new`` itself: packed, ``n`` per request (``case.new_kv_lens``: ``q_len``, or ``append_len`` for a
-    short append), delimited by ``cu_seqlens_k_new``. ``cp_tot_seqused_k`` (int32 ``(batch,)``) is set exactly for a
-    context-parallel case (``case.cp_world > 1``): each sequence's keys over all ranks, of which ``k``/``v`` hold
-    the rank's share (:func:`cp_totals`). ``dout`` (``(total_q, h, dv)``, the case dtype) is set exactly for a
-    backward case (``case.backward``): the upstream gradient of the output
+    ``k_new``/``v_new`` itself: packed, ``n`` per request (``case.new_kv_lens``: ``q_len``, ``append_len`` for a
+    short append, or ``append_lens[b]`` for an uneven one), delimited by ``cu_seqlens_k_new``. ``cp_tot_seqused_k``
+    (int32 ``(batch,)``) is set exactly for a context-parallel case (``case.cp_world > 1``): each sequence's keys
+    over all ranks, of which ``k``/``v`` hold the rank's share (:func:`cp_totals`). ``dout`` (``(total_q, h, dv)``,
+    the case dtype) is set exactly for a backward case (``case.backward``): the upstream gradient of the output
     (:func:`conformance.cases.data_inputs.grad_out`).
     """
 

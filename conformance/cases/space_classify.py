@@ -134,11 +134,13 @@ def classify_mask(causal: bool, window: tuple[int | None, int | None], chunk: in
 
 
 def classify_append(case: AttentionCase) -> bool | str:
-    """Append level: no append -> False; a short append (``append_len`` set) -> short, whatever its quantization;
-    an append of every query token -> fp8 with a quantized cache (the case model allows fp8 only), else True."""
+    """Append level: no append -> False; a short append (``append_len`` set) -> short, whatever its quantization, and
+    so is an uneven one (``append_lens``: the axis has no level of its own for it, bucketed with the appends of other
+    than ``q_len`` new keys); an append of every query token -> fp8 with a quantized cache (the case model allows fp8
+    only), else True."""
     if not case.append:
         return False
-    if case.append_len is not None:
+    if case.append_len is not None or case.append_lens:
         return "short"
     return True if case.quant == "none" else "fp8"
 

@@ -1,15 +1,15 @@
 """Shrinking one failing (case, backend) to a minimal case that still fails the same way.
 
-Greedy and domain-aware: :func:`candidates` lists simpler versions of a case, biggest simplifications first
-(drop requests; drop quantization, qv, V padding, scheduler metadata, append, splits, ALiBi, sinks, soft-cap,
-scale; paged -> contiguous, HND -> NHD, smaller blocks; window/chunk -> causal -> no mask, smaller windows and
-chunks; fewer heads keeping GQA divisibility; equal and smaller head dims; a simpler dtype; shorter q and kv
-lengths).  :func:`shrink` evaluates them in order and moves to the first candidate that still fails *the same
-way* (:func:`same_failure`), then starts over from the new case, until no candidate fails (a local minimum:
-no single listed simplification keeps the failure), the evaluation budget (``max_steps``) is spent, or the
-campaign's deadline passes.  Every candidate is strictly simpler by :func:`complexity` (so the walk cannot
-cycle), is a valid :class:`~conformance.cases.case.AttentionCase`, and is evaluated only if ``admissible``
-(the campaign passes the case space's constraints and the backend's declared refusals), at most once.
+Greedy and domain-aware: :func:`candidates` lists simpler versions of a case, biggest simplifications first (drop
+requests, an uneven append keeping the kept requests' new keys; drop quantization, qv, V padding, scheduler metadata,
+append, splits, ALiBi, sinks, soft-cap, scale; fewer new keys per request; paged -> contiguous, HND -> NHD, smaller
+blocks; window/chunk -> causal -> no mask, smaller windows and chunks; fewer heads keeping GQA divisibility; equal and
+smaller head dims; a simpler dtype; shorter q and kv lengths). :func:`shrink` evaluates them in order and moves to the
+first candidate that still fails *the same way* (:func:`same_failure`), then starts over from the new case, until no
+candidate fails (a local minimum: no single listed simplification keeps the failure), the evaluation budget
+(``max_steps``) is spent, or the campaign's deadline passes. Every candidate is strictly simpler by :func:`complexity`
+(so the walk cannot cycle), is a valid :class:`~conformance.cases.case.AttentionCase`, and is evaluated only if
+``admissible`` (the campaign passes the case space's constraints and the backend's declared refusals), at most once.
 
 Why not Hypothesis's shrinker: it shrinks the byte stream a strategy consumed, one failure per test function
 and in-process, and it needs many cheap evaluations.  Here each evaluation is a round trip to a crash-isolated
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from conformance.cases.case import AttentionCase
+from conformance.cases.case import AttentionCase, append_fields
 from conformance.records import CheckResult, Status
 
 __all__ = ["ShrinkResult", "candidates", "complexity", "failure_kind", "same_failure", "shrink"]
@@ -36,8 +36,8 @@ _DTYPE_RANK = {"bf16": 0, "fp16": 1, "fp32": 2}
 #: module) is simplified by resetting it to its default (:func:`_other_moves`).
 _HANDLED = frozenset(
     "requests num_heads num_kv_heads head_dim head_dim_v dtype kv_layout block_size causal window softcap alibi sinks "
-    "scale chunk append append_len num_splits quant quant_q descale qv v_padded scheduler_metadata engine scenario "
-    "batch_name".split()
+    "scale chunk append append_len append_lens num_splits quant quant_q descale qv v_padded scheduler_metadata engine "
+    "scenario batch_name".split()
 )
 
 
@@ -61,6 +61,7 @@ def complexity(case: AttentionCase) -> int:
     c += 0 if case.chunk is None else 2 + case.chunk
     c += (case.softcap is not None) + case.alibi + case.sinks + (case.scale is not None) + case.append
     c += case.append_len is not None
+    c += (1 + sum(case.append_lens)) if case.append_lens else 0  # respelled as append_len or q_len: lower
     c += 0 if case.num_splits is None else 1 + case.num_splits
     if case.quant != "none":
         c += 5 + (case.descale is not None) + (not case.quant_q)
@@ -88,18 +89,29 @@ def _try(case: AttentionCase, **changes) -> AttentionCase | None:
         return None
 
 
+def _with_requests(case: AttentionCase, keep: list[int], requests: tuple[tuple[int, int], ...] | None = None):
+    """``case`` with the requests ``keep`` (indices; ``requests`` their new lengths, default unchanged); an uneven
+    append keeps each kept request's new keys, spelled as :func:`~conformance.cases.case.append_fields` spells them
+    (a sub-batch may say them as ``append_len``)."""
+    reqs = tuple(case.requests[i] for i in keep) if requests is None else requests
+    if not case.append_lens:
+        return _try(case, requests=reqs)
+    new = [case.append_lens[i] for i in keep]
+    return _try(case, requests=reqs, **append_fields([q for q, _ in reqs], new))
+
+
 def _batch_moves(case: AttentionCase) -> Iterator[tuple[str, AttentionCase | None]]:
     reqs = case.requests
     n = len(reqs)
     if n == 1:
         return
     for i in sorted(range(n), key=lambda i: (sum(reqs[i]), i)):
-        yield f"keep only request {i} {reqs[i]}", _try(case, requests=(reqs[i],))
+        yield f"keep only request {i} {reqs[i]}", _with_requests(case, [i])
     if n > 3:
-        yield "keep the first half of the requests", _try(case, requests=reqs[: n // 2])
-        yield "keep the second half of the requests", _try(case, requests=reqs[n // 2 :])
+        yield "keep the first half of the requests", _with_requests(case, list(range(n // 2)))
+        yield "keep the second half of the requests", _with_requests(case, list(range(n // 2, n)))
     for i in range(n):
-        yield f"drop request {i} {reqs[i]}", _try(case, requests=reqs[:i] + reqs[i + 1 :])
+        yield f"drop request {i} {reqs[i]}", _with_requests(case, [j for j in range(n) if j != i])
 
 
 def _mode_moves(case: AttentionCase) -> Iterator[tuple[str, AttentionCase | None]]:
@@ -113,8 +125,14 @@ def _mode_moves(case: AttentionCase) -> Iterator[tuple[str, AttentionCase | None
         yield "drop scheduler metadata", _try(case, scheduler_metadata=False)
     if case.append_len is not None:
         yield f"append_len {case.append_len} -> None", _try(case, append_len=None)
+    if case.append_lens:
+        yield f"append_lens {list(case.append_lens)} -> None", _try(case, append_lens=())
+        for i, n in enumerate(case.append_lens):
+            for m in _smaller(n, 0):
+                new = case.append_lens[:i] + (m,) + case.append_lens[i + 1 :]
+                yield f"append_lens[{i}] {n} -> {m}", _try(case, **append_fields(case.q_lens, new))
     if case.append:
-        yield "drop append", _try(case, append=False, append_len=None)
+        yield "drop append", _try(case, append=False, append_len=None, append_lens=())
     if case.num_splits is not None:
         yield f"num_splits {case.num_splits} -> None", _try(case, num_splits=None)
     for name in ("alibi", "sinks"):
@@ -222,7 +240,7 @@ def _length_moves(case: AttentionCase) -> Iterator[tuple[str, AttentionCase | No
     reqs = case.requests
 
     def with_req(i: int, q: int, k: int) -> AttentionCase | None:
-        return _try(case, requests=reqs[:i] + ((q, k),) + reqs[i + 1 :])
+        return _with_requests(case, list(range(len(reqs))), reqs[:i] + ((q, k),) + reqs[i + 1 :])
 
     for i, (q, k) in enumerate(reqs):
         lo = max(0, q - k) if q <= k else 0

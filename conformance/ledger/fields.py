@@ -264,7 +264,16 @@ FIELDS: dict[str, Field] = {
     "scale": _own("scale", "float", "explicit softmax scale (None: the kernel's default)", True),
     "chunk": _own("chunk", "int", "local attention chunk (None: off)", True),
     "append": _own("append", "bool", "the kernel appends the new k/v to the cache"),
-    "append_len": _own("append_len", "int", "new keys per request of a short append (None: q_len)", True),
+    "append_len": _own(
+        "append_len", "int", "new keys per request of a short append (None: q_len, or per request: append_uneven)", True
+    ),
+    "append_uneven": Field(
+        "bool", "an append with a count of new keys per request (append_lens)", lambda c: bool(c.append_lens)
+    ),
+    "min_new_kv_len": Field(
+        "int", "fewest new keys a request appends (0 without append)", lambda c: min(c.new_kv_lens)
+    ),
+    "max_new_kv_len": Field("int", "most new keys a request appends (0 without append)", lambda c: max(c.new_kv_lens)),
     "num_splits": _own("num_splits", "int", "pinned split-KV count (None: the kernel's choice)", True),
     "quant": _own("quant", "str", "none, fp8_e4m3, fp8_e5m2, int8_t1, int8_t2"),
     "quant_q": _own("quant_q", "bool", "q quantized too (quantized cases)"),

@@ -8,7 +8,8 @@ FA3 does not have fails with ``TypeError``), a few of FA3's argument checks, and
 * outputs in q's layout (packed with ``cu_seqlens_q``, else padded); LSE ``(h, total_q)`` or
   ``(b, h, sq)``; ``-inf`` for a row that saw no key, ``+inf`` everywhere when ``total_k == 0``;
 * ``flash_attn_with_kvcache`` writes ``k``/``v`` into the cache in place at ``cache_seqlens``
-  (through ``page_table`` when paged) and attends to ``cache_seqlens + new`` keys;
+  (through ``page_table`` when paged) and attends to ``cache_seqlens + new`` keys; with ``cu_seqlens_k_new`` the
+  new keys are packed ``(total_k_new, h_k, d)``, each sequence its own count (``hopper/flash_api.cpp``);
 * every call is appended to ``module.calls`` as ``(name, arguments)``.
 
 The sequence helpers (:func:`options_from_fa`, :func:`kvcache_sequences`, :func:`attend_sequences`,
@@ -198,8 +199,13 @@ def make_fake_fa3() -> types.ModuleType:
             seqlen_k = k_cache.shape[1] * (page_table.shape[1] if page_table is not None else 1)
             if (max_seqlen_q if varlen else q.shape[1]) > seqlen_k:  # flash_api.cpp: seqlen_q <= seqlen_k
                 raise RuntimeError("If k_new is supplied, it must have seqlen <= the seqlen of the KV cache")
-            if cu_seqlens_k_new is not None:
+            if cu_seqlens_k_new is not None:  # k/v (total_k_new, h_k, d), each sequence its own count of new keys
                 _check_int32("cu_seqlens_k_new", cu_seqlens_k_new)
+                if tuple(cu_seqlens_k_new.shape) != (batch + 1,):  # flash_api.cpp: CHECK_SHAPE(cu_seqlens_k_new, b + 1)
+                    raise RuntimeError("cu_seqlens_k_new must have shape (batch_size + 1)")
+                total = int(cu_seqlens_k_new[-1])
+                if k.dim() != 3 or v.dim() != 3 or not total == k.shape[0] == v.shape[0]:
+                    raise RuntimeError("k_new must have shape (total_k_new, h_k, d) with cu_seqlens_k_new")
                 k_new, v_new = _split(k, cu_seqlens_k_new.tolist()), _split(v, cu_seqlens_k_new.tolist())
             else:
                 k_new, v_new = list(k), list(v)

@@ -119,6 +119,11 @@ CASES = {
     "append_short_contig_window": C([(6, 97), (6, 6)], causal=True, window=(8, 0), append=True, append_len=3),
     # more query tokens than a cache holds after a short append: the call needs a cache max_seqlen_q wide
     "append_short_wider_q": C([(8, 7), (5, 6)], causal=True, append=True, append_len=4),
+    # uneven appends (append_lens): each request its own count in cu_seqlens_k_new, more than its q_len, or none
+    "append_uneven_paged_varlen": C(
+        [(3, 300), (2, 20), (5, 5)], causal=True, append=True, append_lens=(1, 7, 0), **PG16
+    ),
+    "append_uneven_contig_window": C([(6, 97), (4, 9)], causal=True, window=(8, 0), append=True, append_lens=(2, 9)),
 }
 CPU_NAMES = [n for n in CASES if max(CASES[n].kv_lens) <= 300 and CASES[n].total_q <= 300]
 
@@ -132,8 +137,9 @@ def test_translation_against_fake(fake_fa3, name):
     assert fake_fa3.calls[-1][0] == fa3_entry(case).rsplit(".", 1)[1]
 
 
-def test_fake_append_writes_cache_and_repeats(fake_fa3):
-    case = CASES["append_paged_varlen"]
+@pytest.mark.parametrize("name", ["append_paged_varlen", "append_uneven_paged_varlen"])
+def test_fake_append_writes_cache_and_repeats(fake_fa3, name):
+    case = CASES[name]
     inputs = make_inputs(case)
     fn = BACKEND.prepare(case, inputs)
     first = fn()
@@ -155,8 +161,9 @@ def test_gpu_matches_reference(gpu, name):
 
 
 @pytest.mark.gpu
-def test_gpu_append_writes_cache(gpu):
-    case = CASES["append_paged_varlen"]
+@pytest.mark.parametrize("name", ["append_paged_varlen", "append_uneven_paged_varlen"])
+def test_gpu_append_writes_cache(gpu, name):
+    case = CASES[name]
     inputs = make_inputs(case, seed=1, device="cuda")
     gpu.prepare(case, inputs)()
     keys, _ = gather_kv(inputs.k_cache, inputs.block_table, inputs.seqlens_k)

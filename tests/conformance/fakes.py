@@ -324,7 +324,8 @@ class StoredExactBackend(ExactBackend):
     description = "test fake: dequantizes the stored tensors, MLA as [nope | rope], V padding"
     accepts: ClassVar[frozenset[str]] = frozenset(
         {"fp8_e4m3", "fp8_e5m2", "fp8_kv_only", "descale_head", "int8_t1", "int8_t2", "qv", "v_pad"}
-        | {"append_short", "append_quant"}  # an append's new keys written over the packed keys (_written)
+        # an append's new keys written over the packed keys (_written)
+        | {"append_short", "append_uneven", "append_quant"}
     )
 
     # -- the hooks the bug fakes override

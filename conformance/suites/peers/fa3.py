@@ -34,13 +34,14 @@ An append writes ``seqlen_new`` new keys per sequence (``seqlen_new_eq_seqlen_q`
 ``torch.randint(1, seqlen_q + 1, (1,))``, drawn here from a generator of its own), with ``varlen_q`` each sequence
 its own ``[max(1, seqlen_new - 20), seqlen_new]`` (the test's ``key_new_padding_mask``), after its cache
 (``kv_len = cache_seqlens + new keys``: the test's ``key_padding_mask``); an fp8 append gets its new keys in fp8
-(``append`` with ``quant``).  A case says new keys as ``append_len``: None where every sequence appends its query
-tokens, the one count where every sequence appends as many, below some ``q_len`` (a *short append*).  These
-appends, the ones the case model took later (:func:`_late_append`), come after every other point, so the earlier
-cases keep their ids and their order; a ``seqlen_new`` draw of ``seqlen_q`` is the ``True`` point's call
-(:data:`~conformance.suites.peers.grid.SAME_CALL`), and a ``varlen_q`` append whose new keys are neither has no case
-(:data:`~conformance.suites.peers.grid.UNEVEN_APPEND`: one ``append_len`` for the batch, at most every ``q_len``;
-at ``seqlen_q`` 1 every sequence appends its one token, and a draw of ``seqlen_new`` 1 makes every count 1).
+(``append`` with ``quant``).  A case says new keys as :func:`~conformance.cases.case.append_fields` spells them:
+``append_len`` None where every sequence appends its query tokens, the one count where every sequence appends as
+many, below some ``q_len`` (a *short append*), else ``append_lens``, a count per sequence (an *uneven append*: the
+``varlen_q`` appends whose draws are neither; at ``seqlen_q`` 1 every sequence appends its one token, and a draw of
+``seqlen_new`` 1 makes every count 1).  These appends, the ones the case model took later (:func:`_late_append`),
+come after every other point, the uneven ones last (the case model took them last), so the earlier cases keep their
+ids and their order; a ``seqlen_new`` draw of ``seqlen_q`` is the ``True`` point's call
+(:data:`~conformance.suites.peers.grid.SAME_CALL`).
 
 Left out, each with its reason.  Every test: ``pack_gqa`` (the inner loop's False / True: not a case field, the
 adapter lets the kernel choose; each case stands for both).  Output: the ``cp_tot_seqlen_k_offset`` (the harness
@@ -54,12 +55,11 @@ then only False, and ``rotary_interleaved`` has no effect: one case for both val
 padding); ``has_batch_idx`` (no cache batch index: the cache rows read are the case's own sequences); the repeated
 call that tests metadata reuse (one call here); ``seqlen_new_eq_seqlen_q=False`` without ``new_kv`` is the
 call with True (:data:`~conformance.suites.peers.grid.SAME_CALL`; the test computes that call's scheduler metadata
-with ``max_seqlen_k_new = seqlen_new``, the adapter from the call); the ``varlen_q`` appends whose new keys the
-case model cannot say (above).  Inputs are this harness's (its own descales, sinks and stale cache slots), never the
-test's numbers: the values are the grid's, not the data.
+with ``max_seqlen_k_new = seqlen_new``, the adapter from the call).  Inputs are this harness's (its own descales,
+sinks and stale cache slots), never the test's numbers: the values are the grid's, not the data.
 
 Backends: ``fa3-vllm`` (the fork itself: it refuses ``append``), ``fa3`` (upstream FA3: it runs the 16-bit appends,
-short ones included, and declares no sinks, context parallelism, fp8, the fp8 appends included, nor scheduler
+short and uneven ones included, and declares no sinks, context parallelism, fp8, the fp8 appends included, nor scheduler
 metadata); any adapter runs the cases it accepts (``sdpa-*`` and ``flex-cpu`` every append).
 """
 
@@ -68,8 +68,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from conformance.cases.case import AttentionCase
-from conformance.suites.peers.grid import SAME_CALL, UNEVEN_APPEND, Dropped, PeerSuite, Point, walk, walk_part
+from conformance.cases.case import AttentionCase, CaseError, append_fields
+from conformance.suites.peers.grid import SAME_CALL, Dropped, PeerSuite, Point, walk, walk_part
 
 __all__ = ["FA3_SOURCE", "PEER_FA3"]
 
@@ -230,17 +230,6 @@ def _late_append(varlen_q: bool, seqlen_new_eq_seqlen_q: bool, new_kv: bool, dty
     return new_kv and (not seqlen_new_eq_seqlen_q or varlen_q or dtype == "fp8_e4m3")
 
 
-def _append_len(q_lens: list[int], new: list[int]) -> int | None:
-    """The case's ``append_len`` for ``new`` keys per sequence beside ``q_lens`` query tokens: None where every
-    sequence appends its query tokens, the one count where every sequence appends as many, at most its query tokens;
-    :data:`~conformance.suites.peers.grid.UNEVEN_APPEND` otherwise."""
-    if new == q_lens:
-        return None
-    if len(set(new)) == 1 and new[0] <= min(q_lens):
-        return new[0]
-    raise Dropped(UNEVEN_APPEND)
-
-
 def _kvcache_case(
     seqlens: tuple[int, int], varlen_q: bool, page_size: int | None, seqlen_new_eq_seqlen_q: bool,
     causal_local: tuple[bool, bool], new_kv: bool, mha_type: str, dtype: str, num_splits: int,
@@ -279,7 +268,7 @@ def _kvcache_case(
         causal=causal,
         window=window,
         append=new_kv,
-        append_len=_append_len(q_lens, new) if new_kv else None,
+        **(append_fields(q_lens, new) if new_kv else {}),
         num_splits=_splits(num_splits),
         scheduler_metadata=precompute_metadata,
         kv_layout="contiguous" if page_size is None else "NHD",
@@ -289,9 +278,25 @@ def _kvcache_case(
     )
 
 
+def _even_case(**point: object) -> AttentionCase | None:
+    """The point's case unless it is an uneven append (``append_lens``: the new keys the case model took last)."""
+    case = _kvcache_case(**point)  # type: ignore[arg-type]
+    return None if case is not None and case.append_lens else case
+
+
+def _uneven_case(**point: object) -> AttentionCase | None:
+    """The point's case if it is an uneven append, else None (the point is walked by :func:`_even_case`)."""
+    try:
+        case = _kvcache_case(**point)  # type: ignore[arg-type]
+    except (Dropped, CaseError):
+        return None
+    return case if case is not None and case.append_lens else None
+
+
 def kvcache_points() -> Iterator[Point]:
-    """Every point of ``test_flash_attn_kvcache``'s grid: first those that are not :func:`_late_append`, in grid
-    order, then those that are, in grid order."""
+    """Every point of ``test_flash_attn_kvcache``'s grid, in three parts, each in grid order: those that are not
+    :func:`_late_append`; those that are, but for the uneven appends (``append_lens``); the uneven appends (the
+    case model took them last: every earlier case keeps its id and its place)."""
     axes = (
         ("seqlens", KVCACHE_SEQLENS),
         ("varlen_q", (False, True)),
@@ -305,7 +310,8 @@ def kvcache_points() -> Iterator[Point]:
         ("precompute_metadata", (False, True)),
     )
     yield from walk_part("test_flash_attn_kvcache", axes, _kvcache_case, lambda **p: not _late_append(**p))
-    yield from walk_part("test_flash_attn_kvcache", axes, _kvcache_case, _late_append)
+    yield from walk_part("test_flash_attn_kvcache", axes, _even_case, _late_append)
+    yield from walk_part("test_flash_attn_kvcache", axes, _uneven_case, _late_append)
 
 
 def points() -> Iterator[Point]:

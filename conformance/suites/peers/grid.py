@@ -4,7 +4,7 @@ to an :class:`~conformance.cases.case.AttentionCase` or kept with the reason it 
 A peer module (:mod:`conformance.suites.peers`) lists a test's values (facts of its source file) and a ``make``
 function that builds the case of one combination as the test builds its call.  ``make`` returns the case, or None
 for a combination the test itself skips (``pytest.skip``: no call), or raises :class:`Dropped` for a call the case
-model cannot say (:data:`UNEVEN_APPEND`) or says as another point's case (:data:`SAME_CALL`); a
+model says as another point's case (:data:`SAME_CALL`); a
 :class:`~conformance.cases.case.CaseError` (the case model refuses the combination) is kept as :data:`REFUSED` with
 its message.  :func:`walk` yields a :class:`Point` per combination the test runs, so a suite's size, its refusals
 and its calls without a case are all counts over one list, and a test can pin each; :func:`walk_part` walks a part
@@ -25,7 +25,6 @@ from conformance.cases.case import AttentionCase, CaseError
 __all__ = [
     "REFUSED",
     "SAME_CALL",
-    "UNEVEN_APPEND",
     "Dropped",
     "PeerSuite",
     "Point",
@@ -33,10 +32,6 @@ __all__ = [
     "walk_part",
 ]
 
-#: An append whose new keys per sequence are neither that sequence's query tokens (``append_len`` None) nor one
-#: count for the whole batch at most every sequence's query tokens (``append_len``): FA3's ``varlen_q`` appends draw
-#: the new keys of each sequence apart from its query tokens.
-UNEVEN_APPEND = "new keys per sequence neither its q_len nor one count <= every q_len (append_len)"
 #: The case model refuses the combination (the message follows, after ``: ``).
 REFUSED = "refused by the case model"
 #: The combination makes the call another point already stands for (a parameter without effect there).
@@ -45,7 +40,7 @@ SAME_CALL = "same call as another point"
 
 class Dropped(Exception):
     """Raised by a ``make`` function: the combination runs in the peer's test but has no case of its own here;
-    ``reason`` is one of the module's constants (:data:`UNEVEN_APPEND`, :data:`SAME_CALL`)."""
+    ``reason`` says why (:data:`SAME_CALL`)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

@@ -13,7 +13,7 @@ import pytest
 from conformance.cases.case import AttentionCase
 from conformance.suites.peers import PEERS, PEER_SUITES
 from conformance.suites.peers import fa3, fa4, sgl, vllm
-from conformance.suites.peers.grid import REFUSED, SAME_CALL, UNEVEN_APPEND, Dropped, PeerSuite, walk, walk_part
+from conformance.suites.peers.grid import REFUSED, SAME_CALL, Dropped, PeerSuite, walk, walk_part
 from conformance.suites.registry import SUITES, get_suite
 
 
@@ -40,7 +40,7 @@ def test_walk_keeps_every_point_with_its_reason():
         if a == 0 and b == "x":
             return None
         if a == 1 and b == "x":
-            raise Dropped(UNEVEN_APPEND)
+            raise Dropped(SAME_CALL)
         return AttentionCase(((1, 4),), num_heads=2, num_kv_heads=2 if a != 2 else 3, head_dim=8)
 
     points = list(walk("t", (("a", (0, 1, 2)), ("b", ("x", "y"))), make))
@@ -52,7 +52,7 @@ def test_walk_keeps_every_point_with_its_reason():
         {"a": 2, "b": "y"},
     ]
     assert [bool(p.case) for p in points] == [True, False, True, False, False]
-    assert points[1].dropped == UNEVEN_APPEND
+    assert points[1].dropped == SAME_CALL
     assert points[3].dropped.startswith(f"{REFUSED}: num_heads (2) must be a positive multiple")
 
 
@@ -198,9 +198,9 @@ def test_fa3_varlen_is_the_forks_grid(fa3_points):
 
 def test_fa3_kvcache_is_the_forks_grid(fa3_points):
     """test_flash_attn_kvcache: 36 (pair, page size) the test runs x 864; its appends of other than seqlen_q new keys
-    (append_len) and into an fp8 cache come after the other points, none pending; a varlen_q append whose new keys
-    per sequence the case model cannot say (UNEVEN_APPEND), seqlen_new_eq_seqlen_q=False without new keys or with a
-    seqlen_new draw of seqlen_q the same call."""
+    (append_len) and into an fp8 cache come after the other points, the varlen_q appends with a count of new keys per
+    sequence (append_lens) last, none pending; seqlen_new_eq_seqlen_q=False without new keys or with a seqlen_new
+    draw of seqlen_q the same call."""
     points = _by_test(fa3_points, "test_flash_attn_kvcache")
     pages = sum(1 for _, sk in fa3.KVCACHE_SEQLENS for page in fa3.KVCACHE_PAGE_SIZES if page is None or sk % page == 0)
     assert pages == 11 + 11 + 8 + 6
@@ -209,29 +209,36 @@ def test_fa3_kvcache_is_the_forks_grid(fa3_points):
     per = pages * 3 * 3 * 3 * 2  # (causal, local) x heads x num_splits x metadata, one dtype, one (varlen, eq) pair
     late = [fa3._late_append(**p.values) for p in points]
     assert late == sorted(late) and sum(late) == per * 7  # of the 8 (varlen_q, eq, dtype) appends, all but one
+    uneven = [p.case is not None and bool(p.case.append_lens) for p in points]
+    assert uneven == sorted(uneven) and sum(uneven) == 5934  # the uneven appends after every other point
     dropped = Counter(p.dropped for p in points if p.case is None)
     # SAME_CALL: no new_kv with eq False (both dtypes, both varlen_q), and 1,806 eq False draws of seqlen_new ==
-    # seqlen_q (every one at seqlen_q 1); UNEVEN_APPEND: varlen_q appends whose draws are neither
-    assert dropped == Counter({SAME_CALL: per * 4 + 1806, UNEVEN_APPEND: 5934})
+    # seqlen_q (every one at seqlen_q 1); the varlen_q appends whose draws are neither q_len nor one count are cases
+    assert dropped == Counter({SAME_CALL: per * 4 + 1806})
     for p in points:
         v, sq = p.values, p.values["seqlens"][0]
-        if p.dropped == UNEVEN_APPEND:
+        if p.case is not None and p.case.append_lens:
             assert v["new_kv"] and v["varlen_q"] and sq > 1  # at seqlen_q 1 every sequence appends its 1 token
+            assert "append_uneven" in p.case.features() and "_appendv" in p.case.id
         if p.dropped == SAME_CALL:
             assert not v["seqlen_new_eq_seqlen_q"]
         if v["new_kv"] and not v["seqlen_new_eq_seqlen_q"] and sq == 1:
             assert p.dropped == SAME_CALL  # seqlen_new = randint(1, 2) is seqlen_q
     cases = [p for p in points if p.case is not None]
-    assert len(cases) == 15588
+    assert len(cases) == 15588 + 5934
     # the 9,720 cases the grid had before its appends became cases: their ids and order unchanged
     assert sum(1 for p in cases if not fa3._late_append(**p.values)) == 9720
     assert _digest(p.case for p in cases[:9720]) == "59dde6d5a94d9ca7188234dd3d4d73709c8c2639d867e913a1a3c4be8699b01f"
+    # the 15,588 cases before the uneven appends became cases (append_lens): their ids and order unchanged
+    assert _digest(p.case for p in cases[:15588]) == "82d79af4b300bc66ee528a288a478fa1a328ac239cbc63f0476676a09369f3e0"
+    assert _digest(p.case for p in cases[15588:]) == "ec790ca60d780ad3e2186497b9e21a8ec7d128754f71ce18783021183d08d53e"
     assert {p.case.block_size for p in cases} == {None, 1, 4, 128}
     assert {p.case.scheduler_metadata for p in cases} == {False, True} and {p.case.num_splits for p in cases} == {
         1, 3, None,
     }  # fmt: skip
     assert sum(p.case.append_len is not None for p in cases) == 3264
-    assert sum(p.case.append and p.case.quant != "none" for p in cases) == 3912
+    assert sum(bool(p.case.append_lens) for p in cases) == 5934
+    assert sum(p.case.append and p.case.quant != "none" for p in cases) == 3912 + 2988
     for p in cases:
         c, v, (sq, sk) = p.case, p.values, p.values["seqlens"]
         assert c.batch == 5 and c.head_dim == 128 and c.batch_name == "peerfa3kv"
@@ -241,8 +248,10 @@ def test_fa3_kvcache_is_the_forks_grid(fa3_points):
             new = c.new_kv_lens
             assert all(n <= k <= sk for n, k in zip(new, c.kv_lens))
             assert all(n < sq for n in new) if not v["seqlen_new_eq_seqlen_q"] else all(n <= sq for n in new)
+            if v["varlen_q"]:  # each sequence its own count, within 20 of seqlen_new (key_new_padding_mask)
+                assert max(new) - min(new) <= 20 and min(new) >= 1
             if v["seqlen_new_eq_seqlen_q"] and not v["varlen_q"]:
-                assert c.append_len is None  # seqlen_q new keys
+                assert c.append_len is None and not c.append_lens  # seqlen_q new keys
         else:
             assert all(1 <= k <= sk for k in c.kv_lens) and v["seqlen_new_eq_seqlen_q"]
         if v["dtype"] == "fp8_e4m3":
@@ -264,7 +273,11 @@ def _unique_stable_and_no_engine(name: str) -> None:
 
 
 def test_fa3_suite_size(fa3_points):
-    assert len(get_suite("peer-fa3")) == 63360 + 47517 + 15588 == sum(1 for p in fa3_points if p.case is not None)
+    cases = get_suite("peer-fa3")
+    assert len(cases) == 63360 + 47517 + 15588 + 5934 == sum(1 for p in fa3_points if p.case is not None)
+    # the 126,465 cases before the uneven appends became cases (append_lens): their ids and order unchanged
+    assert _digest(cases[:126465]) == "9754460b1eb4dd8115ab87feb704efa0106fee03f3dc4748f6773b47b57e0465"
+    assert all(c.append_lens for c in cases[126465:]) and not any(c.append_lens for c in cases[:126465])
     _unique_stable_and_no_engine("peer-fa3")
 
 
@@ -365,7 +378,10 @@ def test_fa4_kvcache_is_its_grid_on_sm90(fa4_points):
 
 
 def test_fa4_suite_size(fa4_points):
-    assert len(get_suite("peer-fa4")) == 11396 + 65648 + 4992 == sum(1 for p in fa4_points if p.case is not None)
+    cases = get_suite("peer-fa4")
+    assert len(cases) == 11396 + 65648 + 4992 == sum(1 for p in fa4_points if p.case is not None)
+    # its ids in order (test_ids_golden.py pins every other suite but peer-fa3)
+    assert _digest(cases) == "f7db7a1c3b03f62b98e5f8be5742f9043d9344e29e13a0f980fecc7bd70ead48"
     _unique_stable_and_no_engine("peer-fa4")
 
 
