@@ -74,12 +74,20 @@ def judge(case: AttentionCase, mode: str, ctx, cls: type[SoftcapKernelSim]) -> d
         if t and "mean_abs" in t:
             tol = r.extra["backward"]["tolerance"]
             bound = tol["mean_factor"] * t["baseline_mean_abs"] + tol["mean_atol"]
-            out[n] = {"mean": t["mean_abs"], "mean_bound": bound, "error_ratio": t["error_ratio"], "failed": t["failed"]}
+            out[n] = {
+                "mean": t["mean_abs"],
+                "mean_bound": bound,
+                "error_ratio": t["error_ratio"],
+                "failed": t["failed"],
+            }
     return out
 
 
 def table(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
-    out = ["| backend | kind | " + " | ".join(["before: cases failed", "after: cases failed"]) + " |", "|---|---|---|---|"]
+    out = [
+        "| backend | kind | " + " | ".join(["before: cases failed", "after: cases failed"]) + " |",
+        "|---|---|---|---|",
+    ]
     for cls, kind in BACKENDS:
         cells = []
         for mode in ("before", "after"):
