@@ -4,7 +4,8 @@
     python scripts/softcap_bwd_detection.py [--out reports/detection-power] [--sample N]
 
 Cases: the four fp16 and the bf16 soft-capped cases of ``scripts/investigate_bwd_triage.py``'s grid (FA2 2.8.3's
-failing class on the H100) and ``default``'s soft-capped backward cases (``--sample N``: the first N of them).
+failing class on the H100) and ``default``'s soft-capped backward cases (``--sample N``: N of them, evenly spaced
+in suite order).
 Backends (``tests/conformance/backward/softcap_sim.py``): the bug-free FA2-like simulation (its soft-cap tanh
 carrying an error calibrated on FA2's measured dK error), the same without that error (P and dS rounded only), and
 each planted bug on top of the simulation.  Each (case, backend) is judged by ``check_backend`` twice: with the
@@ -54,7 +55,8 @@ BACKENDS: list[tuple[type[SoftcapKernelSim], str]] = [
 def cases(sample: int) -> list[AttentionCase]:
     grid = [AttentionCase(REQUESTS, **HEADS, **f) for f in GRID["fa2"] if f.get("softcap")]
     default = [c for c in get_suite("default") if c.backward and c.softcap is not None]
-    return grid + default[:sample]
+    step = max(1, len(default) // max(sample, 1))
+    return grid + default[::step][:sample]
 
 
 def judge(case: AttentionCase, mode: str, ctx, cls: type[SoftcapKernelSim]) -> dict[str, Any]:
@@ -103,7 +105,7 @@ def table(rows: list[dict[str, Any]], names: list[str]) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(REPO / "reports" / "detection-power"))
-    ap.add_argument("--sample", type=int, default=27, help="how many of default's soft-capped backward cases")
+    ap.add_argument("--sample", type=int, default=9, help="how many of default's soft-capped backward cases")
     args = ap.parse_args()
     t0 = time.time()
     rows: list[dict[str, Any]] = []
@@ -127,7 +129,7 @@ def main() -> int:
         "",
         f"Generated {now} by `python scripts/softcap_bwd_detection.py --sample {args.sample}` (commit "
         f"`{head['commit']}`, CPU, {head['seconds']} s). Cases: {len(names)} (the triage grid's 5 soft-capped "
-        f"cases and the first {len(names) - 5} of `default`'s soft-capped backward cases), seed 0. A backend "
+        f"cases and {len(names) - 5} of `default`'s 27 soft-capped backward cases, evenly spaced), seed 0. A backend "
         "fails a case on any failed check (forward or backward); before = the baseline with the tanh argument in "
         "fp32, after = formed at fp16 precision (`conformance/backward/gradients.py`).",
         "",

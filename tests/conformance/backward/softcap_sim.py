@@ -82,6 +82,7 @@ class SoftcapKernelSim(FlashStyleBackend):
         out = torch.zeros(case.total_q, h, case.dv, dtype=F64)
         lse_all = torch.full((h, case.total_q), -math.inf, dtype=F64)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dsinks = None if sinks is None else torch.zeros(h, dtype=F64)
         gen = torch.Generator().manual_seed(0)
         cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
         for b, (sq, sk) in enumerate(case.requests):
@@ -126,9 +127,11 @@ class SoftcapKernelSim(FlashStyleBackend):
             dq[q0 : q0 + sq] = (torch.matmul(ds, kh) * bscale).permute(1, 0, 2)
             dk[k0 : k0 + sk] += self.sum_group(torch.matmul(ds.transpose(-1, -2), qh) * bscale, hk)
             dv[k0 : k0 + sk] += self.sum_group(torch.matmul(p.transpose(-1, -2), doh), hk)
+            if dsinks is not None:  # d sink_h = -sum_i P_sink[h, i] D[h, i]
+                dsinks -= (torch.exp(sinks[:, None] - lse) * delta[..., 0]).sum(-1)
         dk = self.finish_dk(dk)
-        lse32 = lse_all.float()
-        return GradOutput(out.to(dt), lse32, dq.to(dt), dk.to(dt), dv.to(dt), None)
+        ds32 = None if dsinks is None else dsinks.float()
+        return GradOutput(out.to(dt), lse_all.float(), dq.to(dt), dk.to(dt), dv.to(dt), ds32)
 
 
 class CapOffBackend(SoftcapKernelSim):
