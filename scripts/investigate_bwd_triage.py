@@ -35,8 +35,9 @@ import json
 import math
 import sys
 import time
+from typing import Any
 
-GRID = {
+GRID: dict[str, list[dict[str, Any]]] = {
     "fa2": [
         dict(dtype="fp16", softcap=50.0, data="peaked", head_dim=d, causal=c, backward=True)
         for d in (64, 128)
@@ -96,12 +97,12 @@ def tanh_approx(x):
             fn = torch.cuda.jiterator._create_jit_fn(code)
             fn(torch.zeros(1, device="cuda"))
             _TANH_APPROX.append(fn)
-        except Exception as e:  # noqa: BLE001 - report why, try Triton
-            errors.append(f"jiterator: {type(e).__name__}: {str(e)[:200]}")
+        except Exception as jit_error:  # noqa: BLE001 - report why, try Triton
+            errors.append(f"jiterator: {type(jit_error).__name__}: {str(jit_error)[:200]}")
         if not _TANH_APPROX:
             try:
-                import triton
-                import triton.language as tl
+                import triton  # type: ignore[import-not-found,unused-ignore]
+                import triton.language as tl  # type: ignore[import-not-found,unused-ignore]
 
                 @triton.jit
                 def _k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
@@ -121,8 +122,8 @@ def tanh_approx(x):
 
                 fn(torch.zeros(1, device="cuda"))
                 _TANH_APPROX.append(fn)
-            except Exception as e:  # noqa: BLE001
-                errors.append(f"triton: {type(e).__name__}: {str(e)[:200]}")
+            except Exception as triton_error:  # noqa: BLE001
+                errors.append(f"triton: {type(triton_error).__name__}: {str(triton_error)[:200]}")
         if not _TANH_APPROX:
             _TANH_APPROX.append("; ".join(errors))  # built once: the failure is kept, not retried per case
     if isinstance(_TANH_APPROX[0], str):
@@ -146,9 +147,9 @@ def tanh_approx_error(device: str) -> dict:
     out = {}
     for lo, hi in ((0, 0.25), (0.25, 1), (1, 2), (2, 4), (4, 8), (8, 12.1)):
         m = (x.abs() >= lo) & (x.abs() < hi)
-        e, rel = err[m], (err[m] / exact[m].abs().clamp_min(1e-30))
-        sat = (e / (1 - exact[m].abs()).clamp_min(1e-30)).mean()  # relative to the distance from saturation
-        out[f"|x| {lo}-{hi}"] = {"abs_max": float(e.max()), "abs_mean": float(e.mean()), "rel_max": float(rel.max()),
+        ae, rel = err[m], (err[m] / exact[m].abs().clamp_min(1e-30))
+        sat = (ae / (1 - exact[m].abs()).clamp_min(1e-30)).mean()  # relative to the distance from saturation
+        out[f"|x| {lo}-{hi}"] = {"abs_max": float(ae.max()), "abs_mean": float(ae.mean()), "rel_max": float(rel.max()),
                                  "one_minus_t_rel_mean": float(sat)}  # fmt: skip
     return out
 
@@ -261,7 +262,7 @@ def _old_baseline_verdict(ctx, backend) -> dict:
 
     saved = grad_mod.softcap_arg_dtype
     grad_mod._CACHE.clear()
-    grad_mod.softcap_arg_dtype = lambda case: None  # type: ignore[assignment]
+    grad_mod.softcap_arg_dtype = lambda case: None
     try:
         r = check_backend(ctx, backend)
     finally:
@@ -324,7 +325,7 @@ def main() -> int:
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     names = args.only or (["fa2", "sdpa-cuda"] if args.device.startswith("cuda") else ["sdpa-cpu"])
     t0 = time.time()
-    out = {"device": args.device, "requests": REQUESTS, "heads": HEADS, "seeds": seeds,
+    out: dict[str, Any] = {"device": args.device, "requests": REQUESTS, "heads": HEADS, "seeds": seeds,
            "tanh_approx_error": tanh_approx_error(args.device), "rows": []}  # fmt: skip
     for name in names:
         if args.grid_softcap:

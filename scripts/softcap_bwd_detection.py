@@ -36,7 +36,7 @@ from conformance.verdict.check import check_backend, prepare_context  # noqa: E4
 from tests.conformance.backward.softcap_sim import SOFTCAP_BUGS, SoftcapKernelSim  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
-from investigate_bwd_triage import GRID, HEADS, REQUESTS  # noqa: E402
+from investigate_bwd_triage import GRID, HEADS, REQUESTS  # type: ignore[import-not-found]  # noqa: E402
 
 
 class RoundingOnlySim(SoftcapKernelSim):
@@ -63,14 +63,14 @@ def judge(case: AttentionCase, mode: str, ctx, cls: type[SoftcapKernelSim]) -> d
     grad_mod._CACHE.clear()
     saved = grad_mod.softcap_arg_dtype
     if mode == "before":
-        grad_mod.softcap_arg_dtype = lambda c: None  # type: ignore[assignment]
+        grad_mod.softcap_arg_dtype = lambda case: None
     try:
         r = check_backend(ctx, cls())
     finally:
         grad_mod.softcap_arg_dtype = saved
         grad_mod._CACHE.clear()
     tensors = (r.extra.get("backward") or {}).get("tensors", {})
-    out = {"status": r.status.value, "reason": r.reason[:300]}
+    out: dict[str, Any] = {"status": r.status.value, "reason": r.reason[:300]}
     for n in ("dq", "dk", "dv"):
         t = tensors.get(n)
         if t and "mean_abs" in t:
@@ -113,7 +113,7 @@ def main() -> int:
     for case in todo:
         ctx = prepare_context(case, 0, "cpu")
         for cls, _ in BACKENDS:
-            row = {"case_id": case.id, "backend": cls.name, "fake": cls.__name__}
+            row: dict[str, Any] = {"case_id": case.id, "backend": cls.name, "fake": cls.__name__}
             row.update({mode: judge(case, mode, ctx, cls) for mode in ("before", "after")})
             rows.append(row)
             print(json.dumps({k: row[k] for k in ("case_id", "fake")}), row["before"]["status"],

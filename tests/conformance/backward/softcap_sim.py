@@ -127,7 +127,7 @@ class SoftcapKernelSim(FlashStyleBackend):
             dq[q0 : q0 + sq] = (torch.matmul(ds, kh) * bscale).permute(1, 0, 2)
             dk[k0 : k0 + sk] += self.sum_group(torch.matmul(ds.transpose(-1, -2), qh) * bscale, hk)
             dv[k0 : k0 + sk] += self.sum_group(torch.matmul(p.transpose(-1, -2), doh), hk)
-            if dsinks is not None:  # d sink_h = -sum_i P_sink[h, i] D[h, i]
+            if dsinks is not None and sinks is not None:  # d sink_h = -sum_i P_sink[h, i] D[h, i]
                 dsinks -= (torch.exp(sinks[:, None] - lse) * delta[..., 0]).sum(-1)
         dk = self.finish_dk(dk)
         ds32 = None if dsinks is None else dsinks.float()

@@ -65,7 +65,7 @@ def test_planted_softcap_bugs_fail_under_the_new_baseline(contexts, name, bug) -
     assert r.reason.startswith("backward d") and r.stats is not None and not r.stats.failed_checks
 
 
-def _old_baseline_call(case: AttentionCase, inputs) -> tuple[torch.Tensor, ...]:
+def _old_baseline_call(case: AttentionCase, inputs) -> tuple[torch.Tensor | None, ...]:
     """The baseline gradients exactly as conformance/backward/gradients.py computed them before the change."""
     fwd = reference(case, inputs)
     dt = case.torch_dtype
