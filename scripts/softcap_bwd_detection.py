@@ -50,7 +50,7 @@ BACKENDS: list[tuple[type[SoftcapKernelSim], str]] = [
     (SoftcapKernelSim, "control: FA2-like (tanh error calibrated on the H100)"),
     (RoundingOnlySim, "control: P and dS rounded, exact tanh"),
 ] + [(cls, "bug" if must else "below rounding") for cls, must in SOFTCAP_BUGS.items()]
-_BY_NAME: dict[str, Any] = {cls.__name__: cls for cls, _ in BACKENDS}
+_BY_NAME: dict[str, type[SoftcapKernelSim]] = {cls.__name__: cls for cls, _ in BACKENDS}
 
 
 def cases(sample: int) -> list[AttentionCase]:
@@ -108,7 +108,7 @@ def render(data: dict[str, Any], sample: int) -> str:
     missed = [
         f"- `{r['fake']}` on `{r['case_id']}` (before: {r['before']['status']}, after: {r['after']['status']})"
         for r in rows
-        if SOFTCAP_BUGS.get(_BY_NAME.get(r["fake"]), False) and r["after"]["status"] == "pass"
+        if SOFTCAP_BUGS.get(_BY_NAME[r["fake"]], False) and r["after"]["status"] == "pass"
     ]
     return "\n".join(
         [
