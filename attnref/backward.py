@@ -18,8 +18,10 @@ its dQ row is 0 and its sink gradient 0.
 
 ``operand_dtype`` (e.g. ``torch.bfloat16``) rounds P and dS_raw to that dtype before the matmuls that read them
 (dV, dQ, dK), as a flash kernel's bf16/fp16 backward does, the accumulation staying in ``numerics.dtype``: the
-same-precision baseline of the backward verdict.  Context parallelism (``options.cp``) and MLA's ``qv`` have no
-backward here: they raise ``ValueError`` naming the argument.
+same-precision baseline of the backward verdict.  ``softcap_arg_dtype`` (soft-cap only) forms the tanh's argument
+in that dtype, ``t = tanh(r(r(s_raw) / cap))`` with ``r`` the rounding to it, the tanh and everything after it
+staying in ``numerics.dtype`` (the baseline's model of a 16-bit kernel's approximate tanh).  Context parallelism
+(``options.cp``) and MLA's ``qv`` have no backward here: they raise ``ValueError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -39,13 +41,17 @@ __all__ = ["attend_sequence_backward", "attention_padded_backward", "attention_v
 _OPERAND_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _check_unsupported(options: AttnOptions, qv: object, operand_dtype: torch.dtype | None) -> None:
+def _check_unsupported(
+    options: AttnOptions, qv: object, operand_dtype: torch.dtype | None, softcap_arg_dtype: torch.dtype | None = None
+) -> None:
     if options.cp is not None:
         raise ValueError("options.cp must be None: the backward reference has no context parallelism")
     if qv is not None:
         raise ValueError("qv must be None: the backward reference has no MLA-absorbed qv")
     if operand_dtype is not None and operand_dtype not in _OPERAND_DTYPES:
         raise ValueError(f"operand_dtype must be one of {_OPERAND_DTYPES} or None, got {operand_dtype!r}")
+    if softcap_arg_dtype is not None and softcap_arg_dtype not in _OPERAND_DTYPES:
+        raise ValueError(f"softcap_arg_dtype must be one of {_OPERAND_DTYPES} or None, got {softcap_arg_dtype!r}")
 
 
 def _rounded(x: torch.Tensor, operand_dtype: torch.dtype | None) -> torch.Tensor:
@@ -66,6 +72,7 @@ def attend_sequence_backward(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     operand_dtype: torch.dtype | None = None,
+    softcap_arg_dtype: torch.dtype | None = None,
     qv: None = None,
 ) -> AttnGrads:
     """Gradients of one sequence (all heads), no validation of shapes (callers validate).
@@ -75,11 +82,13 @@ def attend_sequence_backward(
         alibi_slopes: (h,) or None.  sinks: (h,) or None.
         out, lse: the forward's (sq, h, dv) and (h, sq); None (both) = run :func:`attnref.core.attend_sequence`.
         operand_dtype: round P and dS to this dtype before the matmuls (None = no rounding).
+        softcap_arg_dtype: with a soft-cap, round ``s_raw`` and ``s_raw / cap`` to this dtype before the tanh (None =
+            no rounding; no effect without a soft-cap).
 
     Returns:
         ``AttnGrads(dq (sq, h, d), dk (sk, hk, d), dv (sk, hk, dv), dsinks (h,) or None)`` in ``numerics.dtype``.
     """
-    _check_unsupported(options, qv, operand_dtype)
+    _check_unsupported(options, qv, operand_dtype, softcap_arg_dtype)
     sq, h, d = q.shape
     sk, hk, dv = v.shape
     group = h // hk
@@ -121,8 +130,8 @@ def attend_sequence_backward(
         for k0, k1 in key_tiles:
             kt, vt = kh[:, k0:k1], vh[:, k0:k1]  # (hk, tk, d|dv)
             s = torch.matmul(qt, kt.transpose(-1, -2)) * scale  # (hk, g * tq, tk)
-            if cap is not None:
-                t = torch.tanh(s / cap)
+            if cap is not None:  # the tanh's argument formed in softcap_arg_dtype when given (two roundings)
+                t = torch.tanh(_rounded(_rounded(s, softcap_arg_dtype) / cap, softcap_arg_dtype))
                 s = t * cap
             s = s.view(hk, group, n, k1 - k0)
             cols = torch.arange(k0, k1, device=dev)
@@ -169,6 +178,7 @@ def attention_varlen_backward(
     sinks: torch.Tensor | None = None,
     numerics: Numerics = Numerics(),
     operand_dtype: torch.dtype | None = None,
+    softcap_arg_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     qv: None = None,
@@ -181,13 +191,14 @@ def attention_varlen_backward(
         options: causal / window / softcap / scale / chunk (no ``cp``).
         alibi_slopes: (h,) or (b, h).  sinks: (h,) per-head sink logits, shared by every sequence.
         operand_dtype: round P and dS to this dtype before the matmuls (the same-precision baseline).
+        softcap_arg_dtype: with a soft-cap, form the tanh's argument in this dtype (see the module docstring).
         out, lse: the forward's (total_q, h, dv) and (h, total_q); None (both) = recomputed per sequence.
 
     Returns:
         ``AttnGrads(dq (total_q, h, d), dk (total_k, hk, d), dv (total_k, hk, dv), dsinks (h,) or None)`` in
         ``numerics.dtype``; ``dsinks`` is summed over the sequences.
     """
-    _check_unsupported(options, qv, operand_dtype)
+    _check_unsupported(options, qv, operand_dtype, softcap_arg_dtype)
     h, hk, d, dv = check_qkv(q, k, v, token_dims=1)
     _check_dout(dout, (q.shape[0], h, dv), q.device)
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
@@ -228,6 +239,7 @@ def attention_varlen_backward(
             out=None if out is None else out[q0:q1],
             lse=None if lse is None else lse[:, q0:q1],
             operand_dtype=operand_dtype,
+            softcap_arg_dtype=softcap_arg_dtype,
         )
         grads.dq[q0:q1] = g.dq
         grads.dk[k0 : k0 + n] += g.dk
@@ -251,6 +263,7 @@ def attention_padded_backward(
     sinks: torch.Tensor | None = None,
     numerics: Numerics = Numerics(),
     operand_dtype: torch.dtype | None = None,
+    softcap_arg_dtype: torch.dtype | None = None,
     qv: None = None,
 ) -> AttnGrads:
     """Reference gradients over a padded batch (the layouts of :func:`attnref.attention_padded`).
@@ -263,7 +276,7 @@ def attention_padded_backward(
         ``AttnGrads(dq (b, sq, h, d), dk (b, sk, hk, d), dv (b, sk, hk, dv), dsinks (h,) or None)`` in
         ``numerics.dtype``; ``dsinks`` is summed over the batch.
     """
-    _check_unsupported(options, qv, operand_dtype)
+    _check_unsupported(options, qv, operand_dtype, softcap_arg_dtype)
     h, hk, d, dv = check_qkv(q, k, v, token_dims=2)
     batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
     if k.shape[0] != batch:
@@ -291,6 +304,7 @@ def attention_padded_backward(
             sinks=sinks,
             numerics=numerics,
             operand_dtype=operand_dtype,
+            softcap_arg_dtype=softcap_arg_dtype,
         )
         grads.dq[b] = g.dq
         grads.dk[b, : lens[b]] = g.dk

@@ -2,7 +2,8 @@
 50 on ``peaked`` data (dK mean error 2-6x its bound) and sdpa-cuda's backward at head dim 224 with ALiBi on
 ``outliers`` data (dQ error ratio 1.43).
 
-    python scripts/investigate_bwd_triage.py [--device cuda] [--out F.json] [--only fa2|sdpa-cuda|sdpa-cpu]
+    python scripts/investigate_bwd_triage.py [--device cuda] [--out F.json] [--seeds 0,1,...]
+        [--only fa2|sdpa-cuda|sdpa-cuda-wide|sdpa-cpu] [--grid-softcap]
 
 For each case of a small grid around the two classes the harness's verdict runs as usual (``check_backend``: the
 record's status and gradient ratios), and the same case is then recomputed outside the harness: the kernel's
@@ -17,6 +18,14 @@ gradient: max and mean |x - fp64| of each, and flash-attention's own test rule o
 
 A kernel within the fp64 distance of the PyTorch same-precision backward is as right as its dtype allows (a
 verdict to fix); one well beyond it, where the harness's float32 reference agrees with float64, is a kernel defect.
+
+Soft-capped cases also get ``status_old_baseline`` (the verdict with the baseline before the soft-capped fp16 one:
+``softcap_arg_dtype`` patched to None) beside ``status`` (today's), and ``dk_rounding_variants`` includes
+``fp16_arg`` (today's baseline model: the tanh's argument formed in fp16) and, on CUDA, ``tanh_approx`` (the tanh
+evaluated by ``tanh.approx.f32``, FA2's ``cutlass::fast_tanh``, through torch's jiterator or Triton: the kernel's
+own tanh in the harness's model); the output's ``tanh_approx_error`` is that instruction's error against float64
+tanh over a grid of arguments.  ``sdpa-cuda-wide`` draws the sdpa-cuda class (d224, ALiBi, ``outliers``) over
+more head layouts and lengths; ``--seeds`` repeats every case with other input seeds.
 """
 
 from __future__ import annotations
@@ -26,8 +35,9 @@ import json
 import math
 import sys
 import time
+from typing import Any
 
-GRID = {
+GRID: dict[str, list[dict[str, Any]]] = {
     "fa2": [
         dict(dtype="fp16", softcap=50.0, data="peaked", head_dim=d, causal=c, backward=True)
         for d in (64, 128)
@@ -43,8 +53,105 @@ GRID = {
     + [dict(dtype="bf16", alibi=False, data="outliers", head_dim=224, causal=True, backward=True)],
 }
 GRID["sdpa-cpu"] = GRID["sdpa-cuda"]  # a CPU smoke run of this script
+#: the sdpa-cuda class over other head layouts (MQA, MHA, wider GQA) and lengths (decode-like, long keys, one long)
+GRID["sdpa-cuda-wide"] = [
+    dict(dtype=dt, alibi=True, data="outliers", head_dim=224, causal=c, backward=True, requests=r, **heads)
+    for dt in ("bf16", "fp16")
+    for c in (False, True)
+    for heads in (
+        dict(num_heads=8, num_kv_heads=1),
+        dict(num_heads=4, num_kv_heads=4),
+        dict(num_heads=16, num_kv_heads=2),
+    )
+    for r in (((1, 300), (300, 300)), ((257, 1031),), ((64, 2048), (3, 17)))
+]
 REQUESTS = ((128, 128), (77, 200), (5, 64))
 HEADS = dict(num_heads=4, num_kv_heads=2)
+
+
+def grid_case(fields: dict):
+    """The case of one grid entry (``requests`` and the heads default to :data:`REQUESTS` and :data:`HEADS`)."""
+    from conformance.cases.case import AttentionCase
+
+    f = dict(fields)
+    requests = f.pop("requests", REQUESTS)
+    heads = {k: f.pop(k, v) for k, v in HEADS.items()}
+    return AttentionCase(requests, **heads, **f)
+
+
+_TANH_APPROX: list = []
+
+
+def tanh_approx(x):
+    """``tanh.approx.f32`` of a float32 CUDA tensor (FA2's ``cutlass::fast_tanh`` on sm_75+), through torch's
+    jiterator (NVRTC) or else Triton; raises RuntimeError when neither builds."""
+    import torch
+
+    if not _TANH_APPROX:
+        errors = []
+        try:
+            code = (
+                "template <typename T> T tanh_approx(T x) { float y; "
+                'asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"((float)x)); return y; }'
+            )
+            fn = torch.cuda.jiterator._create_jit_fn(code)
+            fn(torch.zeros(1, device="cuda"))
+            _TANH_APPROX.append(fn)
+        except Exception as jit_error:  # noqa: BLE001 - report why, try Triton
+            errors.append(f"jiterator: {type(jit_error).__name__}: {str(jit_error)[:200]}")
+        if not _TANH_APPROX:
+            try:
+                import triton  # type: ignore[import-not-found,unused-ignore]
+                import triton.language as tl  # type: ignore[import-not-found,unused-ignore]
+
+                @triton.jit
+                def _k(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+                    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+                    m = offs < n
+                    xv = tl.load(x_ptr + offs, mask=m)
+                    yv = tl.inline_asm_elementwise(
+                        "tanh.approx.f32 $0, $1;", "=f,f", [xv], dtype=tl.float32, is_pure=True, pack=1
+                    )
+                    tl.store(y_ptr + offs, yv, mask=m)
+
+                def fn(t):
+                    t = t.contiguous()
+                    y = torch.empty_like(t)
+                    _k[(triton.cdiv(t.numel(), 1024),)](t, y, t.numel(), BLOCK=1024)
+                    return y
+
+                fn(torch.zeros(1, device="cuda"))
+                _TANH_APPROX.append(fn)
+            except Exception as triton_error:  # noqa: BLE001
+                errors.append(f"triton: {type(triton_error).__name__}: {str(triton_error)[:200]}")
+        if not _TANH_APPROX:
+            _TANH_APPROX.append("; ".join(errors))  # built once: the failure is kept, not retried per case
+    if isinstance(_TANH_APPROX[0], str):
+        raise RuntimeError(_TANH_APPROX[0])
+    return _TANH_APPROX[0](x.float().contiguous())
+
+
+def tanh_approx_error(device: str) -> dict:
+    """|tanh.approx.f32(x) - tanh(x)| (float64 tanh of the same float32 x) over x in [-12, 12], by |x| band."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {"skipped": "needs CUDA"}
+    try:
+        x = torch.linspace(-12.0, 12.0, 2_000_001, device=device, dtype=torch.float32)
+        t = tanh_approx(x).double()
+    except RuntimeError as e:
+        return {"unavailable": str(e)}
+    exact = torch.tanh(x.double())
+    err = (t - exact).abs()
+    out = {}
+    for lo, hi in ((0, 0.25), (0.25, 1), (1, 2), (2, 4), (4, 8), (8, 12.1)):
+        m = (x.abs() >= lo) & (x.abs() < hi)
+        ae, rel = err[m], (err[m] / exact[m].abs().clamp_min(1e-30))
+        sat = (ae / (1 - exact[m].abs()).clamp_min(1e-30)).mean()  # relative to the distance from saturation
+        out[f"|x| {lo}-{hi}"] = {"abs_max": float(ae.max()), "abs_mean": float(ae.mean()), "rel_max": float(rel.max()),
+                                 "one_minus_t_rel_mean": float(sat)}  # fmt: skip
+    return out
 
 
 def explicit_grads(case, inputs, dtype):
@@ -82,13 +189,15 @@ def explicit_grads(case, inputs, dtype):
 
 #: where a low-precision soft-capped backward may round, for ``rounding_variants`` (each on top of the baseline's
 #: P and dS rounded before their matmuls)
-ROUNDINGS = ("baseline", "scores", "tanh", "dtanh", "dp", "p_before_ds")
+ROUNDINGS = ("baseline", "scores", "tanh", "dtanh", "dp", "p_before_ds", "fp16_arg", "tanh_approx")
 
 
 def rounding_variants(case, inputs, r64):
     """dK's mean and max |x - fp64| of the explicit soft-capped backward in float32 with P and dS rounded to the case
     dtype (the harness's baseline model) plus one more rounding each: the scores before tanh, tanh, the derivative
-    ``1 - tanh^2``, dP, P before it forms dS.  The one that matches the kernel's error says where it rounds."""
+    ``1 - tanh^2``, dP, P before it forms dS; ``fp16_arg``: the scores and ``s / cap`` rounded to fp16 (today's
+    baseline); ``tanh_approx`` (CUDA): the tanh by ``tanh.approx.f32`` of ``(q.k) * (scale / cap)`` as FA2 forms it.
+    The one that matches the kernel's error says where it rounds."""
     import torch
 
     dt, f32 = case.torch_dtype, torch.float32
@@ -97,14 +206,29 @@ def rounding_variants(case, inputs, r64):
     rep = case.num_heads // case.num_kv_heads
     out = {}
     for where in ROUNDINGS:
+        if where == "tanh_approx":
+            if not inputs.q.is_cuda:
+                continue
+            try:
+                tanh_approx(inputs.q.new_zeros(1, dtype=f32))
+            except RuntimeError as e:
+                out[where] = {"unavailable": str(e)}
+                continue
         dk_parts, q0, k0 = [], 0, 0
         for sq, sk in case.requests:
             q = inputs.q[q0 : q0 + sq].to(f32)
             k = inputs.k[k0 : k0 + sk].to(f32).repeat_interleave(rep, 1)
             v = inputs.v[k0 : k0 + sk].to(f32).repeat_interleave(rep, 1)
             do = inputs.dout[q0 : q0 + sq].to(f32)
-            s = rnd(torch.einsum("ihd,jhd->hij", q, k) * scale, where == "scores")
-            t = rnd(torch.tanh(s / case.softcap), where == "tanh") if case.softcap else None
+            qk = torch.einsum("ihd,jhd->hij", q, k)
+            s = (qk * scale).half().float() if where == "fp16_arg" else rnd(qk * scale, where == "scores")
+            t = None
+            if case.softcap and where == "tanh_approx":
+                t = tanh_approx(qk * torch.tensor(scale / case.softcap, dtype=f32))
+            elif case.softcap and where == "fp16_arg":
+                t = torch.tanh((s / case.softcap).half().float())
+            elif case.softcap:
+                t = rnd(torch.tanh(s / case.softcap), where == "tanh")
             sc = t * case.softcap if case.softcap else s
             i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
             j = torch.arange(sk, device=q.device)[None, :]
@@ -131,22 +255,41 @@ def _errs(x, ref):
     return {"max": float(d.max()), "mean": float(d.mean())}
 
 
-def triage(backend_name: str, device: str) -> list[dict]:
+def _old_baseline_verdict(ctx, backend) -> dict:
+    """The verdict with the baseline before the soft-capped fp16 one (the tanh argument in fp32)."""
+    import conformance.backward.gradients as grad_mod
+    from conformance.verdict.check import check_backend
+
+    saved = grad_mod.softcap_arg_dtype
+    grad_mod._CACHE.clear()
+    grad_mod.softcap_arg_dtype = lambda case: None
+    try:
+        r = check_backend(ctx, backend)
+    finally:
+        grad_mod.softcap_arg_dtype = saved
+        grad_mod._CACHE.clear()
+    dk = ((r.extra.get("backward") or {}).get("tensors") or {}).get("dk") or {}
+    return {"status": r.status.value, "reason": r.reason[:300], "dk_mean": dk.get("mean_abs"),
+            "dk_baseline_mean": dk.get("baseline_mean_abs")}  # fmt: skip
+
+
+def triage(backend_name: str, device: str, seeds: list[int]) -> list[dict]:
     import torch
 
     from attnfast.registry import get_backend
     from conformance.backward.gradients import gradients
-    from conformance.cases.case import AttentionCase
     from conformance.verdict.check import check_backend, prepare_context
 
-    backend = get_backend(backend_name)
+    backend = get_backend(backend_name.removesuffix("-wide"))
     rows = []
-    for fields in GRID[backend_name]:
-        case = AttentionCase(REQUESTS, **HEADS, **fields)
-        ctx = prepare_context(case, 0, device)
+    for fields, seed in ((f, sd) for f in GRID[backend_name] for sd in seeds):
+        case = grid_case(fields)
+        ctx = prepare_context(case, seed, device)
         record = check_backend(ctx, backend)
-        row = {"backend": backend_name, "case_id": case.id, "status": record.status.value,
+        row = {"backend": backend.name, "case_id": case.id, "seed": seed, "status": record.status.value,
                "reason": record.reason[:300], "backward": record.extra.get("backward")}  # fmt: skip
+        if case.softcap is not None and record.status.value in ("pass", "fail"):
+            row["status_old_baseline"] = _old_baseline_verdict(ctx, backend)
         if record.status.value in ("pass", "fail"):
             inputs = ctx.inputs
             kern = backend.prepare_backward(case, inputs)()
@@ -177,17 +320,27 @@ def main() -> int:
     ap.add_argument("--out", default="investigate-bwd-triage.json")
     ap.add_argument("--only", choices=sorted(GRID), action="append")
     ap.add_argument("--grid-softcap", action="store_true", help="only the soft-capped cases (with their variants)")
+    ap.add_argument("--seeds", default="0", help="comma-separated input seeds, each case run with each")
     args = ap.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     names = args.only or (["fa2", "sdpa-cuda"] if args.device.startswith("cuda") else ["sdpa-cpu"])
     t0 = time.time()
-    out = {"device": args.device, "requests": REQUESTS, "heads": HEADS, "rows": []}
+    out: dict[str, Any] = {"device": args.device, "requests": REQUESTS, "heads": HEADS, "seeds": seeds,
+           "tanh_approx_error": tanh_approx_error(args.device), "rows": []}  # fmt: skip
     for name in names:
         if args.grid_softcap:
             GRID[name] = [f for f in GRID[name] if f.get("softcap")]
-        out["rows"] += triage(name, args.device)
+        out["rows"] += triage(name, args.device, seeds)
     out["seconds"] = round(time.time() - t0, 1)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1, default=str)
+    for r in out["rows"]:  # the summary: today's verdict beside the old baseline's, the dK mean against its bound
+        t = ((r.get("backward") or {}).get("tensors") or {}).get("dk") or {}
+        old = r.get("status_old_baseline", {}).get("status", "")
+        bound = 2 * t.get("baseline_mean_abs", math.nan) + (2**-14 if "fp16" in r["case_id"] else 2**-11)
+        print(f"{r['status']:5} (old baseline: {old or '-':5}) seed {r['seed']} {r['case_id']}: dK mean "
+              f"{t.get('mean_abs', math.nan):.2e} bound {bound:.2e}; worst ratio "
+              f"{(r.get('backward') or {}).get('worst_ratio', math.nan):.2f}")  # fmt: skip
     return 0
 
 

@@ -6,7 +6,10 @@
 * baseline: the same backward with ``operand_dtype`` the case dtype (P and dS rounded before the matmuls that read
   them, as a flash kernel's bf16/fp16 backward does; accumulation in fp32), reading the forward reference's
   ``out`` rounded to the case dtype (a kernel computes ``D = rowsum(dO * O)`` from the output it returned) and its
-  fp32 LSE, and returning the gradients rounded to the case dtype, as a kernel returns them.
+  fp32 LSE, and returning the gradients rounded to the case dtype, as a kernel returns them.  With a soft-cap on
+  fp16 inputs the tanh's argument is also formed in fp16 (:func:`softcap_arg_dtype`): a flash kernel's tanh is an
+  approximation of about fp16's precision (FA2: ``tanh.approx.f32``), and without it a correct kernel's
+  soft-capped fp16 dK fails the mean rule (docs/concepts/backward.md, "The soft-capped fp16 baseline").
 
 Every backend of a case is judged against the same two, so they are cached (:func:`gradients`): the cache keeps
 the last :data:`CACHE_SIZE` entries, keyed by the case id, the device and a fingerprint of the input tensors (the
@@ -25,7 +28,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.verdict.reference import case_options, default_numerics, reference, strict_fp32
 
-__all__ = ["CACHE_SIZE", "CaseGrads", "gradients", "reference_grads", "baseline_grads"]
+__all__ = ["CACHE_SIZE", "CaseGrads", "baseline_grads", "gradients", "reference_grads", "softcap_arg_dtype"]
 
 #: How many (case, inputs) entries the cache keeps: a worker judges one case's backends one after the other.
 CACHE_SIZE = 2
@@ -41,7 +44,15 @@ class CaseGrads(NamedTuple):
 _CACHE: OrderedDict[tuple, CaseGrads] = OrderedDict()
 
 
-def _backward(case: AttentionCase, inputs: CaseInputs, numerics: Numerics, fwd: AttnResult, operand) -> AttnGrads:
+def softcap_arg_dtype(case: AttentionCase) -> torch.dtype | None:
+    """The dtype the baseline forms the soft-cap's tanh argument in: fp16 for a soft-capped fp16 case, else None (no
+    rounding; a bf16 baseline's own rounding of P and dS, 2^-8, already covers a tanh of fp16 precision)."""
+    return torch.float16 if case.softcap is not None and case.torch_dtype == torch.float16 else None
+
+
+def _backward(
+    case: AttentionCase, inputs: CaseInputs, numerics: Numerics, fwd: AttnResult, operand, softcap_arg=None
+) -> AttnGrads:
     if inputs.dout is None:
         raise ValueError(f"inputs.dout must be set for a backward case ({case.id}): make_inputs draws it")
     with strict_fp32():
@@ -57,6 +68,7 @@ def _backward(case: AttentionCase, inputs: CaseInputs, numerics: Numerics, fwd: 
             sinks=inputs.sinks,
             numerics=numerics,
             operand_dtype=operand,
+            softcap_arg_dtype=softcap_arg,
             out=fwd.out,
             lse=fwd.lse,
         )
@@ -73,7 +85,7 @@ def baseline_grads(case: AttentionCase, inputs: CaseInputs, fwd: AttnResult | No
     fwd = reference(case, inputs) if fwd is None else fwd
     dt = case.torch_dtype
     kernel_like = AttnResult(fwd.out.to(dt).float(), fwd.lse.float())
-    g = _backward(case, inputs, Numerics(dtype=torch.float32), kernel_like, dt)
+    g = _backward(case, inputs, Numerics(dtype=torch.float32), kernel_like, dt, softcap_arg_dtype(case))
     return AttnGrads(g.dq.to(dt), g.dk.to(dt), g.dv.to(dt), None if g.dsinks is None else g.dsinks.to(dt))
 
 

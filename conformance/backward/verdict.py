@@ -4,8 +4,9 @@ The rule is the forward's (:mod:`conformance.verdict.tolerance`) applied to ever
 ``ref`` the reference gradient (fp32 on bf16/fp16 inputs, fp64 on fp32 inputs:
 :func:`conformance.verdict.reference.default_numerics`) and ``base`` the same-precision baseline gradient (the
 attnref backward with ``P`` and ``dS`` rounded to the case dtype before their matmuls, as a flash kernel's
-backward does, and the gradients rounded to the case dtype as a kernel returns them:
-:mod:`conformance.backward.gradients`).  With ``B = max|base - ref|`` over the finite baseline elements:
+backward does, with a soft-cap on fp16 inputs the tanh's argument formed in fp16, and the gradients rounded to the
+case dtype as a kernel returns them: :mod:`conformance.backward.gradients`).  With ``B = max|base - ref|`` over the
+finite baseline elements:
 
 * ``|g - ref| <= factor * B + atol + rtol * |ref|`` elementwise (``max_error``);
 * ``mean|g - ref| <= mean_factor * mean|base - ref| + mean_atol`` (``mean_error``);

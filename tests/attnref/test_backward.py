@@ -327,6 +327,24 @@ def test_operand_dtype_rounds_p_and_ds_only() -> None:
         assert torch.equal(got.dsinks, exact.dsinks)  # d sink reads neither P nor dS of the keys
 
 
+def test_softcap_arg_dtype_rounds_the_tanh_argument_only_with_a_softcap() -> None:
+    """``softcap_arg_dtype`` forms ``tanh(r(r(s_raw) / cap))``: no effect without a soft-cap (bit for bit, every
+    mode), a change of the rounding's size with one, and none when the dtype is the accumulation dtype."""
+    packed, douts, slopes, sink = _inputs([(20, 24), (9, 9)], 4, 2, 8, 8, alibi=True, sinks=True, seed=9)
+    kw = dict(alibi_slopes=slopes, sinks=sink, numerics=Numerics(torch.float32), operand_dtype=torch.float16)
+    for mode, options in MODES.items():
+        plain = _grads(packed, douts, options, **kw)
+        rounded = _grads(packed, douts, options, softcap_arg_dtype=torch.float16, **kw)
+        same = _grads(packed, douts, options, softcap_arg_dtype=torch.float32, **kw)
+        for name, g, w, w32 in zip(("dq", "dk", "dv", "dsinks"), rounded, plain, same):
+            assert torch.equal(w32, w), (mode, name)
+            if options.softcap is None or name == "dsinks":  # d sink reads neither P nor dS of the keys
+                assert torch.equal(g, w), (mode, name)
+            else:
+                rel = float((g - w).abs().max() / w.abs().max())
+                assert 1e-6 < rel < 1e-2, (mode, name, rel)
+
+
 # ---- validation ----
 
 
@@ -344,6 +362,7 @@ def _valid():
         (lambda p, do: {"options": AttnOptions(causal=True, cp=(2, 0, 8))}, "^options.cp must be None"),
         (lambda p, do: {"qv": torch.zeros(3, 2, 5)}, "^qv must be None"),
         (lambda p, do: {"operand_dtype": torch.int8}, "^operand_dtype must be"),
+        (lambda p, do: {"softcap_arg_dtype": torch.int8}, "^softcap_arg_dtype must be"),
         (lambda p, do: {"cu_seqlens_q": torch.tensor([0, 2])}, "^cu_seqlens_q"),
         (lambda p, do: {"cu_seqlens_k": torch.tensor([0, 5])}, "^cu_seqlens_k"),
         (lambda p, do: {"sinks": torch.zeros(3)}, "^sinks must have shape"),
