@@ -117,20 +117,18 @@ def attend_sequence_backward(
         lse_t = lse_safe[:, :, q0:q1].reshape(hk, group * n, 1)
         delta_t = delta[:, :, q0:q1].reshape(hk, group * n, 1)
         dq_t = torch.zeros(hk, group * n, d, dtype=ct, device=dev)
-        rows = torch.arange(q0, q1, device=dev) if slopes is not None else None
-        for k0, k1, partial in key_tiles:
+        rows = torch.arange(q0, q1, device=dev)
+        for k0, k1, _ in key_tiles:  # (its mask decision is read from the bounds below)
             kt, vt = kh[:, k0:k1], vh[:, k0:k1]  # (hk, tk, d|dv)
             s = torch.matmul(qt, kt.transpose(-1, -2)) * scale  # (hk, g * tq, tk)
             if cap is not None:
                 t = torch.tanh(s / cap)
                 s = t * cap
             s = s.view(hk, group, n, k1 - k0)
-            if slopes is not None or partial:
-                cols = torch.arange(k0, k1, device=dev)
+            cols = torch.arange(k0, k1, device=dev)
             if slopes is not None:
-                assert rows is not None
                 s = s - slopes * (rows[:, None] + (sk - sq) - cols[None, :]).abs().to(ct)
-            if partial:
+            if not (bool((lo <= k0).all()) and bool((hi >= k1).all())):
                 visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
                 s = s.masked_fill(~visible, -math.inf)
             p = torch.exp(s.reshape(hk, group * n, k1 - k0) - lse_t)  # masked entries: exp(-inf) = 0
