@@ -20,11 +20,15 @@ comparison's statistics with the fingerprints, where the check makes one), ``rec
 Counted per phase (``PhaseCounts``):
 
 * ``ops``: every aten op dispatched; ``launches``: those that run a kernel on the device (not a view, an
-  allocation or a scalar read: each is one launch queued behind the other processes on a GPU);
+  allocation or a scalar read, nor an op on host tensors alone: each is one launch queued behind the other
+  processes on a GPU).  A tensor is on the host when a factory made it without a ``device`` (``torch.arange(n)``,
+  ``torch.tensor(data)``) or an op made it from host tensors alone, until the case inputs' move to the device: so
+  a CPU run counts what a GPU run would;
 * ``reads``: host reads of a tensor's values (``.item()``, ``bool()``, ``int()``, ``float()``: aten
   ``_local_scalar_dense``; ``.tolist()``, ``.numpy()``, ``.cpu()``; ops whose output size depends on the data:
-  ``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave`` of a tensor of counts), each a wait for the
-  device there; in ``inputs`` they read tensors still on the host (drawn there) and count as ``host_reads``;
+  ``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave`` of a tensor of counts) of a device tensor,
+  each a wait for the device there; reads of host tensors (and every read in ``inputs``, drawn on the host) count
+  as ``host_reads``;
 * ``h2d``: host-to-device copies (the case inputs moved to the device: one per tensor; ``torch.tensor(data,
   device=...)``), each a stream synchronisation on a GPU (from pageable memory);
 * ``syncs``: explicit device synchronisations (:func:`conformance.verdict.check.sync`: a no-op on CPU);
@@ -52,6 +56,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 PHASES = (
     "support",
@@ -74,6 +79,9 @@ HARNESS = tuple(p for p in PHASES if p not in ("kernel", "prepare"))
 
 #: aten ops that read values to the host (a device wait) or whose output size depends on the values
 _READ_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive"}
+#: the factories whose tensors, made without a ``device``, are on the host on every run (their reads wait for
+#: nothing; ops on host tensors alone launch nothing on a GPU)
+_FACTORIES = ("arange", "zeros", "ones", "full", "empty", "randn", "rand", "randint", "randperm", "as_tensor")
 #: aten ops that launch nothing: allocations and metadata
 _NO_LAUNCH = {"empty", "empty_strided", "empty_like", "detach", "lift_fresh", "alias", "resize_", "set_"}
 
@@ -129,8 +137,8 @@ class Tally:
             self._switch()
             self.stack.pop()
 
-    def read(self) -> None:
-        if self.stack[-1] == "inputs":
+    def read(self, host: bool = False) -> None:
+        if host or self.stack[-1] == "inputs":
             self.current.host_reads += 1
         else:
             self.current.reads += 1
@@ -151,11 +159,29 @@ class _Counting(TorchDispatchMode):
         c = self.tally.current
         c.ops += 1
         c.by_op[name] += 1
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        host = bool(inputs) and all(_is_host(t) for t in inputs)
         if name in _READ_OPS or (name == "repeat_interleave" and isinstance(args[0], torch.Tensor) and not kwargs):
-            self.tally.read()
-        elif not func.is_view and name not in _NO_LAUNCH:
+            self.tally.read(host)
+        elif not func.is_view and name not in _NO_LAUNCH and not host:
             c.launches += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if host:
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    _mark_host(t)
+        return out
+
+
+def _is_host(t: torch.Tensor) -> bool:
+    return bool(getattr(t, "_count_ops_host", False))
+
+
+def _mark_host(t: torch.Tensor, host: bool = True) -> None:
+    try:
+        t._count_ops_host = host  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        pass
 
 
 class _Delegate:
@@ -229,16 +255,20 @@ def instrumented(tally: Tally) -> Iterator[None]:
     to = inputs_mod._to
 
     def counted_to(inputs, device):
-        for holder in (inputs, inputs.quant) if inputs.quant is not None else (inputs,):
-            tally.current.h2d += sum(isinstance(v, torch.Tensor) for v in vars(holder).values())
-        return to(inputs, device)
+        moved = to(inputs, device)
+        for holder in (moved, moved.quant) if moved.quant is not None else (moved,):
+            for v in vars(holder).values():
+                if isinstance(v, torch.Tensor):
+                    tally.current.h2d += 1
+                    _mark_host(v, False)  # on the device now (a CPU run's move returns the same tensor)
+        return moved
 
     patch(inputs_mod, "_to", counted_to)
     for meth in ("tolist", "numpy", "cpu"):
         original = getattr(torch.Tensor, meth)
 
         def reading(self, *a, _original=original, **k):
-            tally.read()
+            tally.read(_is_host(self))
             return _original(self, *a, **k)
 
         patch(torch.Tensor, meth, reading)
@@ -247,9 +277,21 @@ def instrumented(tally: Tally) -> Iterator[None]:
     def counted_tensor(data, *a, **k):
         if k.get("device") is not None and tally.stack[-1] != "inputs":
             tally.current.h2d += 1
-        return tensor(data, *a, **k)
+        out = tensor(data, *a, **k)
+        _mark_host(out, k.get("device") is None)
+        return out
 
     patch(torch, "tensor", counted_tensor)
+    for factory in _FACTORIES:  # made without a device: on the host, wherever the run's device is
+        original = getattr(torch, factory)
+
+        def made(*a, _original=original, **k):
+            out = _original(*a, **k)
+            if k.get("device") is None and isinstance(out, torch.Tensor):
+                _mark_host(out)
+            return out
+
+        patch(torch, factory, made)
     try:
         yield
     finally:

@@ -58,8 +58,8 @@ def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, tor
     lse = torch.full((h, case.total_q), -math.inf, dtype=torch.float32, device=dev)
     sink = None if inputs.sinks is None else inputs.sinks.to(dev, torch.float32).reshape(h, 1)
     slopes = None if inputs.alibi_slopes is None else inputs.alibi_slopes.to(dev, torch.float32).reshape(h, 1, 1)
-    cu_q = [int(x) for x in inputs.cu_seqlens_q.tolist()]
-    cu_k = [int(x) for x in inputs.cu_seqlens_k.tolist()]
+    cu = [int(x) for x in torch.cat([inputs.cu_seqlens_q, inputs.cu_seqlens_k]).tolist()]  # one host read
+    cu_q, cu_k = cu[: len(inputs.cu_seqlens_q)], cu[len(inputs.cu_seqlens_q) :]
 
     with strict_fp32():
         for b, (sq, sk) in enumerate(case.requests):

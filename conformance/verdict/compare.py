@@ -186,7 +186,7 @@ def compare_pending(
         w_t = ratio.argmax()
         w_row = torch.div(w_t, dv, rounding_mode="floor")  # the worst element's (token, head) row
         kernel_stats += [w_t, ratio.max(), (ratio > 1).sum(), err.max(), err.mean(), rel_err.max()]
-        kernel_stats += [r.flatten()[w_t].abs(), zero_rows.flatten()[w_row]]  # the worst element's atol
+        kernel_stats += [torch.take(r, w_t).abs(), torch.take(zero_rows, w_row)]  # the worst element's atol (no read)
     lse_plan = None
     if kernel_out.lse is not None:
         if known.lse_max is None:  # the context's baseline has no LSE of the reference's shape: as it always was
@@ -369,7 +369,7 @@ def _lse_pending(
         nonfinite = live & ~kernel_finite
         flat_ratio = ratio.flatten()
         w_t = flat_ratio.argmax()
-        values += [diff.max(), nonfinite.sum(), w_t, allowed.flatten()[w_t], flat_ratio[w_t]]
+        values += [diff.max(), nonfinite.sum(), w_t, torch.take(allowed, w_t), torch.take(flat_ratio, w_t)]
 
     def finish(read: list[float]) -> tuple[float, float, str, str]:
         masked_bad, slack_bad = read[0], read[1]
