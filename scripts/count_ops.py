@@ -29,8 +29,9 @@ Counted per phase (``PhaseCounts``):
   ``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave`` of a tensor of counts) of a device tensor,
   each a wait for the device there; reads of host tensors (and every read in ``inputs``, drawn on the host) count
   as ``host_reads``;
-* ``h2d``: host-to-device copies (the case inputs moved to the device: one per tensor; ``torch.tensor(data,
-  device=...)``), each a stream synchronisation on a GPU (from pageable memory);
+* ``h2d``: the waits of host-to-device copies: the case inputs' move to the device as a GPU run makes it (one per
+  blocking copy, one for all the copies from pinned memory: ``conformance.cases.inputs.copies_async``), and
+  ``torch.tensor(data, device=...)`` (a blocking copy from pageable memory);
 * ``syncs``: explicit device synchronisations (:func:`conformance.verdict.check.sync`: a no-op on CPU);
 * ``waits``: ``reads + h2d + syncs``, what a GPU worker waits for; on CUDA ``cuda_syncs`` adds what
   ``torch.cuda.set_sync_debug_mode`` reports (the truth there, against which the others are a model);
@@ -255,12 +256,18 @@ def instrumented(tally: Tally) -> Iterator[None]:
     patch(check_mod, "sync", counted_sync)
     to = inputs_mod._to
 
+    copies_async = getattr(inputs_mod, "copies_async", None)  # (a tree before it copied every tensor blocking)
+
     def counted_to(inputs, device):
+        # what the move costs on a GPU, whatever the device here: a wait per blocking copy, one for the async ones
+        holders = (inputs, inputs.quant) if inputs.quant is not None else (inputs,)
+        tensors = [v for holder in holders for v in vars(holder).values() if isinstance(v, torch.Tensor)]
+        async_ = sum(1 for v in tensors if copies_async is not None and copies_async(v))
+        tally.current.h2d += len(tensors) - async_ + (1 if async_ else 0)
         moved = to(inputs, device)
         for holder in (moved, moved.quant) if moved.quant is not None else (moved,):
             for v in vars(holder).values():
                 if isinstance(v, torch.Tensor):
-                    tally.current.h2d += 1
                     _mark_host(v, False)  # on the device now (a CPU run's move returns the same tensor)
         return moved
 

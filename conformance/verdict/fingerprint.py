@@ -10,7 +10,7 @@ it).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -151,19 +151,89 @@ def fingerprints(tensors: Mapping[str, torch.Tensor | None]) -> dict[str, str]:
 
 
 def fingerprints_pending(tensors: Mapping[str, torch.Tensor | None]) -> Pending[dict[str, str]]:
-    """:func:`fingerprints` as int64 tensors not read yet (``ints``: read them with others in one host read)."""
-    rows: list[tuple[str, list[torch.Tensor], int]] = []
-    for name, t in tensors.items():
-        if t is not None:
-            parts, numel = _digest_parts(t)
-            rows.append((name, parts, numel))
+    """:func:`fingerprints` as int64 tensors not read yet (``ints``: read them with others in one host read).
 
-    def finish(values: list[int]) -> dict[str, str]:
-        out: dict[str, str] = {name: "-" for name, t in tensors.items() if t is None}
+    The small tensors of 2-byte words or wider (up to :data:`_SMALL` words each) of one device are digested
+    together, in four launches whatever their number (:func:`_small_group`); every other tensor in two a piece
+    (:func:`_digest_parts`)."""
+    out: dict[str, str] = {}
+    values: list[torch.Tensor] = []
+    readers: list[Callable[[list[int], int], int]] = []
+    groups: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    for name, t in tensors.items():
+        if t is None:
+            out[name] = "-"
+        elif t.numel() == 0:
+            out[name] = _digest_text([], 0)
+        elif t.element_size() % 2 == 0 and _words(t) <= min(_SMALL, _DIGEST_PERIOD):
+            groups.setdefault(t.device, []).append((name, t))
+        else:
+            parts, numel = _digest_parts(t)
+            values += parts
+
+            def whole(read: list[int], name: str = name, numel: int = numel) -> None:
+                out[name] = _digest_text(read, numel)
+
+            readers.append(_reader(whole, 2 * len(parts)))
+    for members in groups.values():
+        while members:  # groups of at most one period of words: one period of weights weighs them all
+            batch, words = [], 0
+            while members and words + _words(members[0][1]) <= _DIGEST_PERIOD:
+                words += _words(members[0][1])
+                batch.append(members.pop(0))
+            ends, sizes = _small_group([t for _, t in batch])
+            values.append(ends)
+
+            def grouped(read: list[int], names: list[str] = [n for n, _ in batch], sizes: list[int] = sizes) -> None:
+                start = prev0 = prev1 = 0
+                for i, (name, n) in enumerate(zip(names, sizes)):
+                    c0, c1 = read[2 * i], read[2 * i + 1]
+                    total, weighted = c0 - prev0, (c1 - prev1) - start * (c0 - prev0)
+                    out[name] = _digest_text([total, weighted], n)
+                    start, prev0, prev1 = start + n, c0, c1
+
+            readers.append(_reader(grouped, 2 * len(batch)))
+
+    def finish(read: list[int]) -> dict[str, str]:
         at = 0
-        for name, parts, numel in rows:
-            out[name] = _digest_text(values[at : at + 2 * len(parts)], numel)
-            at += 2 * len(parts)
+        for reader in readers:
+            at = reader(read, at)
         return {name: out[name] for name in tensors}
 
-    return Pending([p for _, parts, _ in rows for p in parts], finish, ints=True)
+    return Pending(values, finish, ints=True)
+
+
+#: the most words of a tensor digested in a group of small tensors (:func:`fingerprints_pending`)
+_SMALL = 1 << 16
+
+
+def _words(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size() // 2
+
+
+def _reader(take: Callable[[list[int]], None], count: int) -> Callable[[list[int], int], int]:
+    """A step of :func:`fingerprints_pending`'s finish: ``take`` the next ``count`` values read; the offset after."""
+
+    def step(read: list[int], at: int) -> int:
+        take(read[at : at + count])
+        return at + count
+
+    return step
+
+
+def _small_group(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    """The digests of small tensors of one device (2-byte words or wider, at most one period of words together) as one
+    ``(len(tensors), 2)`` int64 tensor not read yet, and their word counts.  Their words laid end to end as ``v``
+    and weighted by their position ``g`` in that row (``1..N``: no wrap, ``N`` is at most a period), row ``i`` holds
+    the running sums ``sum(v)`` and ``sum(v * g)`` at tensor ``i``'s end: tensor ``i``, starting at word ``s``, has
+    ``sum(v)`` the difference of two running sums and ``sum(v * (g - s))`` (its own weights, :func:`output_digest`'s)
+    the difference of the weighted ones less ``s`` times that.  Four launches: the words' concatenation, the product
+    with the cached weights, the running sums (below 2^56: no overflow), the ends stacked."""
+    words = [t.detach().contiguous().view(-1).view(torch.int16) for t in tensors]
+    row = torch.cat(words) if len(words) > 1 else words[0]
+    sums = (row[None] * _weights(row.device)[:, : row.numel()]).cumsum(dim=1)
+    ends, at = [], 0
+    for w in words:
+        at += w.numel()
+        ends.append(sums[:, at - 1])
+    return torch.stack(ends), [w.numel() for w in words]
