@@ -14,8 +14,9 @@ engine's or a composition's), ``guard`` (the context fingerprint and the kernel 
 :mod:`conformance.verdict.fingerprint`), ``copies`` (the kernel's clones of the inputs), ``prepare`` (the adapter's
 ``prepare``), ``kernel`` (the prepared call: the backend's, not the harness's), ``compare``
 (:func:`conformance.verdict.compare.compare_details` or ``compare_pending``), ``read`` (the one host read of the
-comparison's statistics with the fingerprints, where the check makes one), ``record`` (the record's fields) and ``encode`` (its JSON);
-``check`` is the rest of :func:`conformance.verdict.check.check_backend` (tolerance, support, bookkeeping).
+comparison's statistics with the fingerprints, where the check makes one), ``record`` (the record's fields) and
+``encode`` (its JSON); ``check`` is the rest of :func:`conformance.verdict.check.check_backend` (tolerance,
+support, bookkeeping).
 
 Counted per phase (``PhaseCounts``):
 
@@ -79,7 +80,15 @@ PHASES = (
 HARNESS = tuple(p for p in PHASES if p not in ("kernel", "prepare"))
 
 #: aten ops that read values to the host (a device wait) or whose output size depends on the values
-_READ_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive"}
+_READ_OPS = {
+    "_local_scalar_dense",
+    "nonzero",
+    "masked_select",
+    "_unique",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+}
 #: the factories whose tensors, made without a ``device``, are on the host on every run (their reads wait for
 #: nothing; ops on host tensors alone launch nothing on a GPU)
 _FACTORIES = ("arange", "zeros", "ones", "full", "empty", "randn", "rand", "randint", "randperm", "as_tensor")
