@@ -131,19 +131,20 @@ def attend_sequence(
                 dist = (rows[:, None] + (sk - sq) - cols[None, :]).abs().to(ct)
                 s = s - slopes * dist
             if partial:
-                visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
-                s = s.masked_fill(~visible, -math.inf)
+                hidden = (cols[None, :] < lo[:, None]) | (cols[None, :] >= hi[:, None])
+                s = s.masked_fill(hidden, -math.inf)
             m_new = torch.maximum(m, s.amax(dim=-1))
-            m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+            m_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)
             p = torch.exp(s - m_safe[..., None])
             corr = torch.exp(m - m_safe)
             l = l * corr + p.sum(dim=-1)
             acc = acc * corr[..., None] + torch.matmul(p, vh[:, None, k0:k1])
             m = m_new
         has_keys = l > 0
-        m_safe = torch.where(has_keys, m, torch.zeros_like(m))
-        tile_out = torch.where(has_keys[..., None], acc / torch.where(has_keys, l, torch.ones_like(l))[..., None], 0.0)
-        tile_lse = torch.where(has_keys, m_safe + torch.log(torch.where(has_keys, l, torch.ones_like(l))), -math.inf)
+        m_safe = torch.where(has_keys, m, 0.0)
+        l_safe = torch.where(has_keys, l, 1.0)
+        tile_out = torch.where(has_keys[..., None], acc / l_safe[..., None], 0.0)
+        tile_lse = torch.where(has_keys, m_safe + torch.log(l_safe), -math.inf)
         out[q0:q1] = tile_out.reshape(h, q1 - q0, dv).permute(1, 0, 2)
         lse[:, q0:q1] = tile_lse.reshape(h, q1 - q0)
 

@@ -33,7 +33,8 @@ Counted per phase (``PhaseCounts``):
 * ``h2d``: the waits of host-to-device copies: the case inputs' move to the device as a GPU run makes it (one per
   blocking copy, one for all the copies from pinned memory: ``conformance.cases.inputs.copies_async``), and
   ``torch.tensor(data, device=...)`` (a blocking copy from pageable memory);
-* ``syncs``: explicit device synchronisations (:func:`conformance.verdict.check.sync`: a no-op on CPU);
+* ``syncs``: explicit device synchronisations (:func:`conformance.verdict.check.sync`, which times the phases: a
+  no-op on CPU, counted as a GPU run makes them);
 * ``waits``: ``reads + h2d + syncs``, what a GPU worker waits for; on CUDA ``cuda_syncs`` adds what
   ``torch.cuda.set_sync_debug_mode`` reports (the truth there, against which the others are a model);
 * ``ms``: CPU milliseconds spent in the phase (own time, nested phases excluded), from a separate pass without the
@@ -258,8 +259,7 @@ def instrumented(tally: Tally) -> Iterator[None]:
     sync = check_mod.sync
 
     def counted_sync(device: str) -> None:
-        if device.startswith("cuda"):
-            tally.current.syncs += 1
+        tally.current.syncs += 1  # a wait on a GPU (a no-op on the CPU), counted as a GPU run makes it
         sync(device)
 
     patch(check_mod, "sync", counted_sync)

@@ -114,22 +114,22 @@ def _tile(q, k, v, rows, cols, sq, sk, options, slopes, sink, qv=None, inter=Non
     if slopes is not None:
         s = s - slopes * (rows[:, None] + (sk - sq) - cols[None, :]).abs().float()
     lo, hi = row_bounds(rows, sq, sk, options)
-    visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
-    s = s.masked_fill(~visible, -math.inf)
+    hidden = (cols[None, :] < lo[:, None]) | (cols[None, :] >= hi[:, None])
+    s = s.masked_fill(hidden, -math.inf)
     m = s.amax(dim=-1)
     if sink is not None:
         m = torch.maximum(m, sink)
-    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # fully masked row: keep exp() finite
+    m = torch.where(torch.isneginf(m), 0.0, m)  # fully masked row: keep exp() finite
     e = torch.exp(s - m[..., None])
     denom = e.sum(dim=-1)
     if sink is not None:
         denom = denom + torch.exp(sink - m)
     live = denom > 0
-    safe = torch.where(live, denom, torch.ones_like(denom))
+    safe = torch.where(live, denom, 1.0)
     p = (e / safe[..., None]).to(v.dtype)
     if inter is not None:
         p = p.to(inter).to(v.dtype)
     o = torch.matmul(p, v)
-    o = torch.where(live[..., None], o, torch.zeros_like(o))
-    l = torch.where(live, m + torch.log(safe), torch.full_like(m, -math.inf))
+    o = torch.where(live[..., None], o, 0.0)
+    l = torch.where(live, m + torch.log(safe), -math.inf)
     return o, l

@@ -173,7 +173,8 @@ def compare_pending(
     finite = torch.isfinite(o)
     err = torch.where(finite, (o - r).abs(), math.inf)
     zero_rows = (r == 0).all(dim=-1)  # (total_q, h): fully masked rows, output exactly 0
-    allowed = tol.factor * b_max + _atol(r, zero_rows, tol) + tol.rtol * r.abs()
+    r_abs = r.abs()
+    allowed = tol.factor * b_max + _atol(r, zero_rows, tol) + tol.rtol * r_abs
     ratio = err / allowed.clamp_min(torch.finfo(ct).tiny)
     row_err = err.amax(dim=-1) if dv else r.new_zeros(zero_rows.shape)
     bad_rows = zero_rows & (row_err > tol.atol)
@@ -182,11 +183,11 @@ def compare_pending(
     # read waits for the GPU, and behind the other processes sharing it.  Each value is the reduction the text names.
     kernel_stats = [bad_rows.sum(), r64.norm(), o64.norm(), o64 @ r64, (~finite & torch.isfinite(r)).sum()]
     if n:  # the largest ratio, its index, the count over, the errors' max, mean and largest relative error
-        rel_err = err / r.abs().clamp_min(max(tol.atol, torch.finfo(ct).tiny))
+        rel_err = err / r_abs.clamp_min(max(tol.atol, torch.finfo(ct).tiny))
         w_t = ratio.argmax()
         w_row = torch.div(w_t, dv, rounding_mode="floor")  # the worst element's (token, head) row
         kernel_stats += [w_t, ratio.max(), (ratio > 1).sum(), err.max(), err.mean(), rel_err.max()]
-        kernel_stats += [torch.take(r, w_t).abs(), torch.take(zero_rows, w_row)]  # the worst element's atol (no read)
+        kernel_stats += [torch.take(r_abs, w_t), torch.take(zero_rows, w_row)]  # the worst element's atol (no read)
     lse_plan = None
     if kernel_out.lse is not None:
         if known.lse_max is None:  # the context's baseline has no LSE of the reference's shape: as it always was
@@ -289,10 +290,9 @@ def _atol(r: torch.Tensor, zero_rows: torch.Tensor, tol: ResolvedTolerance) -> t
     """The constant term of each element: ``min(atol, atol_rel * |ref|)``, the rounding of the element itself in
     the case dtype where that is below ``atol``; ``atol`` on a fully masked row (reference all 0: judged by
     ``masked_rows`` against ``atol``) and everywhere when :func:`_atol_fixed`."""
-    full = torch.full_like(r, tol.atol)
     if _atol_fixed(tol):
-        return full
-    return torch.where(zero_rows[..., None], full, torch.clamp(r.abs() * tol.atol_rel, max=tol.atol))
+        return torch.full_like(r, tol.atol)
+    return torch.where(zero_rows[..., None], tol.atol, torch.clamp(r.abs() * tol.atol_rel, max=tol.atol))
 
 
 def _lse_baseline(ref_lse: torch.Tensor, base_lse: torch.Tensor) -> dict[str, Any]:
