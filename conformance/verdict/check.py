@@ -300,9 +300,10 @@ def check_backend(
     ``kernel_s`` is the one verified kernel call (first-call compilation included); ``harness_s`` is
     everything else (support check, preparation, comparison, and the context's ``ref_s`` the first
     time a backend that runs the case uses the context); benchmarking time goes to ``extra["bench_s"]``.
-    ``phases``, when given, receives this call's split (seconds): ``kernel_s``, ``verdict_s`` (the comparison) and
-    ``bench_s`` (the timer); the rest of the call is the support check, the input copies and the adapter's
-    ``prepare``.  The record is the same with or without it.
+    ``phases``, when given, receives this call's split (seconds): ``kernel_s``, ``verdict_s`` (the comparison, with
+    the guard's fingerprints and the output digest it shares its host read with) and ``bench_s`` (the timer); the
+    rest of the call is the support check, the input copies and the adapter's ``prepare``.  The record is the same
+    with or without it.
     """
     refused = refusal(ctx.case, backend, ctx.device, ctx.seed)
     if refused is not None:
