@@ -277,7 +277,7 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
 
 #: a host tensor up to this size goes to a CUDA device through pinned memory without a wait of its own (pinned blocks
 #: stay cached in the process, so a worker pins at most a few cases' worth); a larger one in a blocking copy
-PINNED_MAX_BYTES = 64 << 20
+PINNED_MAX_BYTES = 16 << 20
 
 
 def copies_async(value: torch.Tensor) -> bool:
