@@ -127,7 +127,7 @@ def attend_sequence_backward(
         delta_t = delta[:, :, q0:q1].reshape(hk, group * n, 1)
         dq_t = torch.zeros(hk, group * n, d, dtype=ct, device=dev)
         rows = torch.arange(q0, q1, device=dev)
-        for k0, k1 in key_tiles:
+        for k0, k1, _ in key_tiles:  # (its mask decision is read from the bounds below)
             kt, vt = kh[:, k0:k1], vh[:, k0:k1]  # (hk, tk, d|dv)
             s = torch.matmul(qt, kt.transpose(-1, -2)) * scale  # (hk, g * tq, tk)
             if cap is not None:  # the tanh's argument formed in softcap_arg_dtype when given (two roundings)

@@ -47,19 +47,31 @@ def tile_shape(sq: int, sk: int, heads: int, budget: int) -> tuple[int, int]:
 
 def query_tiles(
     sq: int, sk: int, tiles: tuple[int, int], options: AttnOptions, device: torch.device
-) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor, list[tuple[int, int]]]]:
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor, list[tuple[int, int, bool]]]]:
     """``(q0, q1, lo, hi, key_tiles)`` of each query tile ``q0:q1`` of ``tiles`` = ``(tq, tk)``: its rows' visible
-    key bounds ``[lo, hi)`` and the key tiles ``(k0, k1)`` over the span the rows see; a tile whose rows are all
-    fully masked is skipped (nothing to compute, no gradient to flow)."""
+    key bounds ``[lo, hi)`` (on ``device``) and the key tiles ``(k0, k1, partial)`` over the span the rows see,
+    ``partial`` when some row of the tile does not see every key of it (the tile needs the mask); a tile whose rows
+    are all fully masked is skipped (nothing to compute, no gradient to flow).  The spans and ``partial`` come from
+    the same bounds computed on the host, so no decision waits for the device."""
     tq, tk = tiles
-    lo_all, hi_all = row_bounds(torch.arange(sq, device=device), sq, sk, options)
+    lo_host, hi_host = row_bounds(torch.arange(sq), sq, sk, options)
+    if torch.device(device).type == "cpu":
+        lo_all, hi_all = lo_host, hi_host
+    else:
+        lo_all, hi_all = row_bounds(torch.arange(sq, device=device), sq, sk, options)
+    lo_rows, hi_rows = lo_host.tolist(), hi_host.tolist()
     for q0 in range(0, sq, tq):
         q1 = min(sq, q0 + tq)
-        lo, hi = lo_all[q0:q1], hi_all[q0:q1]
-        span_lo, span_hi = int(lo.min()), int(hi.max())
+        los, his = lo_rows[q0:q1], hi_rows[q0:q1]
+        span_lo, span_hi = min(los), max(his)
         if span_lo >= span_hi:
             continue  # every row of this tile is fully masked
-        yield q0, q1, lo, hi, [(k0, min(span_hi, k0 + tk)) for k0 in range(span_lo, span_hi, tk)]
+        lo_max, hi_min = max(los), min(his)
+        key_tiles = []
+        for k0 in range(span_lo, span_hi, tk):
+            k1 = min(span_hi, k0 + tk)
+            key_tiles.append((k0, k1, not (lo_max <= k0 and hi_min >= k1)))
+        yield q0, q1, lo_all[q0:q1], hi_all[q0:q1], key_tiles
 
 
 @torch.no_grad()
@@ -107,29 +119,32 @@ def attend_sequence(
         m = torch.full((hk, group, q1 - q0), -math.inf, dtype=ct, device=dev)
         l = torch.zeros_like(m)
         acc = torch.zeros(hk, group, q1 - q0, dv, dtype=ct, device=dev)
-        rows = torch.arange(q0, q1, device=dev)
-        for k0, k1 in key_tiles:
+        rows = torch.arange(q0, q1, device=dev) if slopes is not None else None
+        for k0, k1, partial in key_tiles:
             s = torch.matmul(qt, kh[:, None, k0:k1].transpose(-1, -2)) * scale  # (hk, g, tq, tk)
             if options.softcap is not None:
                 s = torch.tanh(s / options.softcap) * options.softcap
-            cols = torch.arange(k0, k1, device=dev)
+            if slopes is not None or partial:
+                cols = torch.arange(k0, k1, device=dev)
             if slopes is not None:
+                assert rows is not None
                 dist = (rows[:, None] + (sk - sq) - cols[None, :]).abs().to(ct)
                 s = s - slopes * dist
-            if not (bool((lo <= k0).all()) and bool((hi >= k1).all())):
-                visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
-                s = s.masked_fill(~visible, -math.inf)
+            if partial:
+                hidden = (cols[None, :] < lo[:, None]) | (cols[None, :] >= hi[:, None])
+                s = s.masked_fill(hidden, -math.inf)
             m_new = torch.maximum(m, s.amax(dim=-1))
-            m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+            m_safe = torch.where(torch.isneginf(m_new), 0.0, m_new)
             p = torch.exp(s - m_safe[..., None])
             corr = torch.exp(m - m_safe)
             l = l * corr + p.sum(dim=-1)
             acc = acc * corr[..., None] + torch.matmul(p, vh[:, None, k0:k1])
             m = m_new
         has_keys = l > 0
-        m_safe = torch.where(has_keys, m, torch.zeros_like(m))
-        tile_out = torch.where(has_keys[..., None], acc / torch.where(has_keys, l, torch.ones_like(l))[..., None], 0.0)
-        tile_lse = torch.where(has_keys, m_safe + torch.log(torch.where(has_keys, l, torch.ones_like(l))), -math.inf)
+        m_safe = torch.where(has_keys, m, 0.0)
+        l_safe = torch.where(has_keys, l, 1.0)
+        tile_out = torch.where(has_keys[..., None], acc / l_safe[..., None], 0.0)
+        tile_lse = torch.where(has_keys, m_safe + torch.log(l_safe), -math.inf)
         out[q0:q1] = tile_out.reshape(h, q1 - q0, dv).permute(1, 0, 2)
         lse[:, q0:q1] = tile_lse.reshape(h, q1 - q0)
 

@@ -40,9 +40,9 @@ into ``inputs_s``, ``reference_s``, ``baseline_s``; ``check_s``
 (:func:`~conformance.verdict.check.check_backend`) split into ``prepare_s`` (support check, input copies, the
 adapter's ``prepare``), ``compile_s`` (the kernel call when it is the first of its compile key in this process:
 a JIT compile, or a load from FA4's disk cache) or ``kernel_s`` (any other kernel call), ``verdict_s`` (the
-comparison), ``bench_s`` (``--time``); and ``encode_s`` (the record's JSON form).  Replies come in request
-order, so the parent may send the next request before the previous reply arrives (pipelining: the
-worker then never waits for the parent's bookkeeping).
+comparison, and the guard's fingerprints read with it), ``bench_s`` (``--time``); and ``encode_s`` (the record's
+JSON form).  Replies come in request order, so the parent may send the next request before the previous reply
+arrives (pipelining: the worker then never waits for the parent's bookkeeping).
 
 Backends are named by registry name or ``module:Class`` (:func:`conformance.running.env.resolve_backend`).
 This module is the worker's side: the serve loop (:func:`main`) and the requests' handlers.  The parent's

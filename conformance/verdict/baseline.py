@@ -58,8 +58,8 @@ def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, tor
     lse = torch.full((h, case.total_q), -math.inf, dtype=torch.float32, device=dev)
     sink = None if inputs.sinks is None else inputs.sinks.to(dev, torch.float32).reshape(h, 1)
     slopes = None if inputs.alibi_slopes is None else inputs.alibi_slopes.to(dev, torch.float32).reshape(h, 1, 1)
-    cu_q = [int(x) for x in inputs.cu_seqlens_q.tolist()]
-    cu_k = [int(x) for x in inputs.cu_seqlens_k.tolist()]
+    cu = [int(x) for x in torch.cat([inputs.cu_seqlens_q, inputs.cu_seqlens_k]).tolist()]  # one host read
+    cu_q, cu_k = cu[: len(inputs.cu_seqlens_q)], cu[len(inputs.cu_seqlens_q) :]
 
     with strict_fp32():
         for b, (sq, sk) in enumerate(case.requests):
@@ -114,22 +114,22 @@ def _tile(q, k, v, rows, cols, sq, sk, options, slopes, sink, qv=None, inter=Non
     if slopes is not None:
         s = s - slopes * (rows[:, None] + (sk - sq) - cols[None, :]).abs().float()
     lo, hi = row_bounds(rows, sq, sk, options)
-    visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
-    s = s.masked_fill(~visible, -math.inf)
+    hidden = (cols[None, :] < lo[:, None]) | (cols[None, :] >= hi[:, None])
+    s = s.masked_fill(hidden, -math.inf)
     m = s.amax(dim=-1)
     if sink is not None:
         m = torch.maximum(m, sink)
-    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)  # fully masked row: keep exp() finite
+    m = torch.where(torch.isneginf(m), 0.0, m)  # fully masked row: keep exp() finite
     e = torch.exp(s - m[..., None])
     denom = e.sum(dim=-1)
     if sink is not None:
         denom = denom + torch.exp(sink - m)
     live = denom > 0
-    safe = torch.where(live, denom, torch.ones_like(denom))
+    safe = torch.where(live, denom, 1.0)
     p = (e / safe[..., None]).to(v.dtype)
     if inter is not None:
         p = p.to(inter).to(v.dtype)
     o = torch.matmul(p, v)
-    o = torch.where(live[..., None], o, torch.zeros_like(o))
-    l = torch.where(live, m + torch.log(safe), torch.full_like(m, -math.inf))
+    o = torch.where(live[..., None], o, 0.0)
+    l = torch.where(live, m + torch.log(safe), -math.inf)
     return o, l

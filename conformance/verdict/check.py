@@ -30,9 +30,10 @@ from conformance.verdict.baseline import baseline
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs, make_inputs
 from conformance.records import CheckResult, ErrorStats, Status, Timing
-from conformance.verdict.compare import CHECKS, compare, compare_details
+from conformance.verdict.compare import CHECKS, BaselineErrors, baseline_errors_pending, compare, compare_pending
 from conformance.verdict.composition import composition_of
-from conformance.verdict.fingerprint import context_tensors, context_fingerprint, digest_of, fingerprints
+from conformance.verdict.fingerprint import context_tensors, context_fingerprint, digest_of, fingerprints_pending
+from conformance.verdict.hostread import read_host
 from conformance.verdict.reference import reference
 from conformance.verdict.tolerance import resolve
 
@@ -72,6 +73,9 @@ class CaseContext:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     #: :func:`context_fingerprint` before the first kernel call on this context (None until then)
     fingerprint: dict[str, str] | None = None
+    #: the baseline's part of every bound (:func:`~conformance.verdict.compare.baseline_errors`), read with the
+    #: fingerprint (None until then, or when the baseline does not allow it: the comparison then reads it itself)
+    base_errors: BaselineErrors | None = None
     #: a kernel changed the context (:func:`check_backend`'s guard): no later backend may be judged against it
     corrupted: bool = False
 
@@ -110,6 +114,21 @@ def repro_command(case: AttentionCase, backend_name: str, device: str, seed: int
         f"attnconf run --backend {shlex.quote(backend_name)} --device {shlex.quote(device)} "
         f"--seed {seed} --case-json {shlex.quote(case_json)}"
     )
+
+
+def _first_read(ctx: CaseContext) -> None:
+    """Before the first kernel call on ``ctx``: its fingerprint (:func:`context_fingerprint`) and the baseline's
+    part of every bound (:func:`~conformance.verdict.compare.baseline_errors`), in one host read.  A baseline whose
+    errors cannot be computed leaves ``base_errors`` None (the comparison then meets the problem where it always
+    did)."""
+    prints = fingerprints_pending(context_tensors(ctx))
+    try:
+        errors = baseline_errors_pending(ctx.ref, ctx.base)
+    except Exception:  # noqa: BLE001 - raised again by the comparison, after the kernel call, as before
+        errors = None
+    floats, ints = read_host([] if errors is None else errors.values, prints.values)
+    ctx.fingerprint = prints.finish(ints)
+    ctx.base_errors = None if errors is None else errors.finish(floats)
 
 
 def _guard(ctx: CaseContext, now: dict[str, str] | None = None) -> list[str]:
@@ -281,9 +300,10 @@ def check_backend(
     ``kernel_s`` is the one verified kernel call (first-call compilation included); ``harness_s`` is
     everything else (support check, preparation, comparison, and the context's ``ref_s`` the first
     time a backend that runs the case uses the context); benchmarking time goes to ``extra["bench_s"]``.
-    ``phases``, when given, receives this call's split (seconds): ``kernel_s``, ``verdict_s`` (the comparison) and
-    ``bench_s`` (the timer); the rest of the call is the support check, the input copies and the adapter's
-    ``prepare``.  The record is the same with or without it.
+    ``phases``, when given, receives this call's split (seconds): ``kernel_s``, ``verdict_s`` (the comparison, with
+    the guard's fingerprints and the output digest it shares its host read with) and ``bench_s`` (the timer); the
+    rest of the call is the support check, the input copies and the adapter's ``prepare``.  The record is the same
+    with or without it.
     """
     refused = refusal(ctx.case, backend, ctx.device, ctx.seed)
     if refused is not None:
@@ -321,7 +341,7 @@ def check_backend(
     tol = resolve(case, backend.name, overrides)
     extra["tolerance"] = tol.fields()
     if ctx.fingerprint is None:
-        ctx.fingerprint = context_fingerprint(ctx)
+        _first_read(ctx)
     try:
         inputs = _fresh_inputs(ctx.inputs)
         fn = backend.prepare(case, inputs) if engine is None else engine.prepare(case, inputs, backend, ctx.device)
@@ -337,12 +357,24 @@ def check_backend(
             extra["variant"] = dict(variant)
     except Exception as exc:
         return finish(Status.ERROR, _exc_line(exc))
-    # one host read for the kernel output's digest and the context's fingerprint (the guard)
+    # One host read for the kernel output's digest, the context's fingerprint (the guard) and the comparison's
+    # statistics: the comparison is queued before the guard is judged and used only when it passes (a comparison that
+    # cannot even start, on an output of another shape, raises as it would after the guard).
     named: dict[str, torch.Tensor | None] = {}
     if isinstance(result, KernelOutput) and isinstance(result.out, torch.Tensor):
         lse = result.lse if isinstance(result.lse, torch.Tensor) else None
         named = {"kernel out": result.out, "kernel lse": lse}
-    prints = fingerprints({**named, **context_tensors(ctx)})
+    t0 = time.perf_counter()
+    prints_pending = fingerprints_pending({**named, **context_tensors(ctx)})
+    plan = plan_error = None
+    try:
+        if named and not _shape_problem(ctx, result):
+            plan = compare_pending(ctx.ref, ctx.base, result, tol, known=ctx.base_errors)
+    except Exception as exc:  # noqa: BLE001 - raised below, where the comparison stands
+        plan_error = exc
+    floats, ints = read_host([] if plan is None else plan.values, prints_pending.values)
+    prints = prints_pending.finish(ints)
+    clock["verdict"] = time.perf_counter() - t0
     changed = _guard(ctx, {k: v for k, v in prints.items() if not k.startswith("kernel ")})
     if changed:
         extra["wrote_outside"] = changed
@@ -356,8 +388,13 @@ def check_backend(
     if named:
         extra["digest"] = digest_of({"out": prints["kernel out"], "lse": prints["kernel lse"]})
     t0 = time.perf_counter()
-    stats, details, base_nonfinite = compare_details(ctx.ref, ctx.base, result, tol)
-    clock["verdict"] = time.perf_counter() - t0
+    if plan_error is not None:
+        raise plan_error
+    if plan is None:  # an output that is not a tensor: the comparison says what it says of it
+        plan = compare_pending(ctx.ref, ctx.base, result, tol, known=ctx.base_errors)
+        floats = read_host(plan.values, [])[0]
+    stats, details, base_nonfinite = plan.finish(floats)
+    clock["verdict"] += time.perf_counter() - t0
     if base_nonfinite:
         extra["baseline_nonfinite"] = base_nonfinite
     extra.update(getattr(fn, "extra", None) or {})  # a composition's own record fields (graph replays, ...)

@@ -7,7 +7,10 @@ runs the kernel and calls it.  Non-finite values fail closed (see :func:`compare
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -15,9 +18,18 @@ from attnfast.base import KernelOutput
 from attnref import AttnResult
 
 from conformance.records import ErrorStats
+from conformance.verdict.hostread import Pending, read_host
 from conformance.verdict.tolerance import ResolvedTolerance, Tolerance, is_resolved
 
-__all__ = ["CHECKS", "compare", "compare_details", "cosine_similarity"]
+__all__ = [
+    "CHECKS",
+    "BaselineErrors",
+    "baseline_errors",
+    "compare",
+    "compare_details",
+    "compare_pending",
+    "cosine_similarity",
+]
 
 #: Fixed order of the sub-checks in ``failed_checks`` and in the failure text.
 CHECKS = ("nonfinite", "max_error", "mean_error", "cosine", "lse", "masked_rows")
@@ -63,7 +75,7 @@ def _masked_max_t(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 def _read(*values: torch.Tensor) -> list[float]:
     """0-d tensors of one device as Python floats, in one host read (one wait for the device).  Exact: every value
     is float32/float64 (widened to float64 without rounding) or an integer below 2^53."""
-    return torch.stack([v.to(torch.float64) for v in values]).tolist()
+    return read_host(values, [])[0]
 
 
 def _cosine(dot: float, r_norm: float, o_norm: float) -> float:
@@ -79,10 +91,67 @@ def cosine_similarity(o: torch.Tensor, r: torch.Tensor) -> float:
     return _cosine(dot, r_norm, o_norm)
 
 
+@dataclass(frozen=True)
+class BaselineErrors:
+    """The baseline's part of every bound on one context, from the reference and the baseline alone (the same for
+    every kernel and tolerance, so a context reads it once: :func:`baseline_errors`).  ``out_*``: over the output's
+    elements whose baseline error is finite, their largest and summed ``|base-ref|``, and ``out_nonfinite`` the
+    elements whose baseline is not finite where the reference is; ``lse_*``: over the live rows (finite reference
+    LSE: ``lse_live`` of them) the largest finite ``|base-ref|`` and the count whose baseline LSE is not finite
+    (all None when the baseline has no LSE of the reference's shape: a comparison with a kernel LSE then finds
+    them itself)."""
+
+    out_nonfinite: int
+    out_max: float
+    out_sum: float
+    lse_nonfinite: int | None = None
+    lse_max: float | None = None
+    lse_live: int | None = None
+
+
+def baseline_errors_pending(ref: AttnResult, base) -> Pending[BaselineErrors]:
+    """:class:`BaselineErrors` of ``(ref, base)`` as tensors not read yet."""
+    r = ref.out
+    berr = (_as_ref(base[0], r) - r).abs()
+    bfin = torch.isfinite(berr)  # a non-finite baseline element must not widen the bound: left out
+    values = [(~bfin & torch.isfinite(r)).sum(), _masked_max_t(berr, bfin), torch.where(bfin, berr, 0.0).sum()]
+    base_lse, ref_lse = base[1], ref.lse
+    has_lse = isinstance(base_lse, torch.Tensor) and tuple(base_lse.shape) == tuple(ref_lse.shape)
+    if has_lse:
+        lb = _as_ref(base_lse, ref_lse)
+        live = torch.isfinite(ref_lse)
+        b_err = (lb - ref_lse).abs()
+        values += [(live & ~torch.isfinite(lb)).sum(), _masked_max_t(b_err, live & torch.isfinite(b_err)), live.sum()]
+
+    def finish(v: list[float]) -> BaselineErrors:
+        if not has_lse:
+            return BaselineErrors(int(v[0]), v[1], v[2])
+        return BaselineErrors(int(v[0]), v[1], v[2], int(v[3]), v[4], int(v[5]))
+
+    return Pending(values, finish)
+
+
+def baseline_errors(ref: AttnResult, base) -> BaselineErrors:
+    """:class:`BaselineErrors` of ``(ref, base)``, in one host read."""
+    return baseline_errors_pending(ref, base).read()
+
+
 def compare_details(
-    ref: AttnResult, base, kernel_out: KernelOutput, tol: Tolerance
+    ref: AttnResult, base, kernel_out: KernelOutput, tol: Tolerance, *, known: BaselineErrors | None = None
 ) -> tuple[ErrorStats, list[str], dict[str, int]]:
-    """(stats, failure texts in CHECKS order, non-finite baseline counts {"out": n, "lse": m} or {})."""
+    """(stats, failure texts in CHECKS order, non-finite baseline counts {"out": n, "lse": m} or {}).  ``known``:
+    :func:`baseline_errors` of ``(ref, base)`` read already (one host read for the kernel's statistics then; else
+    two)."""
+    return compare_pending(ref, base, kernel_out, tol, known=known).read()
+
+
+def compare_pending(
+    ref: AttnResult, base, kernel_out: KernelOutput, tol: Tolerance, *, known: BaselineErrors | None = None
+) -> Pending[tuple[ErrorStats, list[str], dict[str, int]]]:
+    """:func:`compare_details` as tensors not read yet (the output's and the LSE's statistics together) and the
+    rest of the comparison once they are read.  Raises here what :func:`compare_details` raises before its read
+    (an unresolved ``tol``, a kernel output or LSE of another shape, an ``lse_slack`` of another shape), and from
+    ``finish`` what it raises after (a negative or non-finite ``lse_slack``)."""
     if not is_resolved(tol):
         raise ValueError(f"tol must be resolved (conformance.verdict.tolerance.resolve); unset fields: {tol.missing()}")
     r = ref.out
@@ -90,6 +159,8 @@ def compare_details(
     if tuple(kernel_out.out.shape) != tuple(r.shape):
         got = tuple(kernel_out.out.shape)
         raise ValueError(f"kernel out must have the reference's shape {tuple(r.shape)}, got {got}")
+    if known is None:
+        known = baseline_errors(ref, base)
     o = _as_ref(kernel_out.out, r)
     _, h, dv = r.shape
     n = r.numel()
@@ -97,113 +168,117 @@ def compare_details(
     def where_out(flat: int) -> str:
         return f"(token {flat // (h * dv)}, head {(flat // dv) % h}, dim {flat % dv})"
 
-    berr = (_as_ref(base[0], r) - r).abs()
-    bfin = torch.isfinite(berr)  # a non-finite baseline element must not widen the bound: left out
-    # Two host reads for the statistics (each read waits for the GPU, and behind the other processes sharing it):
-    # the baseline's, which the bound needs, then the kernel's.  Each value is the reduction the text names.
-    base_out_nonfinite, b_max, b_sum = _read(
-        (~bfin & torch.isfinite(r)).sum(),
-        _masked_max_t(berr, bfin),
-        torch.where(bfin, berr, 0.0).sum(),
-    )
-    base_nonfinite = {"out": int(base_out_nonfinite), "lse": 0}
+    b_max, b_sum = known.out_max, known.out_sum
     b_mean = b_sum / max(n, 1)
     finite = torch.isfinite(o)
     err = torch.where(finite, (o - r).abs(), math.inf)
     zero_rows = (r == 0).all(dim=-1)  # (total_q, h): fully masked rows, output exactly 0
-    allowed = tol.factor * b_max + _atol(r, zero_rows, tol) + tol.rtol * r.abs()
+    r_abs = r.abs()
+    allowed = tol.factor * b_max + _atol(r, zero_rows, tol) + tol.rtol * r_abs
     ratio = err / allowed.clamp_min(torch.finfo(ct).tiny)
     row_err = err.amax(dim=-1) if dv else r.new_zeros(zero_rows.shape)
     bad_rows = zero_rows & (row_err > tol.atol)
     o64, r64 = o.double().flatten(), r.double().flatten()
+    # One host read for the kernel's statistics, the output's and the LSE's (the baseline's are read already): each
+    # read waits for the GPU, and behind the other processes sharing it.  Each value is the reduction the text names.
     kernel_stats = [bad_rows.sum(), r64.norm(), o64.norm(), o64 @ r64, (~finite & torch.isfinite(r)).sum()]
     if n:  # the largest ratio, its index, the count over, the errors' max, mean and largest relative error
-        rel_err = err / r.abs().clamp_min(max(tol.atol, torch.finfo(ct).tiny))
+        rel_err = err / r_abs.clamp_min(max(tol.atol, torch.finfo(ct).tiny))
         w_t = ratio.argmax()
         w_row = torch.div(w_t, dv, rounding_mode="floor")  # the worst element's (token, head) row
         kernel_stats += [w_t, ratio.max(), (ratio > 1).sum(), err.max(), err.mean(), rel_err.max()]
-        kernel_stats += [r.flatten()[w_t].abs(), zero_rows.flatten()[w_row]]  # the worst element's atol
-    read = _read(*kernel_stats)
-    rows_over, r_norm, o_norm, dot, nonfinite = read[0], read[1], read[2], read[3], int(read[4])
-    if n:
-        # no mutate: with n == 0 worst_flat is never read (worst is (-1, -1, -1) and max_error cannot fail)
-        worst_flat = int(read[5])  # pragma: no mutate
-        error_ratio, over, max_abs, mean_abs, max_rel = read[6], int(read[7]), read[8], read[9], read[10]
-        ref_w, masked_w = read[11], bool(read[12])
-    else:
-        worst_flat, error_ratio, over, max_abs, mean_abs, max_rel = 0, 0.0, 0, 0.0, 0.0, 0.0
-        ref_w, masked_w = 0.0, True
-    atol_w = tol.atol if masked_w or _atol_fixed(tol) else min(tol.atol, tol.atol_rel * ref_w)  # as _atol's
-    allowed_max = tol.factor * b_max + atol_w
-    mismatch_frac = over / n if n else 0.0
-    # no mutate: the guard only saves work; cosine_similarity of an output with a NaN/Inf is NaN anyway (inf/inf, nan)
-    cosine = _cosine(dot, r_norm, o_norm) if not nonfinite else math.nan  # pragma: no mutate
-    mean_allowed = tol.mean_factor * b_mean + tol.mean_atol
-
-    details: dict[str, str] = {}
-    if nonfinite:
-        first = int(torch.nonzero((~finite & torch.isfinite(r)).flatten())[0])
-        details["nonfinite"] = (
-            f"nonfinite: {nonfinite} NaN/Inf outputs where the reference is finite, first at {where_out(first)}"
-        )
-    if mismatch_frac > tol.max_mismatch_frac:
-        w = worst_flat
-        rel = f" + rtol {tol.rtol:g} x |ref| {float(r.flatten()[w].abs()):.1e}" if tol.rtol else ""
-        const = f"atol_rel {tol.atol_rel:.3g} x |ref| {ref_w:.1e}" if atol_w < tol.atol else f"atol {tol.atol:.1e}"
-        details["max_error"] = (
-            f"max_error: |out-ref| {float(err.flatten()[w]):.1e} at {where_out(w)} "
-            f"> allowed {float(allowed.flatten()[w]):.1e} "
-            f"({tol.factor:g} x baseline {b_max:.1e} + {const}{rel}); error ratio {error_ratio:.2f}; "
-            f"{over} of {n} elements over ({mismatch_frac:.2%}, allowed {tol.max_mismatch_frac:.2%})"
-        )
-    if not mean_abs <= mean_allowed:
-        details["mean_error"] = (
-            f"mean_error: mean|out-ref| {mean_abs:.1e} > allowed {mean_allowed:.1e} "
-            f"({tol.mean_factor:g} x baseline mean {b_mean:.1e} + mean_atol {tol.mean_atol:.1e}); "
-            f"ratio {mean_abs / mean_allowed:.2f}"
-        )
-    if cosine < tol.min_cosine:  # NaN (skipped) compares False
-        details["cosine"] = f"cosine: similarity {cosine:.6f} < min_cosine {tol.min_cosine:g}"
-
-    masked_notes: list[str] = []
-    if rows_over:
-        t, hh = (int(x) for x in torch.nonzero(bad_rows)[0])
-        masked_notes.append(
-            f"{int(rows_over)} fully masked rows not 0, first at (token {t}, head {hh}) "
-            f"with max|out| {float(row_err[t, hh]):.1e} > atol {tol.atol:.1e}"
-        )
-
-    lse_max_abs = lse_allowed = None
+        kernel_stats += [torch.take(r_abs, w_t), torch.take(zero_rows, w_row)]  # the worst element's atol (no read)
+    lse_plan = None
     if kernel_out.lse is not None:
-        lse_max_abs, lse_allowed, lse_detail, masked_lse = _compare_lse(
-            ref.lse, base[1], kernel_out.lse, tol, kernel_out.lse_slack
-        )
-        base_nonfinite["lse"] = _baseline_lse_nonfinite(ref.lse, base[1])
-        if lse_detail:
-            details["lse"] = lse_detail
-        if masked_lse:
-            masked_notes.append(masked_lse)
-    if masked_notes:
-        details["masked_rows"] = "masked_rows: " + "; ".join(masked_notes)
+        if known.lse_max is None:  # the context's baseline has no LSE of the reference's shape: as it always was
+            known = dataclasses.replace(known, **_lse_baseline(ref.lse, base[1]))
+        assert known.lse_max is not None and known.lse_live is not None
+        lse_plan = _lse_pending(ref.lse, kernel_out.lse, tol, kernel_out.lse_slack, known.lse_max, known.lse_live)
+    lse_values = [] if lse_plan is None else lse_plan.values
 
-    failed = [c for c in CHECKS if c in details]
-    stats = ErrorStats(
-        max_abs=max_abs,
-        max_rel=max_rel,
-        mean_abs=mean_abs,
-        worst=(worst_flat // (h * dv), (worst_flat // dv) % h, worst_flat % dv) if n else (-1, -1, -1),
-        mismatch_frac=mismatch_frac,
-        error_ratio=error_ratio,
-        baseline_max_abs=b_max,
-        baseline_mean_abs=b_mean,
-        allowed_max_abs=allowed_max,
-        cosine=cosine,
-        nonfinite=nonfinite,
-        lse_max_abs=lse_max_abs,
-        lse_allowed=lse_allowed,
-        failed_checks=tuple(failed),
-    )
-    return stats, [details[c] for c in failed], base_nonfinite if any(base_nonfinite.values()) else {}
+    def finish(read: list[float]) -> tuple[ErrorStats, list[str], dict[str, int]]:
+        rows_over, r_norm, o_norm, dot, nonfinite = read[0], read[1], read[2], read[3], int(read[4])
+        if n:
+            # no mutate: with n == 0 worst_flat is never read (worst is (-1, -1, -1) and max_error cannot fail)
+            worst_flat = int(read[5])  # pragma: no mutate
+            error_ratio, over, max_abs, mean_abs, max_rel = read[6], int(read[7]), read[8], read[9], read[10]
+            ref_w, masked_w = read[11], bool(read[12])
+        else:
+            worst_flat, error_ratio, over, max_abs, mean_abs, max_rel = 0, 0.0, 0, 0.0, 0.0, 0.0
+            ref_w, masked_w = 0.0, True
+        atol_w = tol.atol if masked_w or _atol_fixed(tol) else min(tol.atol, tol.atol_rel * ref_w)  # as _atol's
+        allowed_max = tol.factor * b_max + atol_w
+        mismatch_frac = over / n if n else 0.0
+        # no mutate: the guard only saves work; cosine_similarity of an output with a NaN/Inf is NaN anyway
+        cosine = _cosine(dot, r_norm, o_norm) if not nonfinite else math.nan  # pragma: no mutate
+        mean_allowed = tol.mean_factor * b_mean + tol.mean_atol
+        base_nonfinite = {"out": known.out_nonfinite, "lse": 0}
+
+        details: dict[str, str] = {}
+        if nonfinite:
+            first = int(torch.nonzero((~finite & torch.isfinite(r)).flatten())[0])
+            details["nonfinite"] = (
+                f"nonfinite: {nonfinite} NaN/Inf outputs where the reference is finite, first at {where_out(first)}"
+            )
+        if mismatch_frac > tol.max_mismatch_frac:
+            w = worst_flat
+            rel = f" + rtol {tol.rtol:g} x |ref| {float(r.flatten()[w].abs()):.1e}" if tol.rtol else ""
+            const = f"atol_rel {tol.atol_rel:.3g} x |ref| {ref_w:.1e}" if atol_w < tol.atol else f"atol {tol.atol:.1e}"
+            details["max_error"] = (
+                f"max_error: |out-ref| {float(err.flatten()[w]):.1e} at {where_out(w)} "
+                f"> allowed {float(allowed.flatten()[w]):.1e} "
+                f"({tol.factor:g} x baseline {b_max:.1e} + {const}{rel}); error ratio {error_ratio:.2f}; "
+                f"{over} of {n} elements over ({mismatch_frac:.2%}, allowed {tol.max_mismatch_frac:.2%})"
+            )
+        if not mean_abs <= mean_allowed:
+            details["mean_error"] = (
+                f"mean_error: mean|out-ref| {mean_abs:.1e} > allowed {mean_allowed:.1e} "
+                f"({tol.mean_factor:g} x baseline mean {b_mean:.1e} + mean_atol {tol.mean_atol:.1e}); "
+                f"ratio {mean_abs / mean_allowed:.2f}"
+            )
+        if cosine < tol.min_cosine:  # NaN (skipped) compares False
+            details["cosine"] = f"cosine: similarity {cosine:.6f} < min_cosine {tol.min_cosine:g}"
+
+        masked_notes: list[str] = []
+        if rows_over:
+            t, hh = (int(x) for x in torch.nonzero(bad_rows)[0])
+            masked_notes.append(
+                f"{int(rows_over)} fully masked rows not 0, first at (token {t}, head {hh}) "
+                f"with max|out| {float(row_err[t, hh]):.1e} > atol {tol.atol:.1e}"
+            )
+
+        lse_max_abs = lse_allowed = None
+        if lse_plan is not None:
+            lse_max_abs, lse_allowed, lse_detail, masked_lse = lse_plan.finish(read[len(kernel_stats) :])
+            assert known.lse_nonfinite is not None
+            base_nonfinite["lse"] = known.lse_nonfinite
+            if lse_detail:
+                details["lse"] = lse_detail
+            if masked_lse:
+                masked_notes.append(masked_lse)
+        if masked_notes:
+            details["masked_rows"] = "masked_rows: " + "; ".join(masked_notes)
+
+        failed = [c for c in CHECKS if c in details]
+        stats = ErrorStats(
+            max_abs=max_abs,
+            max_rel=max_rel,
+            mean_abs=mean_abs,
+            worst=(worst_flat // (h * dv), (worst_flat // dv) % h, worst_flat % dv) if n else (-1, -1, -1),
+            mismatch_frac=mismatch_frac,
+            error_ratio=error_ratio,
+            baseline_max_abs=b_max,
+            baseline_mean_abs=b_mean,
+            allowed_max_abs=allowed_max,
+            cosine=cosine,
+            nonfinite=nonfinite,
+            lse_max_abs=lse_max_abs,
+            lse_allowed=lse_allowed,
+            failed_checks=tuple(failed),
+        )
+        return stats, [details[c] for c in failed], base_nonfinite if any(base_nonfinite.values()) else {}
+
+    return Pending([*kernel_stats, *lse_values], finish)
 
 
 def _atol_fixed(tol: ResolvedTolerance) -> bool:
@@ -215,15 +290,21 @@ def _atol(r: torch.Tensor, zero_rows: torch.Tensor, tol: ResolvedTolerance) -> t
     """The constant term of each element: ``min(atol, atol_rel * |ref|)``, the rounding of the element itself in
     the case dtype where that is below ``atol``; ``atol`` on a fully masked row (reference all 0: judged by
     ``masked_rows`` against ``atol``) and everywhere when :func:`_atol_fixed`."""
-    full = torch.full_like(r, tol.atol)
     if _atol_fixed(tol):
-        return full
-    return torch.where(zero_rows[..., None], full, torch.clamp(r.abs() * tol.atol_rel, max=tol.atol))
+        return torch.full_like(r, tol.atol)
+    return torch.where(zero_rows[..., None], tol.atol, torch.clamp(r.abs() * tol.atol_rel, max=tol.atol))
 
 
-def _baseline_lse_nonfinite(ref_lse: torch.Tensor, base_lse: torch.Tensor) -> int:
-    """Rows whose baseline LSE is not finite where the reference LSE is (left out of the LSE bound)."""
-    return int((torch.isfinite(ref_lse) & ~torch.isfinite(_as_ref(base_lse, ref_lse))).sum())
+def _lse_baseline(ref_lse: torch.Tensor, base_lse: torch.Tensor) -> dict[str, Any]:
+    """:class:`BaselineErrors`' LSE fields of a baseline LSE that :func:`baseline_errors_pending` left out, in one
+    host read."""
+    lb = _as_ref(base_lse, ref_lse)
+    live = torch.isfinite(ref_lse)
+    b_err = (lb - ref_lse).abs()
+    nonfinite, b_max, live_rows = _read(
+        (live & ~torch.isfinite(lb)).sum(), _masked_max_t(b_err, live & torch.isfinite(b_err)), live.sum()
+    )
+    return {"lse_nonfinite": int(nonfinite), "lse_max": b_max, "lse_live": int(live_rows)}
 
 
 def _compare_lse(
@@ -232,8 +313,22 @@ def _compare_lse(
     kernel_lse: torch.Tensor,
     tol: ResolvedTolerance,
     slack: torch.Tensor | None = None,
-):
-    """(max abs error, allowed at the worst row, 'lse' failure text or '', masked-row note or '').
+) -> tuple[float, float, str, str]:
+    """:func:`_lse_pending` on its own, the baseline's part read first (two host reads)."""
+    known = _lse_baseline(ref_lse, base_lse)
+    return _lse_pending(ref_lse, kernel_lse, tol, slack, known["lse_max"], known["lse_live"]).read()
+
+
+def _lse_pending(
+    ref_lse: torch.Tensor,
+    kernel_lse: torch.Tensor,
+    tol: ResolvedTolerance,
+    slack: torch.Tensor | None,
+    b_max: float,
+    live_rows: int,
+) -> Pending[tuple[float, float, str, str]]:
+    """(max abs error, allowed at the worst row, 'lse' failure text or '', masked-row note or ''), as tensors not
+    read yet; ``b_max``, ``live_rows``: the baseline's :class:`BaselineErrors` (``lse_max``, ``lse_live``).
 
     Rows with a finite reference LSE ("live") are compared numerically; a NaN or +-inf kernel LSE there
     has error +inf and fails.  Rows with reference LSE ``-inf`` (fully masked, no sink) need exactly
@@ -257,58 +352,58 @@ def _compare_lse(
 
     lk = _as_ref(kernel_lse, ref_lse)
     live = torch.isfinite(ref_lse)
-    masked_note = ""
     bad_masked = ~live & (lk != ref_lse)  # the reference's only non-finite value is -inf
-    lb = _as_ref(base_lse, ref_lse)
-    b_err = (lb - ref_lse).abs()
-    # One host read for what the bound needs (the baseline's largest error), one for the kernel's statistics.
     # a NaN slack would make every comparison with the bound false (a pass), an infinite one switch the bound off
     bad_slack = (
         live.new_zeros((), dtype=torch.long) if slack is None else (~(torch.isfinite(slack) & (slack >= 0))).sum()
     )
-    masked_bad, live_rows, b_max, slack_bad = _read(
-        bad_masked.sum(), live.sum(), _masked_max_t(b_err, live & torch.isfinite(b_err)), bad_slack
-    )
-    if slack_bad:
-        raise ValueError(f"kernel lse_slack must be finite and >= 0 on every row, {int(slack_bad)} rows are not")
-    if masked_bad:
-        first = int(torch.nonzero(bad_masked.flatten())[0])
-        masked_note = (
-            f"{int(masked_bad)} rows with reference LSE -inf have another kernel LSE, "
-            f"first at {where_row(first)}: "
-            f"{float(lk.flatten()[first])} (adapters must return -inf, SEMANTICS.md section 4)"
-        )
-    if not live_rows:
-        return 0.0, tol.lse_atol, "", masked_note
-    kernel_finite = torch.isfinite(lk)
-    diff = torch.where(live, torch.where(kernel_finite, (lk - ref_lse).abs(), math.inf), 0.0)
-    safe_ref = torch.where(live, ref_lse, 0.0)
-    allowed = tol.lse_factor * b_max + tol.lse_atol + tol.lse_rtol * safe_ref.abs()
-    if slack is not None:
-        allowed = allowed + torch.where(live, slack, 0.0)
-    ratio = diff / allowed.clamp_min(torch.finfo(ct).tiny)
-    nonfinite = live & ~kernel_finite
-    flat_ratio = ratio.flatten()
-    w_t = flat_ratio.argmax()
-    max_abs, nonfinite_rows, w_f, allowed_w, ratio_w = _read(
-        diff.max(), nonfinite.sum(), w_t, allowed.flatten()[w_t], flat_ratio[w_t]
-    )
-    if nonfinite_rows:  # fails even under an infinite lse_atol (inf / inf is no ratio)
-        w = int(torch.nonzero(nonfinite.flatten())[0])
-        detail = (
-            f"lse: {int(nonfinite_rows)} NaN/Inf LSE where the reference is finite, first at {where_row(w)}: "
-            f"kernel {float(lk.flatten()[w])} vs reference {float(ref_lse.flatten()[w]):.6g}"
-        )
-        return max_abs, float(allowed.flatten()[w]), detail, masked_note
-    w = int(w_f)
-    detail = ""
-    if ratio_w > 1:
-        detail = (
-            f"lse: |lse-ref| {float(diff.flatten()[w]):.1e} at {where_row(w)} > allowed {allowed_w:.1e} "
-            f"({tol.lse_factor:g} x baseline {b_max:.1e} + lse_atol {tol.lse_atol:.1e} "
-            f"+ lse_rtol {tol.lse_rtol:g} x |lse| {float(safe_ref.flatten()[w].abs()):.1e}"
-            f"{'' if slack is None else f' + kernel lse_slack {float(slack.flatten()[w]):.1e}'}); "
-            f"kernel {float(lk.flatten()[w]):.6g} vs reference {float(ref_lse.flatten()[w]):.6g}; "
-            f"{int((ratio > 1).sum())} of {int(live_rows)} rows over"
-        )
-    return max_abs, allowed_w, detail, masked_note
+    values = [bad_masked.sum(), bad_slack]
+    if live_rows:
+        kernel_finite = torch.isfinite(lk)
+        diff = torch.where(live, torch.where(kernel_finite, (lk - ref_lse).abs(), math.inf), 0.0)
+        safe_ref = torch.where(live, ref_lse, 0.0)
+        allowed = tol.lse_factor * b_max + tol.lse_atol + tol.lse_rtol * safe_ref.abs()
+        if slack is not None:
+            allowed = allowed + torch.where(live, slack, 0.0)
+        ratio = diff / allowed.clamp_min(torch.finfo(ct).tiny)
+        nonfinite = live & ~kernel_finite
+        flat_ratio = ratio.flatten()
+        w_t = flat_ratio.argmax()
+        values += [diff.max(), nonfinite.sum(), w_t, torch.take(allowed, w_t), torch.take(flat_ratio, w_t)]
+
+    def finish(read: list[float]) -> tuple[float, float, str, str]:
+        masked_bad, slack_bad = read[0], read[1]
+        if slack_bad:
+            raise ValueError(f"kernel lse_slack must be finite and >= 0 on every row, {int(slack_bad)} rows are not")
+        masked_note = ""
+        if masked_bad:
+            first = int(torch.nonzero(bad_masked.flatten())[0])
+            masked_note = (
+                f"{int(masked_bad)} rows with reference LSE -inf have another kernel LSE, "
+                f"first at {where_row(first)}: "
+                f"{float(lk.flatten()[first])} (adapters must return -inf, SEMANTICS.md section 4)"
+            )
+        if not live_rows:
+            return 0.0, tol.lse_atol, "", masked_note
+        max_abs, nonfinite_rows, w_f, allowed_w, ratio_w = read[2:7]
+        if nonfinite_rows:  # fails even under an infinite lse_atol (inf / inf is no ratio)
+            w = int(torch.nonzero(nonfinite.flatten())[0])
+            detail = (
+                f"lse: {int(nonfinite_rows)} NaN/Inf LSE where the reference is finite, first at {where_row(w)}: "
+                f"kernel {float(lk.flatten()[w])} vs reference {float(ref_lse.flatten()[w]):.6g}"
+            )
+            return max_abs, float(allowed.flatten()[w]), detail, masked_note
+        w = int(w_f)
+        detail = ""
+        if ratio_w > 1:
+            detail = (
+                f"lse: |lse-ref| {float(diff.flatten()[w]):.1e} at {where_row(w)} > allowed {allowed_w:.1e} "
+                f"({tol.lse_factor:g} x baseline {b_max:.1e} + lse_atol {tol.lse_atol:.1e} "
+                f"+ lse_rtol {tol.lse_rtol:g} x |lse| {float(safe_ref.flatten()[w].abs()):.1e}"
+                f"{'' if slack is None else f' + kernel lse_slack {float(slack.flatten()[w]):.1e}'}); "
+                f"kernel {float(lk.flatten()[w]):.6g} vs reference {float(ref_lse.flatten()[w]):.6g}; "
+                f"{int((ratio > 1).sum())} of {int(live_rows)} rows over"
+            )
+        return max_abs, allowed_w, detail, masked_note
+
+    return Pending(values, finish)

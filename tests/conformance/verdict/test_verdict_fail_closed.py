@@ -313,15 +313,20 @@ def test_check_backend_never_passes_nonfinite_statistics_a_sub_check_missed(monk
     """Defence in depth: were a sub-check of compare() to miss a NaN statistic, check_backend still fails it."""
     from conformance.verdict import check as check_module
 
-    real = check_module.compare_details
+    real = check_module.compare_pending  # the comparison check_backend reads with the guard's fingerprints
     for field in ("max_abs", "mean_abs", "error_ratio", "max_rel", "lse_max_abs"):
         for bad in (math.nan, math.inf):
 
-            def missed(*args, field=field, bad=bad):
-                stats, _, base = real(*args)
-                return dataclasses.replace(stats, failed_checks=(), **{field: bad}), [], base
+            def missed(*args, field=field, bad=bad, **kwargs):
+                plan = real(*args, **kwargs)
 
-            monkeypatch.setattr(check_module, "compare_details", missed)
+                def finish(values):
+                    stats, _, base = plan.finish(values)
+                    return dataclasses.replace(stats, failed_checks=(), **{field: bad}), [], base
+
+                return dataclasses.replace(plan, finish=finish)
+
+            monkeypatch.setattr(check_module, "compare_pending", missed)
             case = AttentionCase(requests=((3, 3),), num_heads=1, num_kv_heads=1, head_dim=8)
             result = check_backend(prepare_context(case), fakes.ExactBackend())
             assert result.status is Status.FAIL, (field, bad)
