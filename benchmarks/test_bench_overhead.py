@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +32,8 @@ import pytest
 from attnfast.base import KernelOutput
 from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult
+from conformance.results_file import read_records
+from conformance.results_writer import Appender
 from conformance.running.outcome import RunSummary
 from conformance.running.pairs import RunConfig, _account, _Writer, reply_record
 from conformance.running.profile import RunClock
@@ -92,27 +95,29 @@ def test_bench_record_encode(benchmark, reply: dict[str, Any]) -> None:
 def test_bench_parent_record(benchmark, reply: dict[str, Any], tmp_path: Path) -> None:
     config = RunConfig(backends=(SPEC,), device="cpu")
     info = {"name": "bench-precomputed", "family": "fake", "version": "n/a"}
-    summary = RunSummary(out=tmp_path / "r.jsonl")
+    path = tmp_path / "r.jsonl"
+    summary = RunSummary(out=path)
     clock = RunClock(time.perf_counter())
-    fh = open(tmp_path / "r.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed below
-    writer = _Writer(fh)
     answer = Reply("ok", data=reply, wall_s=1.2e-3)
 
-    def parent() -> None:
-        t0 = time.perf_counter()
-        record = reply_record(answer, CASE, SPEC, info, config)
-        extra = {**record.extra, "worker": 0}
-        clock.judged(extra, answer, time.perf_counter() - t0)
-        clock.written(extra)
-        writer.write(record)
-        _account(summary, record, answer)
-        writer.sync()
+    with Appender(path) as appender:  # as the runner does: the writer appends in the file's format
+        writer = _Writer(appender)
 
-    try:
+        def parent() -> None:  # the runner's judge, then deliver, then the batch's sync, for a batch of one
+            t0 = time.perf_counter()
+            record = reply_record(answer, CASE, SPEC, info, config)
+            extra = {**record.extra, "worker": 0}
+            clock.judged(extra, answer, time.perf_counter() - t0)
+            record = replace(record, extra=extra)
+            clock.written(record.extra)
+            writer.write(record)
+            _account(summary, record, answer)
+            writer.sync()
+
         benchmark(parent)
-    finally:
-        fh.close()
-    assert summary.written >= 1
+    _, written = read_records(path)  # every record timed reached the file, as the runner wrote it
+    assert summary.written >= 1 and len(written) == summary.written
+    assert written[-1].extra["worker"] == 0 and written[-1].status is summary.results[-1].status
 
 
 def test_bench_round_trip(benchmark) -> None:

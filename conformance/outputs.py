@@ -72,10 +72,13 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def marker(kind: str, syntax: str = "text") -> str:
     """The marker of an output of ``kind``: ``html`` gives an HTML comment (also right for Markdown), ``text`` the
-    bare words (a PNG's ``Software`` chunk); JSON outputs carry ``{"attnconf_output": kind}`` instead."""
+    bare words (a PNG's ``Software`` chunk); JSON outputs carry ``{"attnconf_output": kind}`` instead.
+    :class:`ValueError` for any other ``syntax``."""
     if syntax == "html":
         return f"<!-- {MARKER}: {kind} -->"
-    return f"{MARKER}: {kind}"
+    if syntax == "text":
+        return f"{MARKER}: {kind}"
+    raise ValueError(f"marker syntax {syntax!r}: not 'html' or 'text'")
 
 
 def with_marker(text: str, kind: str) -> str:
@@ -426,12 +429,18 @@ def _unlink(name: str) -> None:
         pass
 
 
+#: Where Linux (4.7 and later) states a process's umask, on a ``Umask:`` line.
+_STATUS = "/proc/self/status"
+
+
 def _umask() -> int:
-    """The process's umask, read without changing it (``os.umask`` would, for every thread, for a moment)."""
+    """The process's umask, read from :data:`_STATUS` without changing it (``os.umask`` would, for every thread,
+    for a moment); 0o022, the usual one, where that file does not state it.  Read as bytes: the file's ``Name:``
+    line is the process name, which may be any bytes, not ASCII text."""
     try:
-        with open("/proc/self/status", encoding="ascii") as fh:
+        with open(_STATUS, "rb") as fh:
             for line in fh:
-                if line.startswith("Umask:"):
+                if line.startswith(b"Umask:"):
                     return int(line.split()[1], 8)
     except (OSError, ValueError):
         pass

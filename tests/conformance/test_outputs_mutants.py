@@ -10,6 +10,7 @@ import fnmatch
 import json
 import os
 import re
+import stat
 import struct
 import zlib
 from pathlib import Path
@@ -193,7 +194,8 @@ def test_without_hard_links_a_number_taken_meanwhile_is_skipped(tmp_path: Path, 
     path = tmp_path / "r.jsonl"
     path.write_text("data")
     no_hard_links(monkeypatch, errno.EXDEV)
-    real, calls = outputs.backup_path, []
+    real = outputs.backup_path
+    calls: list[Path] = []
 
     def racing(p):
         b = real(p)
@@ -287,3 +289,156 @@ def test_write_bytes_says_so_when_it_keeps_a_file_as_a_backup(tmp_path: Path, ca
     assert (tmp_path / "fig.1.png").read_bytes() == b"the user's own picture"
     assert f"kept it as {tmp_path / 'fig.1.png'}" in capsys.readouterr().err
     assert is_own(path, "report-plot")
+
+
+def test_a_device_that_appears_before_the_rename_is_refused_under_the_outputs_own_flag(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A FIFO that appears at the path between the check and the rename is refused naming the option that gave
+    the path, as the check would have."""
+    # kills x__commit__mutmut_4 (the refusal names None)
+    path = tmp_path / "x.md"
+    real = outputs._write_temp
+
+    def swap(out: outputs.Output) -> str:
+        name = real(out)
+        os.mkfifo(path)
+        return name
+
+    monkeypatch.setattr(outputs, "_write_temp", swap)
+    with pytest.raises(UsageError) as exc:
+        outputs.write_text(path, "x", kind="k", flag="--md")
+    assert str(exc.value) == f"--md {path}: is a FIFO, not a regular file; give a file path"
+
+
+def test_a_backup_that_fails_while_writing_names_the_outputs_own_flag(tmp_path: Path, monkeypatch) -> None:
+    """When the file a write does not replace cannot be moved to its backup, the exit-3 error names the option
+    that gave the path (not ``--out``, move_aside's default), and the file stays where it was."""
+    # kills x__commit__mutmut_18 (move_aside(path, None)) and _20 (move_aside(path): "--out")
+    path, flag = tmp_path / "x.md", "--md"
+    path.write_text("the user's own notes\n")
+
+    def no_link(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "link", no_link)
+    with pytest.raises(OutputError) as exc:
+        outputs.write_text(path, outputs.with_marker("new", "compare-md"), kind="compare-md", flag=flag)
+    assert str(exc.value) == f"{flag} {path}: cannot move it to {tmp_path / 'x.1.md'}: Input/output error"
+    assert path.read_text() == "the user's own notes\n" and sorted(os.listdir(tmp_path)) == ["x.md"]
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (OSError(errno.EIO, "Input/output error"), "Input/output error"),
+        (OSError("renaming refused"), "renaming refused"),
+    ],
+    ids=["strerror", "message-only"],
+)
+def test_a_failed_rename_into_place_is_exit_3_naming_the_flag_and_the_reason(
+    tmp_path: Path, monkeypatch, error: OSError, reason: str
+) -> None:
+    """A rename of the written temporary file over the path that fails is an :class:`OutputError` (exit 3) of one
+    line: the option, the path, ``cannot write`` and the system's reason (its strerror, else the error's text); no
+    temporary file is left."""
+    # kills x__commit__mutmut_30 (OutputError(None)) and _31 (strerror `and` exc: the errno and the text)
+    path = tmp_path / "x.md"
+
+    def no_replace(src, dst):
+        raise error
+
+    monkeypatch.setattr(os, "replace", no_replace)
+    with pytest.raises(OutputError) as exc:
+        outputs.write_text(path, "x", kind="k", flag="--md")
+    assert str(exc.value) == f"--md {path}: cannot write: {reason}"
+    assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------------------------- marker
+
+
+def test_the_marker_is_the_bare_words_by_default_and_no_other_syntax_is_made_up() -> None:
+    """``marker(kind)`` is the bare words a PNG's ``Software`` chunk carries (as ``syntax="text"``), ``html`` the
+    comment of text outputs; any other syntax is a :class:`ValueError`, not quietly the bare words."""
+    # kills x_marker__mutmut_1, _2 (the default "text" misspelt: equivalent while every syntax but "html" gave the
+    # bare words, which is why an unknown syntax is refused now)
+    assert marker("report-plot") == marker("report-plot", "text") == "attnconf-output: report-plot"
+    assert marker("compare-md", "html") == "<!-- attnconf-output: compare-md -->"
+    for syntax in ("TEXT", "markdown", ""):
+        with pytest.raises(ValueError) as exc:
+            marker("k", syntax)
+        assert str(exc.value) == f"marker syntax {syntax!r}: not 'html' or 'text'"
+
+
+# -------------------------------------------------------------------------------------------------- umask
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test (``umask(0o077)``), restored afterwards."""
+    old = os.umask(0o022)
+    try:
+        yield lambda value: os.umask(value)
+    finally:
+        os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.mark.parametrize("mask", [0o027, 0o077, 0o002, 0o000, 0o022])
+def test_outputs_get_the_mode_the_process_umask_leaves(tmp_path: Path, umask, mask: int) -> None:
+    """A written output has mode 0o666 less the process's umask, as a file created by open() would (not
+    mkstemp's 0o600, not a fixed 0o644): a private umask keeps outputs private."""
+    # kills x__umask__mutmut_10, _11, _12 (the "Umask:" line never found: 0o022 assumed), _15 (int(8)), _16 (the
+    # digits read in base 10), _18 (base 9), and on the code of 26b51ed _5, _6 (the status file's name misspelt)
+    umask(mask)
+    assert outputs._umask() == mask
+    path = write_bytes(tmp_path / "out.md", b"x", kind="k")
+    assert _mode(path) == 0o666 & ~mask
+
+
+def test_a_process_name_that_is_not_ascii_does_not_hide_the_umask(tmp_path: Path, umask) -> None:
+    """The status file's ``Name:`` line is the process name, any bytes (a script called ``prüfung``, a name cut
+    inside a UTF-8 character): the umask is read all the same.  Before: read as ASCII text, such a name made the
+    read fail and 0o022 assumed, so a private umask (0o077) gave outputs mode 0o644."""
+    # the bug x__umask__mutmut_2, _4 and _8 (encoding None, dropped, "ASCII") pointed at: the encoding decided
+    # whether the umask was read at all
+    try:
+        with open("/proc/self/comm", "rb") as fh:
+            name = fh.read().rstrip(b"\n")
+        with open("/proc/self/comm", "wb") as fh:
+            fh.write(b"pr\xc3\xbcfung-\xe9")  # UTF-8 and then a byte that is neither ASCII nor UTF-8
+    except OSError as exc:
+        pytest.skip(f"cannot rename this process: {exc}")
+    try:
+        umask(0o077)
+        path = write_bytes(tmp_path / "out.md", b"x", kind="k")
+        assert outputs._umask() == 0o077 and _mode(path) == 0o600
+    finally:
+        with open("/proc/self/comm", "wb") as fh:
+            fh.write(name)
+
+
+@pytest.mark.parametrize(
+    "status",
+    [None, b"Name:\tattnconf\nState:\tR (running)\n", b"Name:\tattnconf\nUmask:\tzz\n"],
+    ids=["no-status-file", "no-umask-line", "unreadable-umask"],
+)
+def test_where_the_status_file_does_not_state_the_umask_0o022_is_assumed(
+    tmp_path: Path, monkeypatch, umask, status: bytes | None
+) -> None:
+    """Where the status file is missing (no /proc), has no ``Umask:`` line (Linux before 4.7) or an unreadable one,
+    the umask is taken to be the usual 0o022, whatever the process's is."""
+    # kills x__umask__mutmut_19 (19, 0o023: the same file mode as 0o022, since 0o666 has no execute bits)
+    fake = tmp_path / "status"
+    if status is not None:
+        fake.write_bytes(status)
+    monkeypatch.setattr(outputs, "_STATUS", str(fake))
+    umask(0o077)
+    assert outputs._umask() == 0o022
+    out = tmp_path / "out"
+    out.mkdir()
+    assert _mode(write_bytes(out / "out.md", b"x", kind="k")) == 0o644

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import zlib
 from pathlib import Path
 
@@ -132,3 +133,29 @@ def test_a_member_cut_short_yields_all_the_text_decoded_before_the_cut(block, mo
         got, lines = _lines(data, True)
         assert b"".join(line for line, _ in got) == decoded, (cut, block)
         assert lines.cut_at == 0 and lines.cut_member == 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_the_notes_count_unknown_records_and_dropped_duplicates_in_words(n, tmp_path):
+    """A deciding reader's notes on an accepted file: how many records of a type this version does not know it
+    ignored and how many duplicated pairs ``drop_duplicates`` dropped, each count with its noun in the singular for
+    one and the plural otherwise, and the rule that kept the last record of a pair."""
+    # kills xǁResultsFileǁnotes__mutmut_5 (the count None), _8, _9, _10, _11 (the plural 's' and when it is added),
+    # _19, _20 (the text of the duplicates' rule)
+    header = Header(suite="smoke", backends={}, env={})
+    future = json.dumps({"type": "future-record", "schema": 1}) + "\n"
+    lines = [
+        record_line(header),
+        *([future] * n),
+        record_line(_result("a")),
+        *(record_line(_result("a")) for _ in range(n)),
+    ]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(lines))
+    f = load_results(path, drop_duplicates=True)
+    s = "s" if n != 1 else ""
+    assert f.other_records == n and f.dropped_duplicates == n
+    assert f.notes() == [
+        f"{n} record{s} of a type this version does not know ignored",
+        f"{n} duplicated (case, backend) record{s} dropped (--drop-duplicates: the last record of each pair kept)",
+    ]
