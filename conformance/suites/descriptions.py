@@ -15,8 +15,8 @@ LINE_MAX = 100
 
 SUITE_DESCRIPTIONS: dict[str, str] = {
     "smoke": "about 150 small cases of every mode, forward and backward: a minute on 2 CPU cores",
-    "default": "the GPU CI suite: about 5,400 cases (sweeps, covering arrays, fuzz findings, backward)",
-    "full": "about 17,800 cases: default plus contexts up to 32k keys and every triple of all axes",
+    "default": "the GPU CI suite: sweeps, covering arrays, fuzz findings, backward (attnconf cases counts them)",
+    "full": "default plus contexts up to 32k keys and every triple of all axes: about three times default",
     "perf": "timing cases (long prefill, paged decode, fp8, MLA, training's backward): with --time on a GPU",
     "engines": "engine replays: vLLM's and SGLang's attention layers end to end, as the seed engines call them",
     "models": "real models' attention layers at the batches engines serve (pick models with --model)",
