@@ -24,16 +24,12 @@ fp8.  Each field's exact constraints and the kernels' spellings are in ``docs/co
 Features that arrived after the adapter API (:data:`OPT_IN_FEATURES`) are refused by an adapter unless it declares
 them.
 
-Backward (``backward``, :mod:`conformance.backward`): a training call whose gradients are judged too;
-``deterministic`` asks for the kernel's deterministic backward.  ``data`` picks an input distribution (:data:`DATA`).
-
-Engine replays (``engine`` and ``scenario``, :mod:`conformance.engines`): the case is one step of an engine
-backend's attention layer, replayed as that engine composes its kernel calls; ``requests`` are the step's sequences
-and the other fields the layer's configuration.
-
-The tables the fields draw on (:data:`DTYPES`, :data:`LAYOUTS`, :data:`QUANTS`, :data:`DESCALES`,
-:data:`FEATURES`, :data:`OPT_IN_FEATURES`) are :mod:`conformance.cases.case_tables`, re-exported here; what a case
-derives from its fields (sizes, features, the id) is :mod:`conformance.cases.case_derived`.
+Backward (``backward``, :mod:`conformance.backward`): a training call whose gradients are judged too
+(``deterministic``: the kernel's deterministic backward); ``data`` picks an input distribution (:data:`DATA`).
+Engine replays (``engine``, ``scenario``, :mod:`conformance.engines`): one step of an engine's attention layer,
+``requests`` its sequences, the other fields the layer's configuration.  The tables the fields draw on
+(:data:`DTYPES`, :data:`LAYOUTS`, :data:`QUANTS`, :data:`DESCALES`, :data:`FEATURES`, :data:`OPT_IN_FEATURES`) are
+:mod:`.case_tables`, re-exported here; what a case derives (sizes, features, the id) is :mod:`.case_derived`.
 
 JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from their defaults, so adding a field with
 a default keeps every existing id, hash and record valid; :meth:`from_json` ignores keys it does not know (records
