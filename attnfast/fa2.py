@@ -29,7 +29,6 @@ kernel's fp32 rounding at that magnitude as the rows' ``lse_slack``
 Known FA2 behaviour left visible on purpose (flash-attention issue 895): FA2 normalises the window against
 ``max_seqlen_k`` without the bottom-right offset ``sk - sq`` (:func:`attnfast._fa_common.fa2_kernel_window`); the
 adapter passes the window as a user would, the check reports the mismatch and ``ledgers/fa2.toml`` explains it.
-
 Paged + ``num_splits > 1`` runs through ``flash_attn_with_kvcache``: only ``varlen_fwd`` rejects it
 (``flash_api.cpp`` 2.8.3, "num_splits > 1 is not supported for varlen paged KV").
 
