@@ -33,7 +33,7 @@ __all__ = ["build_parser", "main"]
 
 class _Formatter(argparse.HelpFormatter):
     """argparse's formatter, but a text (a description or an epilog) with item lines, lines that start with two
-    spaces (``  smoke    small cases of every mode ...``), keeps its lines: each wrapped on its own, an item's continuation
+    spaces (``  smoke    small cases ...``), keeps its lines: each wrapped on its own, an item's continuation
     indented under its text.  A text without them is wrapped as one paragraph, as argparse does."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
