@@ -22,7 +22,8 @@ set with the most uncovered tuples, then fills the other axes (most uncovered tu
 completes the most uncovered tuples, among the levels that keep the row extensible to a valid case; ties go to the
 axis default (plain cases run on more backends), then to a seeded random choice.  Every row is a valid case by
 construction and every possible tuple is covered (a row that starts from a possible tuple always completes), unless
-``max_rows`` stops it first. """
+``max_rows`` stops it first.
+"""
 
 from __future__ import annotations
 
