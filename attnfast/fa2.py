@@ -2,49 +2,41 @@
 
 Entry point per case (:func:`fa2_entry`):
 
-* ``flash_attn_with_kvcache`` when the case appends (only that entry point writes new keys into
-  the cache), pins ``num_splits > 1`` (only that entry point takes ``num_splits``), or is a decode
-  / spec-decode batch (every request has the same ``q_len`` in ``1..16``).  Queries become a
-  padded ``(b, q_len, h, d)`` view; ``cache_seqlens`` (int32) holds the keys already in the cache
-  (``kv_len - q_len`` when appending, ``kv_len - append_len`` for a short append, else ``kv_len``); the new
-  keys ``k``/``v`` are ``(b, seqlen_new, hk, d)`` with ``seqlen_new`` the case's ``append_len`` (else ``q_len``):
-  ``flash_attn_with_kvcache`` (2.8.3) writes them at ``cache_seqlens`` and aligns the query rows to the end of
-  ``cache_seqlens + seqlen_new`` keys, as the peer test ``tests/test_flash_attn.py::test_flash_attn_kvcache``
-  (2.8.3, ``seqlen_new_eq_seqlen_q=False``) checks it; an uneven append (``append_lens``, a count per request) is
-  refused: ``k`` is dense, ``CHECK_SHAPE(k, batch_size, seqlen_knew, num_heads_k, head_size_og)`` in
-  ``mha_fwd_kvcache`` (``csrc/flash_attn/flash_api.cpp``, 2.8.3), and ``flash_attn_varlen_func`` writes no cache;
-  the cache is the paged cache with
-  ``block_table``, or a contiguous ``(b, max_kv, hk, d)`` copy whose unused slots hold stale finite
-  values.  ``num_splits`` is the case's, or FA2's own heuristic (0) when the case leaves it unset:
-  that is the path engines run (and the one whose speed matters); the heuristic's result depends on
-  the allocated cache length and the SM count (flash-attention issues 1417, 1000), so cases that
-  need a pinned split count say so (``num_splits=1`` etc. in the suites).
-* ``flash_attn_varlen_func`` otherwise: packed q/k/v with ``cu_seqlens_q/k``; with a paged cache k/v
-  are the caches, ``block_table`` addresses them and ``cu_seqlens_k`` (cumulative kv lengths) is read
-  only for the lengths (``block_info.h``: the key offset comes from the block table).
+* ``flash_attn_with_kvcache`` when the case appends (only that entry point writes new keys into the cache), pins
+  ``num_splits > 1`` (only that entry point takes ``num_splits``), or is a decode / spec-decode batch (every request
+  has the same ``q_len`` in ``1..16``).  Queries become a padded ``(b, q_len, h, d)`` view; ``cache_seqlens`` (int32)
+  holds the keys already in the cache (``kv_len - q_len`` when appending, ``kv_len - append_len`` for a short append,
+  else ``kv_len``); the new keys ``k``/``v`` are ``(b, seqlen_new, hk, d)`` with ``seqlen_new`` the case's
+  ``append_len`` (else ``q_len``): ``flash_attn_with_kvcache`` (2.8.3) writes them at ``cache_seqlens`` and aligns the
+  query rows to the end of ``cache_seqlens + seqlen_new`` keys, as the peer test
+  ``tests/test_flash_attn.py::test_flash_attn_kvcache`` (2.8.3, ``seqlen_new_eq_seqlen_q=False``) checks it; an uneven
+  append (``append_lens``, a count per request) is refused: ``k`` is dense, ``CHECK_SHAPE(k, batch_size, seqlen_knew,
+  num_heads_k, head_size_og)`` in ``mha_fwd_kvcache`` (``csrc/flash_attn/flash_api.cpp``, 2.8.3), and
+  ``flash_attn_varlen_func`` writes no cache; the cache is the paged cache with ``block_table``, or a contiguous ``(b,
+  max_kv, hk, d)`` copy whose unused slots hold stale finite values.  ``num_splits`` is the case's, or FA2's own
+  heuristic (0) when the case leaves it unset (the path engines run); cases that need a pinned split count say so.
+* ``flash_attn_varlen_func`` otherwise: packed q/k/v with ``cu_seqlens_q/k``; with a paged cache k/v are the caches,
+  ``block_table`` addresses them and ``cu_seqlens_k`` (cumulative kv lengths) is read only for the lengths
+  (``block_info.h``: the key offset comes from the block table).
 
 Outputs: LSE ``+inf`` of rows that saw no key becomes ``-inf``.  ALiBi: on FA2's causal path
-(:func:`attnfast._fa_common.fa2_alibi_uses_causal_form`) the kernel adds ``+slope * j`` and its LSE
-is larger by ``slope * (i + sk - sq)``; the adapter subtracts that (read from ``alibi.h``/``mask.h``;
+(:func:`attnfast._fa_common.fa2_alibi_uses_causal_form`) the kernel adds ``+slope * j`` and its LSE is larger by
+``slope * (i + sk - sq)``; the adapter subtracts that (read from ``alibi.h``/``mask.h``;
 ``tests/attnfast/test_fa2.py::test_gpu_alibi_lse_form`` shows which form the kernel really uses) and declares the
 kernel's fp32 rounding at that magnitude as the rows' ``lse_slack``
 (:func:`attnfast._fa_common.alibi_causal_lse_slack`).
 
-Known FA2 behaviour left visible on purpose (flash-attention issue 895): FA2 normalises the window
-against ``max_seqlen_k`` without the bottom-right offset ``sk - sq``
-(:func:`attnfast._fa_common.fa2_kernel_window`).  With ``sq > sk`` a right side ``>= max_seqlen_k``
-becomes unbounded (the top rows see keys outside their window; measured on the H200 with (32, 32)),
-and ``(w, None)`` becomes ``(w, max_seqlen_k)`` (the top rows lose keys).  The adapter passes the
-window as a user would; the check reports the mismatch and ``ledgers/fa2.toml`` explains it.
-
+Known FA2 behaviour left visible on purpose (flash-attention issue 895): FA2 normalises the window against
+``max_seqlen_k`` without the bottom-right offset ``sk - sq`` (:func:`attnfast._fa_common.fa2_kernel_window`); the
+adapter passes the window as a user would, the check reports the mismatch and ``ledgers/fa2.toml`` explains it.
 Paged + ``num_splits > 1`` runs through ``flash_attn_with_kvcache``: only ``varlen_fwd`` rejects it
 (``flash_api.cpp`` 2.8.3, "num_splits > 1 is not supported for varlen paged KV").
 
 Backward (``prepare_backward``, :mod:`attnfast.autograd`): ``flash_attn_varlen_func`` on leaf q/k/v through its
 ``autograd.Function`` (``FlashAttnVarlenFunc``, 2.8.3), with the forward's scale, causal flag, window, soft-cap and
-ALiBi slopes, and ``deterministic=case.deterministic`` (``mha_varlen_bwd`` then gives each split its own dQ
-accumulator instead of atomic adds).  Every backward case takes this entry point, decode shapes included (the kvcache
-entry point has no backward).  The LSE gets the same ALiBi and ``+inf`` corrections as the forward's.
+ALiBi slopes, and ``deterministic=case.deterministic``.  Every backward case takes this entry point, decode shapes
+included (the kvcache entry point has no backward).  The LSE gets the same ALiBi and ``+inf`` corrections as the
+forward's.
 """
 
 from __future__ import annotations

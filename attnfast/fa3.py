@@ -1,7 +1,7 @@
 """flash-attn 3 (the Hopper build, module ``flash_attn_interface``).  UNVERIFIED on a GPU.
 
-FA3 has no package on the index and was not installed on the GPU machine this was written for;
-the translation follows ``hopper/flash_attn_interface.py`` and ``hopper/flash_api.cpp``
+FA3 has no package on the index (``docs/concepts/backends.md`` says how it stands on a GPU); the translation
+follows ``hopper/flash_attn_interface.py`` and ``hopper/flash_api.cpp``
 (flash-attention main) and is tested on CPU against ``tests/attnfast/fake_fa3.py``, a fake module
 that implements the documented conventions with :mod:`attnref`.  Treat results as unverified until
 ``tests/attnfast/test_fa3.py``'s GPU tests pass against a real build.

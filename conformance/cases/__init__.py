@@ -4,8 +4,9 @@
 suites built from them are :mod:`conformance.suites`, a layer above (``docs/reference/layout.md``).
 
 A new case field goes into :class:`~.case.AttentionCase` (with a default, so old records keep their
-ids) and, if it changes the tensors, into :func:`~.inputs.make_inputs`; a new axis value is one
-table entry in :mod:`.sweep`; a new sweep is one entry in its family's module of :mod:`conformance.suites`.
+ids) and, if it changes the tensors, into :func:`~.inputs.make_inputs`; a new axis, level or constraint of the case
+space goes where :mod:`.space`'s docstring says (the one place that says it); a new request list or mask is one table
+entry in :mod:`.sweep`; a new sweep is one entry in its family's module of :mod:`conformance.suites`.
 
 The names below are imported on first use (PEP 562), not with the package: importing a torch-free submodule
 (:mod:`.case_tables`' feature names) does not import torch, so ``attnconf --help``

@@ -1,61 +1,42 @@
 """The case model: one frozen, JSON-serialisable description of one attention call.
 
-A case says *what* is computed (batch composition, heads, dims, dtype, KV layout, masking and
-score modifiers); tensors come from :func:`conformance.cases.inputs.make_inputs` given (case, seed,
-device), so any recorded case can be rebuilt bit for bit.
+A case says *what* is computed (batch composition, heads, dims, dtype, KV layout, masking and score modifiers);
+tensors come from :func:`conformance.cases.inputs.make_inputs` given (case, seed, device), so any recorded case can
+be rebuilt bit for bit.
 
-Batch composition is a tuple of ``(q_len, kv_len)`` per request: ``kv_len`` counts every key the
-request attends to, the new tokens included (a decode step is ``(1, ctx + 1)``, a prefill
-``(n, n)``, a chunked-prefill chunk ``(c, done + c)``, cross attention any pair with
-``causal=False``).  ``q_len > kv_len`` is legal: under causal masking the top rows see nothing.
+Batch composition is a tuple of ``(q_len, kv_len)`` per request: ``kv_len`` counts every key the request attends to,
+the new tokens included (a decode step is ``(1, ctx + 1)``, a prefill ``(n, n)``, a chunked-prefill chunk ``(c, done
++ c)``, cross attention any pair with ``causal=False``).  ``q_len > kv_len`` is legal: under causal masking the top
+rows see nothing.
 
-Quantization (``quant``, seed ``001`` and vLLM/SGLang's fp8 caches): ``fp8_e4m3`` / ``fp8_e5m2``
-quantize k and v (and q, and qv, unless ``quant_q`` is False) with descales per tensor or per
-(sequence, kv head) (``descale``); ``int8_t1`` quantizes q and k per token and head and v per
-channel with a static scale, ``int8_t2`` q and k only (v stays in the activation dtype).  ``dtype``
-is then the activation and output dtype.  The reference judges the kernel on the dequantized values.
+Quantization (``quant``, ``quant_q``, ``descale``: fp8 per tensor or per (sequence, kv head), int8 types 1 and 2):
+``dtype`` is then the activation and output dtype; the reference judges the kernel on the dequantized values.
 
-MLA absorbed decode (``qv``): queries carry a second part ``qv`` of width ``head_dim_v`` scored
-against V, ``s = scale * (q.k + qv.v)`` (FA3 ``qv``; FlashMLA's 576-wide cache is the same call with
-``head_dim`` 64 = rope and ``head_dim_v`` 512 = latent); the default scale is ``1/sqrt(d + dv)``.
-``v_padded``: the caller zero-pads V to ``head_dim`` and strips the output back to ``head_dim_v``
-(seed ``004``'s path for kernels that need equal head dims).  ``scheduler_metadata``: the FA3 call
-takes precomputed scheduler metadata (vLLM's CUDA-graph path).  ``cp_world`` / ``cp_rank``: context
-parallelism as vLLM's FA3 fork takes it (``cp_world_size``, ``cp_rank``, ``cp_tot_seqused_k``): the call's keys
-(``kv_len``) are one rank's interleave-1 shard of a longer sequence, local key ``j`` being absolute key ``j *
-cp_world + cp_rank``, and the causal rule holds in absolute positions; each sequence's total comes with the inputs
-(``CaseInputs.cp_tot_seqused_k``).  ``append`` (a kvcache append): the call writes each request's new keys
-into the cache itself, the last ``q_len`` of its ``kv_len`` keys, or only the last ``append_len`` (a *short
-append*, ``1 <= append_len <= q_len``, below some ``q_len``: flash-attention's ``seqlen_new < seqlen_q``), or
-``append_lens[b]`` for request ``b`` (an *uneven append*, one count per request, ``0 <= append_lens[b] <= kv_len``:
-FA3's ``varlen_q`` appends, new keys packed with ``cu_seqlens_k_new``); the query rows stay aligned to the end of the
-``kv_len`` keys either way.  ``append_lens`` is a field of its own rather than a second type of ``append_len`` so
-that every reader of ``append_len`` keeps an ``int | None`` and every existing case keeps its JSON, hence its id (the
-field is written only when set); it holds only counts the other two spellings cannot say (not every ``q_len``, not
-one count ``<=`` every ``q_len``: :func:`append_fields` gives the one spelling of any counts), so one call has one
-id.  With an fp8 ``quant`` the new keys and
-values are given already in fp8, quantized with the cache's descales (FA3's fp8 kvcache append).  Features that
-arrived after the adapter API (:data:`OPT_IN_FEATURES`) are refused by an adapter unless it declares them.
+MLA absorbed decode (``qv``): queries carry a second part ``qv`` of width ``head_dim_v`` scored against V, ``s =
+scale * (q.k + qv.v)``; the default scale is ``1/sqrt(d + dv)``.  ``v_padded``: the caller zero-pads V to
+``head_dim`` and strips the output back.  ``scheduler_metadata``: FA3's precomputed scheduler metadata.  ``cp_world``
+/ ``cp_rank``: the call's ``kv_len`` keys are one rank's interleave-1 shard (local key ``j`` is absolute ``j *
+cp_world + cp_rank``), causal in absolute positions.  ``append``: the call writes each request's new keys into the
+cache, the last ``q_len`` of its ``kv_len`` keys, or the last ``append_len`` (a *short append*), or
+``append_lens[b]`` (an *uneven append*); :func:`append_fields` gives the one spelling of any counts, so one call has
+one id; the query rows stay aligned to the end of the ``kv_len`` keys.  With an fp8 ``quant`` the new keys come in
+fp8.  Each field's exact constraints and the kernels' spellings are in ``docs/concepts/cases.md`` (*Cases*).
+Features that arrived after the adapter API (:data:`OPT_IN_FEATURES`) are refused by an adapter unless it declares
+them.
 
-Backward (``backward``, :mod:`conformance.backward`): the case is a training call whose gradients dQ, dK, dV (and
-d sinks) are judged too, with an upstream gradient ``dout`` drawn from the seed; ``deterministic`` asks for the
-kernel's deterministic backward (gradients then compared bitwise run to run).  ``data`` picks an input distribution
-beyond Gaussian (:data:`DATA`: outlier rows, near-one-hot softmax, V with a large common offset), for any case.
+Backward (``backward``, :mod:`conformance.backward`): a training call whose gradients are judged too
+(``deterministic``: the kernel's deterministic backward); ``data`` picks an input distribution (:data:`DATA`).
+Engine replays (``engine``, ``scenario``, :mod:`conformance.engines`): one step of an engine's attention layer,
+``requests`` its sequences, the other fields the layer's configuration.  The tables the fields draw on
+(:data:`DTYPES`, :data:`LAYOUTS`, :data:`QUANTS`, :data:`DESCALES`, :data:`FEATURES`, :data:`OPT_IN_FEATURES`) are
+:mod:`.case_tables`, re-exported here; what a case derives (sizes, features, the id) is :mod:`.case_derived`.
 
-Engine replays (``engine`` and ``scenario``, :mod:`conformance.engines`): the case is one step of an engine
-backend's attention layer, replayed as that engine composes its kernel calls; ``requests`` are the step's
-sequences and the other fields the layer's configuration.
-
-The tables the fields draw on (:data:`DTYPES`, :data:`LAYOUTS`, :data:`QUANTS`, :data:`DESCALES`,
-:data:`FEATURES`, :data:`OPT_IN_FEATURES`) are :mod:`conformance.cases.case_tables`, re-exported here; what a case
-derives from its fields (sizes, features, the id) is :mod:`conformance.cases.case_derived`.
-
-JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from their defaults, so
-adding a field with a default keeps every existing id, hash and record valid; :meth:`from_json`
-ignores keys it does not know (records written by a newer version stay readable) unless ``strict``
-(``--case-json``), and checks each field's JSON type.  Every case, however built, keeps its integers
-within 64 bits, its floats finite and its text printable (:mod:`conformance.cases.case_json`); a refused
-case raises :class:`CaseError` (a ``ValueError``) with one line per problem, naming the field.
+JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from their defaults, so adding a field with
+a default keeps every existing id, hash and record valid; :meth:`from_json` ignores keys it does not know (records
+written by a newer version stay readable) unless ``strict`` (``--case-json``), and checks each field's JSON type.
+Every case, however built, keeps its integers within 64 bits, its floats finite and its text printable
+(:mod:`conformance.cases.case_json`); a refused case raises :class:`CaseError` (a ``ValueError``) with one line per
+problem, naming the field.
 """
 
 from __future__ import annotations

@@ -13,22 +13,16 @@ rows and the existing case ids stay as they are.
 space before each level added to an existing axis (:data:`space.EARLIER`), then the rest of the space. A tier
 restricted to an axis's earlier levels gives the rows the space without the new levels gave (the generator's level
 codes keep their order and the new levels never fit), so a new level adds rows after them. In one tier the greedy
-choice fills rows with whatever covers most, so 862 of 1,207 ``default`` rows were quantized and fa2 (by its
-declared features) ran 33 of them, covering 34 % of the kernel triples it can run; with the plain tier first
-``default`` added 1,657 rows (20 axes) and fa2 ran 819, covering all of them (``attnconf cases --coverage --backend
-B`` measures this per backend). With the model registry's heads and dims levels (14 x 14 heads x dims levels, every
-pair of them met in each batch shape) ``default`` adds 2,927 rows, of which fa2 runs 1,617.
+choice fills rows with whatever covers most; the plain tier first makes a backend that refuses the rarer levels
+still run the tuples it can (``attnconf cases --coverage --backend B`` measures this per backend).
 
-The generator is a greedy one-row-at-a-time AETG/IPOG-style construction, written here rather than taken from
-PyPI because the two libraries measured did not fit: ``allpairspy`` 2.5.1 (``n=3`` with a filter) returned 325
-rows that miss 14,207 of the 66,273 possible triples (and 25 of the 3,019 pairs) of the 19-axis space, and
-``covertable`` 3.2.0 (sub-models for mixed strength, presets for seeding, ``fn`` constraints) is correct but
-took 112 s for ``default`` (1,264 rows) on this machine, where a suite must build in seconds.  Each row starts
-from an uncovered tuple of the axis set with the most uncovered tuples, then fills the other axes (most
-uncovered tuples first) with the level that completes the most uncovered tuples, among the levels that keep
-the row extensible to a valid case; ties go to the axis default (plain cases run on more backends), then to a
-seeded random choice.  Every row is a valid case by construction and every possible tuple is covered (a row
-that starts from a possible tuple always completes), unless ``max_rows`` stops it first.
+The generator is a greedy one-row-at-a-time AETG/IPOG-style construction (why not a PyPI library, and the figures
+behind each tier: ``docs/concepts/coverage.md``, *History*).  Each row starts from an uncovered tuple of the axis
+set with the most uncovered tuples, then fills the other axes (most uncovered tuples first) with the level that
+completes the most uncovered tuples, among the levels that keep the row extensible to a valid case; ties go to the
+axis default (plain cases run on more backends), then to a seeded random choice.  Every row is a valid case by
+construction and every possible tuple is covered (a row that starts from a possible tuple always completes), unless
+``max_rows`` stops it first.
 """
 
 from __future__ import annotations

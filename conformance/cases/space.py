@@ -7,7 +7,8 @@ is the one import.
 
 One place describes what an attention call can be.  The covering arrays of the suites
 (:mod:`conformance.cases.covering`), ``attnconf cases --coverage`` and the fuzzer (:mod:`conformance.fuzz`) all
-read it, so a new axis, level or constraint is one entry here:
+read it, so a new axis, level or constraint is one entry here (this list is the one place that says how; the
+package docstring, :mod:`.sweep`, ``docs/reference/layout.md`` and the add-an-axis guide point here):
 
 * a new level: append it to the axis's ``values`` (and, for ``batch`` / ``heads``, to :data:`BATCH_SHAPES` /
   :data:`HEADS`, which map a level to the small request list or head counts :func:`build` uses; a heads level

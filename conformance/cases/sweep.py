@@ -15,10 +15,10 @@ Axis names used by the grids of :mod:`conformance.suites.registry`:
 * ``backward``, ``deterministic``: a training call judged on its gradients too (:mod:`conformance.backward`);
   ``data``: an input distribution beyond Gaussian (``conformance.cases.case_tables.DATA``)
 
-The case space itself (every axis, its canonical levels and the constraints between axes, which the covering
-arrays of the suites and the fuzzer read) is data in :mod:`conformance.cases.space`: a new axis or level goes
-there first.  A new request list or mask is one entry in a table here; a new grid key is one key read in
-:func:`build_case`.
+The case space itself (every axis, its canonical levels and the constraints between axes, which the covering arrays
+of the suites and the fuzzer read) is data in :mod:`conformance.cases.space`: a new axis, level or constraint goes
+where its docstring says (the one place that says it).  A new request list or mask is one entry in a table here; a
+new grid key is one key read in :func:`build_case`.
 """
 
 from __future__ import annotations

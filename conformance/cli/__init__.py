@@ -3,38 +3,14 @@
 Exit statuses are :class:`conformance.exits.Exit`, the same for every subcommand: 0 ok, 1 problems found
 (unexpected failures, a regression, missing shards), 2 the command line or an input refused (one line, never a
 traceback), 3 an output could not be written, 4 nothing judged where a verdict was asked for, 5 the harness is
-broken on this machine, 130 Ctrl-C, 141 standard output closed.  Per subcommand:
-
-* ``run``: sweep cases x backends into a JSONL file (:mod:`conformance.running.runner`); 0 when every
-  problem (fail/error/crash/timeout) of the selected (case, backend) pairs is a known failure of the ledger,
-  1 when some problem is unexpected (with ``--strict``: any problem, or an unexpected pass), 4 when a selected
-  backend judged no case (every pair unsupported; ``--allow-unjudged`` accepts it), 130 when interrupted
-  (Ctrl-C; the records are kept, the message says how to resume).  It ends by listing the unexpected problems
-  (status, backend, case id, one-line reason, repro), the known ones per ledger entry and each backend that
-  judged nothing; ``--json PATH`` writes the same as JSON; ``--report DIR`` writes the report of the results file
-  after the run, the exit status staying the run's.
-* ``warmup``: ``run --compile-only``: compile the JIT kernels of a selection into their disk cache, no results
-  file (:mod:`conformance.running.compile_phase`); 0, 130 when interrupted.
-* ``--version``: the package version; 0.
-* ``report``: Markdown + HTML report of one or more results files (:mod:`conformance.reporting.report`), opening
-  on the verdict; ``--baseline OLD`` adds what changed since OLD (``compare``'s comparison); ``--json`` the verdict
-  for scripts (:mod:`conformance.reporting.report_summary`: the status a gate on the files would exit); 0, 2 when a
-  file is missing or unreadable, the files hold no result (skipped lines are counted on stderr) or OLD cannot be
-  compared.
-* ``compare``: diff two results files (:mod:`conformance.reporting.compare`); 1 when anything regressed, 4
-  when a backend family judged nothing in both files (``--allow-unjudged``), 2
-  when the files may not be compared (:mod:`conformance.reporting.compare_inputs`: unreadable, empty, skipped
-  lines, other suite or tolerance, NEW lacking pairs of OLD), one line naming the file and the reason.
-* ``merge``: the shard files of one sweep into one results file (:mod:`conformance.reporting.shards`); 1 when
-  shards or (case, backend) pairs are missing (the file is written all the same), 4 when a backend judged no
-  case in any shard, 2 when the files do not belong to one sweep or disagree.
-* ``backends``: capability matrix of the installed backends; 0.
-* ``fuzz``: random cases, failures shrunk and grouped (:mod:`conformance.fuzz`); 1 when any case failed, 4 when
-  a backend judged no drawn case (``--allow-unjudged``).
-* ``cases``: the cases of a suite, selected as ``run`` selects them (``--case``, ``--feature``, ``--exclude``,
-  ``--exclude-feature``: :mod:`conformance.running.selection`), one line each in the terminal's width (``--long``:
-  every field, ``--json``: for scripts); 0.
-* ``suites``: the named suites, one line each (:mod:`conformance.suites.descriptions`; ``--json``); 0.
+broken on this machine, 130 Ctrl-C, 141 standard output closed.  Which of them each subcommand exits with, and
+when, is in its ``--help`` (the site's CLI reference renders it), the one place that says it.  The subcommands:
+``run`` (:mod:`conformance.running.runner`), ``warmup`` (``run --compile-only``,
+:mod:`conformance.running.compile_phase`), ``report`` (:mod:`conformance.reporting.report`), ``compare``
+(:mod:`conformance.reporting.compare`), ``merge`` (:mod:`conformance.reporting.shards`), ``backends`` (the
+capability matrix; exits 0), ``fuzz`` (:mod:`conformance.fuzz`), ``cases`` (selected as ``run`` selects them,
+:mod:`conformance.running.selection`), ``suites`` (:mod:`conformance.suites.descriptions`), the ledger's commands
+(:mod:`conformance.ledger.cli`), and ``--version``.
 
 ``--help`` (of any subcommand) and ``--version`` import no torch: the parsers are built from torch-free modules
 and every subcommand's work imports what it needs when it runs.
@@ -57,7 +33,7 @@ __all__ = ["build_parser", "main"]
 
 class _Formatter(argparse.HelpFormatter):
     """argparse's formatter, but a text (a description or an epilog) with item lines, lines that start with two
-    spaces (``  smoke    about 150 small cases ...``), keeps its lines: each wrapped on its own, an item's continuation
+    spaces (``  smoke    small cases ...``), keeps its lines: each wrapped on its own, an item's continuation
     indented under its text.  A text without them is wrapped as one paragraph, as argparse does."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:

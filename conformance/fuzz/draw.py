@@ -33,11 +33,9 @@ lengths of a case and ``max_tokens**2 * WORK_PER_TOKEN2`` its work ``sum(q_len *
 (request lengths are capped before they are drawn, so a draw with many heads or wide dims gets shorter
 sequences rather than a rejection).
 
-Why not Hypothesis strategies here: a campaign must be a *stream* that a resumed run continues exactly
-(draw ``i`` depends on ``(seed, i)`` only), and Hypothesis draws adaptively (what it draws next depends on
-what happened before, its database and its health checks) and offers no supported way to draw outside a
-test function.  ``random.Random`` seeded per index gives that stream; the tests use Hypothesis strategies to
-check its properties (valid, deterministic, within the limits, every axis level reachable).
+Draw ``i`` depends on ``(seed, i)`` only (``random.Random`` seeded per index), so a resumed campaign continues the
+stream exactly; why not Hypothesis strategies: ``docs/concepts/fuzzing.md`` (*Why the draws are not Hypothesis
+strategies*).
 """
 
 from __future__ import annotations

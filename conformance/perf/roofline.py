@@ -13,39 +13,13 @@ form (or with one vectorised pass over the query rows for chunked local attentio
 ``sq x sk`` mask, since the perf suite holds 32k x 32k prefills and 128k contexts.  Work the
 kernels really do on masked-out parts of diagonal tiles is not useful work and is not counted.
 
-SEMANTICS section 6 quotes TFLOP/s with ``flops = 4 b h s^2 d / 2`` for causal prefill; the exact
-count is ``2 b h d s (s + 1)``: larger by the diagonal term ``2 b h d s`` (1/s relative, 1.2e-4 at
-s = 8192).  This module reports the exact count.
-
-Bytes: the fewest bytes a kernel must move through device memory, assuming ideal reuse (each
-input byte read once, each output byte written once; on-chip reuse between query tiles is free):
-
-* q read (``total_q * h * d``, plus ``qv``'s ``total_q * h * dv``) and out written (``total_q * h * dv``),
-  in their stored dtype: 1 byte per element for quantized q/k/v (fp8, int8), the activation dtype's
-  size otherwise (the output is always in the activation dtype); descales are metadata;
-* K and V read once per *kv* head (GQA/MQA share them across the query heads of a group): per
-  request only the union of the key ranges its rows can see (a sliding window over a long cache
-  reads only the window), times ``hk * (d + dv)``;
-* with ``append`` the kernel also writes the new tokens' K/V into the cache (``total_q * hk *
-  (d + dv)``); their read is already part of the key union;
-* metadata: two int32 length arrays (``cu_seqlens_q``/``cu_seqlens_k`` or ``seqused_k``), the
-  block-table entries of the blocks holding the key union for paged caches, fp32 ALiBi slopes and
-  sinks (one per head): negligible next to K/V but counted;
-* optionally the fp32 LSE write (``h * total_q * 4``), off by default because not every adapter
-  asks the kernel for it.
-
-A paged kernel that reads whole blocks moves at most one block per end of the union more than
-counted here; a 256-token page at the edge of a 128-token window is the case where it matters.
-
-Backward (:data:`PHASES`): a backward case (``case.backward``) is timed as its backward alone (phase
-``backward``) or, where the adapter cannot rerun the backward by itself, as the whole training call (``fwd+bwd``).
-Their FLOPs are 2.5 and 3.5 times the forward count above, flash-attn's convention
-(``benchmarks/benchmark_flash_attention.py``, ``flops(..., mode)``, commit 0469c727): the backward's five matrix
-products (S = QK^T recomputed, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q) against the forward's two, exact
-when ``d == dv`` (with ``d != dv`` the five products count ``2 (3 d + 2 dv)`` per pair; the convention is kept so
-numbers compare with published ones).  The backward's bytes (:func:`backward_bytes`): q, k, v, out and dout read,
-the fp32 LSE read, dq written per query head and dk, dv per *kv* head (the kernel sums a GQA group before writing),
-all in the activation dtype, plus the metadata; ``fwd+bwd`` adds the forward's bytes with its LSE write.
+Bytes: the fewest bytes a kernel must move through device memory, assuming ideal reuse: q (and ``qv``) read and
+out written in their stored dtype (1 byte for fp8/int8), K and V read once per *kv* head over the union of the key
+ranges each request's rows can see, an ``append``'s cache write, the metadata (lengths, block-table entries, ALiBi
+slopes, sinks) and optionally the fp32 LSE write.  Backward (:data:`PHASES`): phase ``backward`` (the backward
+alone) or ``fwd+bwd`` (the whole training call), at 2.5 and 3.5 times the forward FLOPs (flash-attn's convention);
+its bytes are :func:`backward_bytes`.  Each term, the exact-count note against SEMANTICS section 6 and the
+convention's source: ``docs/concepts/performance.md`` (*The work model*).
 
 Peaks (:data:`PEAKS`) are datasheet numbers (dense, no sparsity) for 16-bit inputs, and for 8-bit
 ones (fp8 q/k/v: both products run on fp8 tensor cores, 1979 TFLOP/s on an H100/H200 SXM); METHOD.md

@@ -3,50 +3,24 @@
 Method on CUDA, recorded with each number as ``cuda-events,l2-flush-read,warmup-time,launch-cover`` (plus
 ``cuda-graph`` when the call is replayed from a graph):
 
-* **CUDA events** around each call, on the current stream.  Device work is asynchronous; a host
-  clock would need a synchronize per call and would time the launch path too (METHOD.md, "Time
-  properly").
-* **Warm-up by time**: the callable runs until ``warmup_s`` has passed and at least twice, before
-  anything is timed, so JIT compilation (FA4 compiles each new configuration in about 1.5 s,
-  SEMANTICS section 5), module loading and handle creation stay out of the numbers.  The first
-  call is left out of the per-call estimate that picks the repetition count.
-* **Repetitions** are chosen so the timed calls add up to about ``target_s``, within
-  ``[min_reps, max_reps]``.  **Median** with p20/p80 is reported: the median is robust to the odd
-  preempted or throttled call, and p20-p80 shows the spread (METHOD.md: a difference between
-  versions smaller than the spread of two timings of one version is noise).
-* **L2 flushed** before every call, outside the timed region, by *reading* a buffer of
-  ``max(4 * L2, 256 MiB)`` (L2 size from ``torch.cuda.get_device_properties``).  Without it,
-  repeated calls over one set of inputs measure the cache (METHOD.md: "if the inputs fit in the
-  cache, repeated runs over one buffer measure the cache"), which flatters decode and small
-  prefill cases.  A read rather than Triton ``do_bench``'s ``zero_()``: a write leaves the L2 full
-  of dirty lines, which are written back to HBM *during* the next timed call as it evicts them:
-  up to an L2's worth of extra write traffic (50 MB on an H100, 60 MB on an H200: 12-15 us) on
-  a memory-bound kernel; after a read the L2 holds clean lines whose eviction costs nothing.
-  Four times the L2 (and at least Triton's 256 MiB) because the replacement policy is not strict
-  LRU and Hopper's L2 is two partitions.
-* **CUDA graph** (``cuda_graph=True``): the callable is captured once on a side stream and
-  ``graph.replay()`` is timed, removing launch gaps between the several kernels an adapter may
-  launch (METHOD.md: "for many small launches, capture a graph").  If capture fails (a host sync,
-  an allocation the graph cannot hold), the eager call is timed and the reason is recorded in
-  :attr:`TimingSample.note` and in the method string (``cuda-graph-failed``).  After a failed
-  capture torch 2.11 can leave the process's CUDA RNG unusable ("Offset increment outside graph
-  capture encountered unexpectedly", seen on an H200), which is why the runner times eagerly.
+* **CUDA events** around each call, on the current stream;
+* **warm-up by time**: the callable runs until ``warmup_s`` has passed and at least twice before anything is timed
+  (JIT compilation, module loading, handle creation stay out); the first call is left out of the per-call estimate;
+* **repetitions** adding up to about ``target_s`` within ``[min_reps, max_reps]``; the **median** with p20/p80;
+* **L2 flushed** before every call, outside the timed region, by *reading* a buffer of ``max(4 * L2, 256 MiB)``;
+* **launch cover** (``launch-cover``): the stream sleeps :data:`LAUNCH_COVER_US` after the flush and before the start
+  event, so the host's launch path is never timed;
+* **CUDA graph** (``cuda_graph=True``): the call captured once and ``graph.replay()`` timed; a failed capture times
+  the eager call and records why in :attr:`TimingSample.note` and the method string (``cuda-graph-failed``);
+* **backward** (a case with ``backward``): the composition's training call; its ``backward_only`` is timed where it
+  offers one (phase ``backward``, tag ``backward-only``, the whole call too in
+  :attr:`~conformance.records.Timing.fwd_bwd_ms`), else the whole call (phase ``fwd+bwd``;
+  :data:`conformance.perf.roofline.PHASES`).
 
-On CPU the same warm-up, repetition and statistics rules apply with ``time.perf_counter`` around
-each call (method ``perf-counter,warmup-time``); there is no flush.
-
-* **Backward** (a case with ``backward``): the callable :func:`make_timer` is given is the composition's training
-  call (:class:`conformance.backward.composition.BackwardRun`: forward then backward).  When it offers
-  ``backward_only`` (the adapter's :class:`attnfast.base.BackwardCall` can rerun the kernel's backward alone, on the
-  saved forward), that is timed (phase ``backward``, method tag ``backward-only``) and the whole call is timed too
-  (:attr:`~conformance.records.Timing.fwd_bwd_ms`); otherwise the whole call is the number (phase ``fwd+bwd``).
-  The roofline scales the FLOPs by the phase (:data:`conformance.perf.roofline.PHASES`).
-
-* **Launch cover** (``launch-cover``): after the flush and before the start event the stream runs
-  ``torch.cuda._sleep`` for :data:`LAUNCH_COVER_US`, so the host's launch path (Python argument
-  handling, FA4's CuTe DSL dispatch: measured to add about 8% to a 1.7 ms FA4 call on an H200
-  when the flush alone had to hide it) runs while the GPU is still busy and is never timed.
-  ``cuda_graph=True`` removes the launch path altogether.
+On CPU the same warm-up, repetition and statistics rules apply with ``time.perf_counter`` around each call (method
+``perf-counter,warmup-time``); there is no flush.  Why each rule is what it is (a read not a write, four times the
+L2, the launch cover's measured effect, the RNG after a failed capture): ``docs/concepts/performance.md`` (*The
+timing method, in detail*).
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ that poisons its context touches no other worker.  With more than one worker eac
 cores, unless the caller's environment already sets them.
 
 Default ``--jobs`` (:func:`default_jobs`): on ``cpu``, one worker per core (at most 16), each with one
-thread: the harness's tensors are small, and one process per core beats threads within one (smoke's
-first 24 cases on ``sdpa-cpu``, 2 busy cores: 23 ms per record with one thread, 156 ms with two); on
+thread: the harness's tensors are small, and one process per core beats threads within one; on
 ``cuda``, one worker per core but one (the parent's), at most 16 per GPU, at least one per GPU; with
 ``--time``, one per GPU (or one on ``cpu``) so timed kernels do not share a device.
 

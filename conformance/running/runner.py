@@ -17,11 +17,10 @@ tolerance).  Without ``resume`` an existing file is moved to the first free numb
 (``<name>.1.jsonl``, ``<name>.2.jsonl``, ...): no run deletes earlier results.  Ctrl-C stops the workers,
 keeps every record that arrived (fsync'ed) and returns a summary that says it was interrupted (exit 130).
 
-CUDA out of memory under sharing (:func:`is_cuda_oom`): an ``error`` record whose reason is a CUDA OOM (or
-cuDNN's attention graph failing to execute, seen only under sharing),
-from a worker that shares its GPU with others, is not written; the pair is deferred, its worker
-restarted, and after the parallel phase the deferred pairs run again with one worker per GPU and every
-other worker closed.  That record is final and carries ``extra["oom_retry"]`` (the first error and how
+CUDA out of memory under sharing (:func:`is_cuda_oom`): an ``error`` record whose reason is a CUDA OOM (or cuDNN's
+attention graph failing to execute) from a worker that shares its GPU with others is not written; the pair is
+deferred, its worker restarted, and after the parallel phase the deferred pairs run again with one worker per GPU
+and every other worker closed.  That record is final and carries ``extra["oom_retry"]`` (the first error and how
 many workers shared the GPU).  A run killed before the retry has not written those pairs, so ``resume``
 runs them again.  Cases go to workers longest first (:mod:`conformance.running.schedule`, ``--schedule``) and by
 compile affinity (:class:`~conformance.running.pool.WorkFeed`, keys from the first worker's ``keys`` op); before

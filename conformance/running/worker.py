@@ -1,16 +1,15 @@
 """The worker process that runs kernels on behalf of :mod:`conformance.running.runner`.
 
-Run as ``python -m conformance.running.worker``; it talks JSON lines: requests on stdin, replies on the
-*protocol channel*, which is the process's original stdout.  Before anything else is imported,
-that stdout is duplicated to a private file descriptor and fd 1 is pointed at stderr, so a stray
-``print`` (or a C++ ``printf`` in a kernel) can never corrupt the protocol.
+Run as ``python -m conformance.running.worker``; it talks JSON lines: requests on stdin, replies on the *protocol
+channel*, which is the process's original stdout.  Before anything else is imported, that stdout is duplicated to a
+private file descriptor and fd 1 is pointed at stderr, so a stray ``print`` (or a C++ ``printf`` in a kernel) can
+never corrupt the protocol.
 
-Why a separate process: a kernel bug can kill the process (segfault, ``abort``, CUDA illegal
-memory access) or hang it; the parent survives, records ``crash`` or ``timeout`` and starts a
-fresh worker.  The worker persists across cases and keeps the last case's context (inputs,
-reference, baseline) so several backends of one case share one reference computation.  It runs in a
-session of its own and ignores SIGINT: Ctrl-C is the parent's to handle (:mod:`conformance.running.runner`),
-which stops its workers itself.
+A kernel that kills (segfault, ``abort``, CUDA illegal memory access) or hangs the worker leaves the parent to
+record ``crash`` or ``timeout`` and start a fresh worker.  The worker persists across cases and keeps the last
+case's context (inputs, reference, baseline) so several backends of one case share one reference computation.  It
+runs in a session of its own and ignores SIGINT: Ctrl-C is the parent's to handle
+(:mod:`conformance.running.runner`), which stops its workers itself.
 
 Requests and replies (one JSON object per line):
 
@@ -19,8 +18,7 @@ Requests and replies (one JSON object per line):
   ``{"ok": true, "env": {...}, "backends": {spec: info}, "errors": {spec: message}, "jit": [spec...]}``
   (``jit``: the backends with a :meth:`~attnfast.base.Backend.compile_key`);
 * ``{"op": "keys", "backends": [spec...], "cases": [{...}...], "device": d}`` ->
-  ``{"ok": true, "keys": [[key or null per backend] per case]}``: each compile key as its ``repr``, null
-  where the backend has none or refuses the case (the parent's compile-affinity scheduling);
+  ``{"ok": true, "keys": [[key or null per backend] per case]}``: each compile key's ``repr``, or null;
 * ``{"op": "load", "backends": [spec...]}`` -> ``{"ok": true, "errors": {...}}``: import the
   adapters now, so a fresh worker's imports do not count against the first case's timeout;
 * ``{"op": "check", "case": {...}, "backend": spec, "seed": n, "device": d, "available": bool, "tol": [...],
@@ -30,24 +28,15 @@ Requests and replies (one JSON object per line):
   "compiled": bool, "key": repr|null, "inputs_s": s, "compile_s": s, "error": text|null}``: build the case's
   inputs and call the backend's kernel once, unjudged, so a JIT backend compiles (and, with FA4's disk cache,
   stores) the kernel of the case's compile key; a refusal or an exception is ``compiled: false`` with the
-  reason in ``error``, never a failed reply (the pair is judged later as usual).
+  reason in ``error``, never a failed reply.
 
-Every reply also carries ``worker_s`` (seconds from reading the request to encoding the reply: the
-worker's own time) and ``idle_s`` (seconds the worker waited for that request after its previous
-reply), so the parent can tell its own overhead from the worker's work; a check's reply adds
-``phases``: ``context_s`` (inputs, reference and baseline; only when the case is new to this worker) split
-into ``inputs_s``, ``reference_s``, ``baseline_s``; ``check_s``
-(:func:`~conformance.verdict.check.check_backend`) split into ``prepare_s`` (support check, input copies, the
-adapter's ``prepare``), ``compile_s`` (the kernel call when it is the first of its compile key in this process:
-a JIT compile, or a load from FA4's disk cache) or ``kernel_s`` (any other kernel call), ``verdict_s`` (the
-comparison, and the guard's fingerprints read with it), ``bench_s`` (``--time``); and ``encode_s`` (the record's
-JSON form).  Replies come in request order, so the parent may send the next request before the previous reply
-arrives (pipelining: the worker then never waits for the parent's bookkeeping).
+Every reply also carries ``worker_s`` (the worker's own time on the request) and ``idle_s`` (its wait for it); a
+check's reply adds ``phases`` (each listed in ``docs/concepts/running.md``, *The worker's reply timings*).  Replies
+come in request order, so the parent may send the next request before the previous reply arrives.
 
 Backends are named by registry name or ``module:Class`` (:func:`conformance.running.env.resolve_backend`).
-This module is the worker's side: the serve loop (:func:`main`) and the requests' handlers.  The parent's
-side, :class:`~conformance.running.worker_client.WorkerClient` (with :class:`Reply` and
-:class:`WorkerStartError`, re-exported here), starts the process and waits for its replies with a deadline.
+This module is the worker's side (:func:`main`, the handlers); the parent's side is
+:class:`~conformance.running.worker_client.WorkerClient` (with :class:`Reply`, :class:`WorkerStartError`: re-exported).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Suite ``default``'s sweeps (2,142 hand-picked cases; the suite adds its covering-array cases and the fuzzer's
+"""Suite ``default``'s sweeps (hand-picked cases; the suite adds its covering-array cases and the fuzzer's
 findings, :mod:`conformance.suites.registry`): every mode and modifier over the head dims, dtypes, masks and cache
 layouts the kernels ship, and the quantization, MLA and FA3-call sweeps (:data:`QUANT_MLA`).  :data:`MAIN`,
 :data:`HEADS` and :data:`DIMS` are shared with ``full`` (:mod:`conformance.suites.full`).

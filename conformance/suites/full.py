@@ -1,5 +1,5 @@
 """Suite ``full``'s sweeps: ``default``'s and, beyond them, the cross products over more batches, dims, masks,
-modifiers, quantizations, MLA shapes and long contexts up to 32k (13,577 sweep cases; the suite adds covering
+modifiers, quantizations, MLA shapes and long contexts up to 32k (the suite adds covering
 cases of its own, :mod:`conformance.suites.registry`).
 """
 

@@ -1,14 +1,15 @@
-"""Named suites: unions of declarative sweeps (:mod:`conformance.cases.sweep`), deduplicated by case id and
-returned in a stable order.  The sweeps live by suite family (:mod:`conformance.suites.smoke`,
+"""Named suites: unions of declarative sweeps (:mod:`conformance.cases.sweep`), deduplicated by case id and returned
+in a stable order.  The sweeps live by suite family (:mod:`conformance.suites.smoke`,
 :mod:`~conformance.suites.default`, :mod:`~conformance.suites.full`; ``perf``'s written-out cases in
-:mod:`~conformance.suites.perf`); this module assembles them into :data:`SUITES`.  Adding a sweep or an axis
-value is a one-line change there; the runner, reports and tests pick it up without edits.
+:mod:`~conformance.suites.perf`); this module assembles them into :data:`SUITES`.  Adding a sweep is a one-line
+change there (a new axis, level or constraint of the case space: :mod:`conformance.cases.space`); the runner,
+reports and tests pick it up without edits.
 
-Suites: ``smoke`` (~150 small cases, a minute on 2 CPU cores, six small graph and invariance cases and nine backward
-cases included), ``default`` (~5,450, the CI suite on a GPU: 2,170 hand-picked sweep cases, 2,953 covering-array
-cases, the fuzzer's findings, :mod:`conformance.suites.found`, the six small graph and invariance cases and 305
-backward cases, :mod:`conformance.suites.backward`), ``full`` (~18,200: 15,646 sweep cases with long contexts
-up to 32k, default's covering, found and backward cases and 1,372 covering cases of its own), ``perf`` (long
+Suites (sizes: ``attnconf cases --suite NAME``, its last line): ``smoke`` (small cases of every mode, a minute on 2
+CPU cores, small graph, invariance and backward cases included), ``default`` (the CI suite on a GPU: hand-picked
+sweep cases, covering-array cases, the fuzzer's findings, :mod:`conformance.suites.found`, the small graph and
+invariance cases and the backward cases, :mod:`conformance.suites.backward`), ``full`` (sweep cases with long
+contexts up to 32k, default's covering, found and backward cases and covering cases of its own), ``perf`` (long
 prefill and paged decode for timing against the roofline), ``engines`` (engine replays), ``models`` (real
 models' configurations, :mod:`conformance.models`), ``graphs`` (CUDA-graph mode and invariances,
 :mod:`conformance.graphs`), ``limits`` (probes of the kernels' limits, :mod:`conformance.suites.limits`),
@@ -16,16 +17,16 @@ models' configurations, :mod:`conformance.models`), ``graphs`` (CUDA-graph mode 
 soft-cap and sink models, :mod:`conformance.backward.training`), ``peer-*`` (the kernels' own test grids, one
 module per source: :mod:`conformance.suites.peers`).
 
-Covering arrays (:mod:`conformance.cases.covering` over :mod:`conformance.cases.space`): ``default`` adds the
-cases that make it cover every pair of levels of all axes and every triple of the kernel axes
+Covering arrays (:mod:`conformance.cases.covering` over :mod:`conformance.cases.space`): ``default`` adds the cases
+that make it cover every pair of levels of all axes and every triple of the kernel axes
 (:data:`~conformance.cases.covering.DEFAULT_STRENGTHS`), ``full`` every triple of all axes
-(:data:`~conformance.cases.covering.FULL_STRENGTHS`).  The generator is seeded with the sweep cases, so only
-tuples they leave uncovered add cases, and the sweep cases keep their ids and come first; the tuples of plain
-levels (:data:`~conformance.cases.space.PLAIN`) are covered by plain cases first (fa2 runs 1,617 of default's
-2,927), so a backend that refuses fp8, sinks or an HND cache still runs them; the added cases use the space's
-small canonical batches.  ``attnconf cases --suite S --coverage [--backend B]`` prints the figures.  The added
-cases (and their ids) change when the sweeps or the space change, except that a level added to an axis with its
-earlier levels in :data:`~conformance.cases.space.EARLIER` only adds cases after them; the sweep cases never change.
+(:data:`~conformance.cases.covering.FULL_STRENGTHS`).  The generator is seeded with the sweep cases, so only tuples
+they leave uncovered add cases, and the sweep cases keep their ids and come first; the tuples of plain levels
+(:data:`~conformance.cases.space.PLAIN`) are covered by plain cases first, so a backend that refuses fp8, sinks or
+an HND cache still runs them; the added cases use the space's small canonical batches.  ``attnconf cases --suite S
+--coverage [--backend B]`` prints the figures.  The added cases (and their ids) change when the sweeps or the space
+change, except that a level added to an axis with its earlier levels in :data:`~conformance.cases.space.EARLIER`
+only adds cases after them; the sweep cases never change.
 """
 
 from __future__ import annotations
@@ -148,8 +149,8 @@ def suite_names() -> list[str]:
 
 
 def all_case_ids() -> list[str]:
-    """The case id of every case of every built-in suite (about 16,100; 5-10 s to build, the covering arrays
-    included)."""
+    """The case id of every case of every built-in suite, sorted and deduplicated (seconds to build: the covering
+    arrays included)."""
     return sorted({case.id for build in SUITES.values() for case in build()})
 
 

@@ -1,5 +1,5 @@
-"""Suite ``smoke``'s sweeps: about 140 small forward cases (a minute on 2 CPU cores), one or two of every mode and
-modifier, for a first run and for CI on CPU; the suite adds nine backward ones
+"""Suite ``smoke``'s sweeps: small forward cases (a minute on 2 CPU cores), one or two of every mode and
+modifier, for a first run and for CI on CPU; the suite adds backward ones
 (:mod:`conformance.suites.backward`).  Assembled into the suite by :mod:`conformance.suites.registry`.
 """
 

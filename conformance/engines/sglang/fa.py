@@ -7,58 +7,14 @@ pool: ``req_to_token`` (request x position -> token slot ``page * page_size + of
 shuffled order, one spare) and one layer's K/V buffer ``(num_pages, page_size, hk, d)`` (``view(-1, page_size,
 ...)``), unused slots stale.  Every kernel call is ``flash_attn_with_kvcache`` without new keys (the cache is written
 first, ``set_kv_buffer``), i.e. a paged call with ``cache_seqlens`` keys, or ``flash_attn_varlen_func`` for MLA's
-chunked prefix; each runs on the adapter under test.  What it checks, per scenario (:data:`SCENARIOS`):
-
-* the metadata builder: ``cache_seqlens_int32``, ``cu_seqlens_q`` (``cu_seqlens_k`` itself for a prefill without
-  prefix, the extend lengths' prefix sums otherwise), ``cu_seqlens_k`` (passed as ``cu_seqlens_k_new``), and the
-  page table ``req_to_token[:, :max_seq_len_k]`` strided to pages (``[:, ::page_size] // page_size``); modes
-  EXTEND, MIXED (decodes and prefill chunks in one extend call), DECODE, TARGET_VERIFY;
-* chunked local attention through virtual batches (:mod:`conformance.engines.sglang.local`; causal, no
-  ``cu_seqlens_k_new``); the layer's reference is attention with the case's ``chunk``;
-* sliding windows: the layer value is already the model's window minus one and goes to the kernel as ``(w, 0)``
-  (:meth:`SGLangFlashAttention.window_size`); sinks and soft-cap are forwarded to every call;
-* speculative verify: top-k 1 is one causal call over ``seq_lens + draft``; top-k > 1 is a cascade: a prefix call
-  over the committed cache (``causal=False``) and an *expand* call where every draft token is its own sequence
-  over the draft-tree tokens it may see, its row of the expand page table built from the custom mask as the seed
-  does (draft columns ``seq_len + i``, visible ones sorted first, ``cache_seqlens = mask.sum(1)``; the table holds
-  token slots, so page size 1), merged with ``merge_state_v2`` (LSE transposed to ``(n, h)``).  With a sliding
-  window there is no cascade: each draft token gets ``prefix + visible draft`` in one row (``swa_spec_metadata``).
-  The layer's reference is the tree: each draft token over the prefix and its ancestors;
-* cross attention: the encoder page table ``req_to_token[:, :encoder_len]`` with ``encoder_lens_int32`` (one
-  encoder sequence, as SGLang supports), no causal mask, no window;
-* MLA absorbed (DeepSeek, ``qv``): one 576-wide cache ``[c_kv | k_rope]`` split into views
-  (:meth:`SGLangFlashAttention.split_mla_cache`), ``q = q_rope`` against the ``k_rope`` view, ``qv = q_nope``
-  against the ``c_kv`` view, which is also V; the call's ``mla_cache`` is rebuilt from the two views, so a wrong
-  split reaches kernels that read the joint cache (FlashMLA, vLLM's FA3 views) as well;
-* MLA chunked prefix (``attn_attend_prefix_cache``): the new tokens causal with LSE, each prefix chunk non-causal
-  with LSE, merged into the running result by ``merge_state_v2`` (the model's loop in ``deepseek_v2.py``, not in
-  the seed); chunk ``i`` of a request covers its prefix ``[i L, min((i + 1) L, prefix))``, ``L = capacity //
-  batch`` (``ForwardBatch.prepare_chunked_prefix_cache_info``, also outside the seed).  A request without prefix
-  gets empty chunks (LSE ``-inf``), merged into a finite running result, so no NaN (unlike seed 004's order);
-* fp8 KV cache: ``k_descale``/``v_descale`` are the per-tensor scales expanded to ``(batch_size, hk)``
-  (:meth:`SGLangFlashAttention.descales`), ``batch_size`` being the forward batch's; the calls are therefore
-  per-(sequence, kv head) descale calls (``descale="head"``) that must carry exactly that shape.  SGLang casts q
-  to fp8 with ``q.to(fp8)`` and passes no ``q_descale``, i.e. descale 1; the replay gives the kernel the case's
-  stored fp8 q with its own descale (``quant_q=True``): an exact replay of the raw cast would judge the kernel on
-  a q rounded differently from the one the reference reads;
-* ``num_splits = 1`` for deterministic inference (the case's ``num_splits``), else 0 (the heuristic).
+chunked prefix; each runs on the adapter under test.  What it checks per scenario (:data:`SCENARIOS`: the metadata
+builder, local attention, windows, speculative verify, cross attention, MLA absorbed and chunked prefix, fp8 KV,
+``num_splits``), its findings (:data:`FINDINGS`, kept out of :meth:`~SGLangFlashAttention.cases`) and what it does
+not model are in ``docs/concepts/engines.md`` (*Seed 003: what the replay follows*).
 
 Every paged call's metadata is checked first (:func:`~conformance.engines.sglang.local.check_call_metadata`,
 ``ValueError`` naming the field).  The forward returns the layer output and the LSE the kernel (or the merge)
 computed; SGLang asks for the LSE only where it merges, the replay checks it everywhere.
-
-Findings (:data:`FINDINGS`, scenarios kept out of :meth:`~SGLangFlashAttention.cases`, see the tests): with
-``page_size > 1`` the eager path builds the virtual batches from the token-granular ``req_to_token`` slice before
-it is strided to pages (the local table then holds token slots), and the chunk adjustment cuts short batches at
-page multiples (both fixed upstream by sglang PR 32902, reported as an illegal memory access at page size 16);
-MIXED steps build no local metadata, so chunked-local layers attend the whole context; top-k > 1 verify passes
-``sinks`` to both cascade calls (the sink counted twice by the merge); the encoder page table is never strided to
-pages; fp8 descales are ``(batch_size, hk)`` where virtual batches have more sequences (FA3: ``CHECK_SHAPE(k_descale,
-batch_size, num_heads_k)``).  CUDA-graph scenarios (decode, local decode, target verify and draft decode with
-top-k 1 and > 1, an encoder-decoder step's cross and self layers): captured at a bucket and replayed for every
-batch size up to it (:mod:`conformance.engines.sglang.graph`; draft decode only there).  Not modelled: draft
-extend, hybrid SWA pools (``full_to_swa_index_mapping``), FA4 (``fa_impl_ver``), fp8 with MLA (head dim 576 >
-256: no descales, the fp8 cache cast to q's dtype without a scale).
 
 Where it lives: this module is the engine, :class:`SGLangFlashAttention` (cases and their checks, the top-k tree's
 reference).  Its base classes hold the backend: :class:`~conformance.engines.sglang.runner.SGLangForwardRunner`

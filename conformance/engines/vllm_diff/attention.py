@@ -1,22 +1,9 @@
 """Seed ``000``: vLLM V0's differential attention backend (``DifferentialFlashAttentionImpl``, arXiv 2410.05258).
 
-The layer, as the seed's impl sees it (``num_heads`` H, ``num_kv_heads`` Hk, ``head_size`` D: the case's
-``num_heads``, ``num_kv_heads`` and ``head_dim``; both head counts even, ``head_dim_v`` unset):
-
-1. ``split_heads``: ``(H two) D -> H two D``: even heads are group 1 (``q1``, ``k1``, ``v1``), odd heads group 2,
-   so each kernel call sees H/2 query heads and Hk/2 kv heads (GQA ratio H/Hk kept);
-2. the KV cache ``(2, 2, num_blocks, block_size, Hk/2, D)`` (group, K/V, NHD block): ``(k1, v1)`` written into
-   ``kv_cache[0]`` and ``(k2, v2)`` into ``kv_cache[1]`` through the step's slot mapping
-   (``reshape_and_cache_flash``: :func:`attnref.write_kv_cache`), before any call;
-3. four calls of ``forward_generate_kv_cache``: ``attn11 = (q1, k1, v1)``, ``attn12 = (q1, k1, v2)``,
-   ``attn21 = (q2, k2, v1)``, ``attn22 = (q2, k2, v2)``; each runs the prompts (packed, first) with
-   ``flash_attn_varlen_func`` over their new keys (``cu_seqlens_q = cu_seqlens_k = seq_start_loc``, causal)
-   and the decodes (after them) with ``flash_attn_with_kvcache`` through ``block_tables`` and ``seq_lens``,
-   reading key cache ``g`` and value cache ``g'`` of the pair;
-4. ``attn1 = [attn11 | attn12]``, ``attn2 = [attn21 | attn22]`` (``(T, H/2, 2D)``), ``lambda_full =
-   exp(sum(lambda_q1 * lambda_k1)) - exp(sum(lambda_q2 * lambda_k2)) + lambda_init`` (cast to the activation
-   dtype: ``type_as(q)``), ``attn = attn1 - lambda_full * attn2``, ``subln`` (the model's
-   ``nn.RMSNorm(2D, eps=1e-5)``), ``* (1 - lambda_init)``, ``H (two D) -> (H two) D``.
+The replay follows the seed's impl step by step (heads split into two groups, one ``(2, 2, num_blocks, block_size,
+Hk/2, D)`` cache written before any call, four ``forward_generate_kv_cache`` calls, ``lambda_full``, ``subln``,
+``(1 - lambda_init)``); each step is spelled out in ``docs/concepts/engines.md`` (*Seed 000: what the replay
+follows*).  Both head counts are even and ``head_dim_v`` unset.
 
 Output: ``(total_q, H, D)`` in the case dtype: head ``2i`` is ``attn[:, i, :D]``, head ``2i + 1`` is
 ``attn[:, i, D:]`` (the seed's ``view(-1, H * D)`` split back into heads); no LSE (the forward returns None, so

@@ -2,27 +2,10 @@
 the differential combination captured at a bucket and replayed for every batch size up to it (the graph scenarios
 of the engine ``vllm_diff``).
 
-What the seed's ``DifferentialFlashAttentionMetadataBuilder.build(seq_lens, query_lens, cuda_graph_pad_size,
-batch_size)`` writes for a captured decode batch (:meth:`DiffGraphRun.build`, literally):
-
-* ``use_captured_graph = cuda_graph_pad_size != -1``; ``slot_mapping`` extended with ``PAD_SLOT_ID`` for the padded
-  requests; ``block_tables`` and ``cross_layer_shared_block_tables`` both ``extend([] * cuda_graph_pad_size)``,
-  which extends by nothing, so only the real requests have block lists (for a decode without a sliding window both
-  lists are the sequence's ``block_tables[seq_id]``);
-* ``_get_graph_runner_block_tables(num_seqs, lists, graph_block_tables)`` twice: into the runner's persistent
-  ``graph_block_tables`` and ``cross_layer_shared_graph_block_tables`` ``(max_batch_size, max_blocks)``, rows
-  ``[:num_seqs]`` (``num_seqs`` = the padded batch); each real row's first ``len(list)`` entries overwritten (a
-  longer list cut at ``max_blocks``), everything else keeps what earlier batches wrote (stale block ids);
-* ``num_decode_tokens = batch_size - num_prefill_tokens`` (the padded batch), ``use_cuda_graph=True``.
-
-The runner side (vLLM V0's ``model_runner.py``, not in the seed; as :mod:`conformance.engines.vllm_v0.graph` models
-it): the batch padded to the captured size with ``seq_lens`` 1, ``seq_lens_tensor`` and ``block_tables`` copied into
-the graph's input buffers before the replay.  The captured forward (:class:`_DiffForward`) is the layer's decode:
-``split_heads`` of the query buffer, the four ``flash_attn_with_kvcache`` calls (``attn11 = (q1, k1, v1)``,
-``attn12 = (q1, k1, v2)``, ``attn21 = (q2, k2, v1)``, ``attn22 = (q2, k2, v2)``, ``cache_seqlens`` the
-``seq_lens_tensor`` buffer, ``block_table`` the ``block_tables`` buffer), ``attn1 - lambda_full * attn2``, ``subln``,
-``* (1 - lambda_init)``; the step's cache writes (``populate_kv_cache``: ``reshape_and_cache_flash`` of each group
-through ``slot_mapping``, ``PAD_SLOT_ID`` skipped) are made before each replay.
+The replay writes what the seed's ``DifferentialFlashAttentionMetadataBuilder.build`` writes for a captured decode
+batch (:meth:`DiffGraphRun.build`, literally) and pads and copies the batch as vLLM V0's runner does; the captured
+forward is :class:`_DiffForward`.  Each field, step by step: ``docs/concepts/graphs.md`` (*Seed 000's CUDA-graph
+decode: what the replay follows*).
 
 Two layers are replayed.  ``graph_decode``: a KV-generating layer (``forward_generate_kv_cache``'s decode path,
 ``decode_meta.block_tables``).  ``graph_decode_shared_kv``: a KV-sharing layer (``kv_sharing_target_layer_name``

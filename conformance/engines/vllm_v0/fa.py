@@ -1,27 +1,12 @@
 """Seed ``002``: vLLM V0's FlashAttention backend (``vllm/attention/backends/flash_attn.py``) replayed.
 
 The replay checks that the layer V0's ``FlashAttentionImpl.forward`` composes from its kernel calls is the
-attention the model means, for every path of that forward:
-
-* the step's metadata is built from a batch description as ``FlashAttentionMetadataBuilder`` builds it
-  (:mod:`conformance.engines.vllm_v0.metadata`: prefills first as V0's scheduler lays the tokens out, seq
-  lens, ``query_start_loc``, context lens, block tables, slot mappings, ``max_decode_query_len``, the encoder
-  and cross fields), validated (bad input raises ``ValueError`` naming the field);
-* the cache is V0's ``(2, num_blocks, block_size, hk, d)`` NHD cache: context from earlier steps sits in blocks
-  handed out in a shuffled order, the step's new keys are written through the builder's slot mapping
-  (``reshape_and_cache_flash``; fp8: :func:`attnref.write_kv_cache_fp8` with the layer's per-tensor scales),
-  the cross cache through ``cross_slot_mapping``; unused slots hold stale values;
-* the calls, each described by its own case: prefill without cache (``flash_attn_varlen_func`` over the
-  prompt's contiguous k/v, ``causal`` by attention type), prefix-cached / chunked prefill (paged,
-  ``seqused_k``, ``causal=True``), speculative decode (paged varlen when ``max_decode_query_len > 1``),
-  single-token decode (``flash_attn_with_kvcache``), encoder attention (encoder k/v, not causal),
-  encoder-only attention, encoder-decoder cross attention (prompt: decoder queries over the contiguous
-  encoder k/v; decode: ``flash_attn_with_kvcache`` over the cross cache with ``encoder_seq_lens`` and
-  ``cross_block_tables``, ``causal=True`` as the seed passes it, a no-op for one query), ALiBi slopes on every
-  call, fp8 (q quantized with ``q_scale``, k/v with ``k_scale``/``v_scale``, descales ``.expand``-ed to
-  ``(num_seqs of the call, hk)``: the call case says ``descale="head"``);
-* the reference is the whole layer over the full KV: decoder self attention (causal), encoder / encoder-only
-  attention over the encoder tokens (not causal), cross attention ``(decoder_len, encoder_len)``, not causal.
+attention the model means, for every path of that forward (prefill, prefix-cached and chunked prefill, speculative
+and single-token decode, encoder, encoder-only, cross attention; ALiBi; fp8): the metadata is built as
+``FlashAttentionMetadataBuilder`` builds it (:mod:`conformance.engines.vllm_v0.metadata`; bad input raises
+``ValueError`` naming the field), the cache written through its slot mapping, each call described by its own case,
+and the reference is the whole layer over the full KV.  What each step follows: ``docs/concepts/engines.md``
+(*Seed 002: what the replay follows*).
 
 Sliding window.  A scenario names the model's window ``w`` (a token sees ``w`` keys, itself included).  The
 layer case states what the model means, in the harness's spelling: ``(w - 1, 0)`` causal for a decoder,

@@ -2,71 +2,13 @@
 
 The replay rebuilds one decoder attention step of the fork from its metadata builder on, and judges the layer
 output against plain attention of every new token over all its keys (the case's window and sinks; with a shared
-prompt, see *cascade*).  What it follows in the seed, and what it checks:
+prompt, see *cascade*).
 
-* **Runner side** (vLLM's model runner, not in the seed but what the builder relies on): requests arrive in the
-  caller's (scheduler's) order and are *reordered* decode -> extend -> prefill (``reorder_batch_threshold`` 1, or
-  ``1 + num_speculative_tokens`` through ``_init_reorder_batch_threshold(1, supports_spec_as_decode=True)``): the
-  requests in the wrong region are moved by region, as vLLM's ``reorder_batch_to_split_decodes_and_prefills``
-  swaps them.  In vLLM the whole model step then runs in the new order (the persistent batch is permuted before
-  the input ids are built); the replay permutes the step's tokens in and the layer output back, so the output is
-  compared in the caller's token order (:meth:`VllmV1FlashAttention._restore`).  Blocks are handed out by a
-  block manager (shuffled ids; a shared prompt occupies the *same* physical blocks in every sharer's table, as
-  prefix caching does; manager blocks larger than the kernel's are split into kernel blocks, vLLM's
-  ``kernel_block_size`` mapping), the slot mapping is ``table[pos // bs] * bs + pos % bs``, and the cached
-  context is in the cache before the step (written by earlier steps with the same write).
-* **Cache layout**: ``get_kv_cache_shape`` / ``get_kv_cache_stride_order``: the cache is allocated in the
-  physical order ``shape[order]`` and the kernel sees the logical view ``raw.permute(inverse(order))``
-  (:func:`allocate_kv_cache`).  The fork's shape is ``(2, num_blocks, num_kv_heads, block_size, head_size)``
-  (HND) with the identity order for both ``NHD`` and ``HND`` settings, and ``(3, ...)`` for int8 type 2.  The
-  case's ``kv_layout`` is the logical view the calls see: ``HND`` is the fork's own shape; ``NHD`` replays the
-  upstream shape ``(2, num_blocks, block_size, num_kv_heads, head_size)`` the fork departs from (its builder and
-  non-int8 forward run on it unchanged).  ``Scenario.physical`` allocates the memory in the other order: an NHD
-  view over HND memory (upstream's HND stride order ``(0, 1, 3, 2, 4)``) or an HND view over per-block NHD memory
-  (the fork's cross-layer HND order ``(2, 4, 0, 1, 3, 5)`` on ``(num_layers, 2, nb, hk, bs, d)``, 2 layers).
-  Block sizes: any multiple of 16 (``get_kv_cache_shape`` raises otherwise); kernel sizes 16/32/64
-  (``get_supported_kernel_block_sizes``), a 128-token manager block is split into two 64-token kernel blocks.
-* **Builder** (:class:`FlashAttentionMetadataBuilder`, written from the seed's ``build``):
-  ``split_decodes_and_prefills``, the prefill metadata (``query_start_loc`` / ``key_start_loc`` rebased at the
-  first prefill, ``block_table[num_decodes:]``), the decode metadata, the cascade tensors (``cu_prefix_query_lens =
-  [0, num_tokens]``, ``prefix_kv_lens``, ``suffix_kv_lens = seq_lens - common_prefix_len``) and the DCP local
-  context lengths.  Bad metadata raises ``ValueError`` naming the field.
-* **Forward** (``FlashAttentionImpl.forward``): the cache write (``reshape_and_cache_flash``; int8:
-  ``reshape_and_cache_flash_int8`` / ``_mix`` of the already quantized K with its per-(token, head) scale), then
-  either two calls, prefill (``flash_attn_varlen_func`` over the paged cache, causal, window, sinks) and decode
-  (``flash_attn_with_kvcache``, causal, window, sinks) into the two halves of the output, or **cascade**
-  (``cascade_attention``: all tokens against the shared prefix as one sequence, no mask, ``block_table[:1]``; each
-  request against its suffix ``block_table[:, prefix // bs:]``, causal; merged by LSE with
-  :func:`~conformance.engines.merge.merge_attn_states`), or **DCP** (:mod:`conformance.engines.vllm_v1.dcp`).
-  Encoder attention (``_forward_encoder_attention``): one bidirectional varlen call on q/k/v, no cache, no sinks.
-* **Cascade decision**: the runner's common prefix (leading block-table blocks shared by every request, capped by
-  the smallest ``num_computed_tokens``, rounded down to the block size) and the seed's
-  :func:`use_cascade_attention` heuristic (>= 256 tokens, >= 8 requests, no ALiBi / window / local attention /
-  DCP, then FlashDecoding's performance model with ``num_sms`` = 132, an H100/H200).  Scenarios where it chooses
-  cascade and where each rule declines.  The shared prompt is real: every sharer's first ``shared_prefix`` keys are
-  the first sharer's (:meth:`VllmV1FlashAttention.layer_inputs`, used by the reference too).
-* **int8** (``VLLM_ATTN_OPT_LEVEL`` 1 and 2): q and k quantized per (token, head) (the case's stored tensors:
-  ``scaled_int8_quant_for_attn(x, 2)``), type 1 V quantized here with the static per-channel scale
-  (``scaled_int8_quant_for_attn(value, 0, scale=value_scale_cache)``), type 2 V kept in the activation dtype in the
-  last two int8 slabs of the cache viewed as 16-bit; the K scale cache ``(num_blocks, hk, block_size)``.  The
-  calls (``flash_attn_varlen_int8_func``, ``vllm_paged_attention_int8`` / ``_mix``) are described with the
-  case's quant fields so the CPU adapters dequantize what the engine stored; GPU adapters refuse them (vLLM
-  ships no int8 kernel).  In a decode-only step the fork fuses the cache write into the decode kernel
-  (``save_key``/``save_value``/``save_key_scale``); the replay writes the same values just before the call.
-
-Invariance scenarios (:data:`~conformance.engines.vllm_v1.scenarios.INVARIANCE_SCENARIOS`) replay the case's batch;
-in batch-invariant mode every call takes ``num_splits = 1`` (the builder's ``max_num_splits = 1`` as upstream's
-forward passes it; the fork's eager calls pass no split count, so there the mode does not reach the kernel).
-
-Not replayed (see :meth:`VllmV1FlashAttention.check`): fp8 caches (the fork's prefill/decode calls pass no
-descales), ALiBi (the fork's ``sqrt_alibi`` variant), chunked local attention; cascade with int8 or DCP with int8
-(the fork's cascade/DCP paths read ``key_cache``, which the int8 branches never bind); DCP with sinks, windows or
-ALiBi (the DCP calls drop sinks and apply windows and ALiBi to rank-local positions).  Sinks with cascade replay
-the fork as written: ``cascade_attention`` takes ``s_aux`` and passes it to neither call, so the sinks are lost
-(:attr:`VllmV1FlashAttention.cascade_sinks_on_prefix` = True replays upstream vLLM, which gives it to the prefix
-call); no scenario lists that combination, a test shows the finding.  Not modelled: the fork's prefill calls pass
-``max_seqlen_k = max_query_len`` (shorter than a prefix-cached prefill's keys; the adapters take the exact
-lengths, so whether the vendor kernel bounds its key loop by it cannot be seen here), and its cascade reads the
+What the replay follows in the seed (runner side, cache layout, builder, forward, cascade decision, int8), its
+invariance scenarios and what it does not replay are in ``docs/concepts/engines.md`` (*Seed 001: what the replay
+follows*); a case it does not replay is refused by :meth:`VllmV1FlashAttention.check` with the reason.  The output
+is compared in the caller's token order (:meth:`VllmV1FlashAttention._restore`); bad metadata raises ``ValueError``
+naming the field.
 block size as ``key_cache.shape[-2]`` (right for its HND view; the replay reads it by layout).
 
 Where it lives: this module is the engine, :class:`VllmV1FlashAttention` (cases and checks, the shared prompt,

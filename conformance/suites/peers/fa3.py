@@ -11,37 +11,12 @@ backend runs; the file is the one last changed at ``5824e6e2`` (2026-01-16) and 
 192 (``DISABLE_HDIMDIFF192`` off) except with sinks.  Three tests, one batch label each (``--case '*_peerfa3out_*'``
 picks one):
 
-``test_flash_attn_output`` (``peerfa3out``, ``flash_attn_func``): dtype bf16, fp16, fp8 e4m3 (q, k, v fp8 with
-``(batch, kv heads)`` descales: ``quant="fp8_e4m3"``, ``descale="head"``, bf16 activations); ``mha_type`` at 16
-query heads (16, 1, 2 KV heads); softcap 0, 15; ``local`` (a window of ``randint(0, cp_tot_seqlen_k, (2,))``
-sides, drawn here seeded; the test skips it under context parallelism); causal; the head dims above; ``test_sink``
-(``sinks``); 20 ``(seqlen_q, seqlen_k)`` pairs, every sequence alike, batch 9 (2 when ``seqlen_k > 2048``);
-``(cp_world_size, cp_rank)`` (8, 0), (8, 7), (4, 3), (2, 0), (1, 0); the inner loop's ``num_splits`` 1, 3.
-
-``test_flash_attn_varlen_output`` (``peerfa3var``, ``flash_attn_varlen_func``): the same dtypes, heads at 6 query
-heads (6, 1, 2 KV heads), softcap, local (``randint(0, seqlen_k, (2,))``), causal, head dims, sinks; 20 pairs;
-batch 9 with the test's padding masks drawn here seeded: query lengths in ``[max(1, seqlen_q - 20), seqlen_q]``,
-key lengths in ``[max(0, seqlen_k - 20), seqlen_k]`` and 0 for sequences 0, 5 and the last
-(``generate_random_padding_mask(..., zero_lengths=True)``); ``num_splits`` 1, 3, 0 (0: the heuristic, None here).
-
-``test_flash_attn_kvcache`` (``peerfa3kv``, ``flash_attn_with_kvcache``): dtype bf16, fp8 e4m3 (no descales:
-``descale`` None, per tensor); heads at 6 (6, 1, 3 KV heads); ``new_kv`` (``append``); ``(causal, local)`` (F, F),
-(T, F), (F, T); ``page_size`` None, 1, 4, 128 (NHD; the test skips a ``seqlen_k`` that is not a multiple);
-``varlen_q`` (query lengths in ``[max(1, seqlen_q - 20), seqlen_q]``); head dim 128; 11 pairs; batch 5 with
-``cache_seqlens`` drawn as the test draws them (``randint(0 if new_kv else 1, seqlen_k - seqlen_new + 1 if new_kv
-else seqlen_k + 1)``); the inner loops' ``num_splits`` 1, 3, 0 and ``precompute_metadata`` (``scheduler_metadata``).
-An append writes ``seqlen_new`` new keys per sequence (``seqlen_new_eq_seqlen_q``: ``seqlen_q``, else
-``torch.randint(1, seqlen_q + 1, (1,))``, drawn here from a generator of its own), with ``varlen_q`` each sequence
-its own ``[max(1, seqlen_new - 20), seqlen_new]`` (the test's ``key_new_padding_mask``), after its cache
-(``kv_len = cache_seqlens + new keys``: the test's ``key_padding_mask``); an fp8 append gets its new keys in fp8
-(``append`` with ``quant``).  A case says new keys as :func:`~conformance.cases.case.append_fields` spells them:
-``append_len`` None where every sequence appends its query tokens, the one count where every sequence appends as
-many, below some ``q_len`` (a *short append*), else ``append_lens``, a count per sequence (an *uneven append*: the
-``varlen_q`` appends whose draws are neither; at ``seqlen_q`` 1 every sequence appends its one token, and a draw of
-``seqlen_new`` 1 makes every count 1).  These appends, the ones the case model took later (:func:`_late_append`),
-come after every other point, the uneven ones last (the case model took them last), so the earlier cases keep their
-ids and their order; a ``seqlen_new`` draw of ``seqlen_q`` is the ``True`` point's call
-(:data:`~conformance.suites.peers.grid.SAME_CALL`).
+``test_flash_attn_output`` (``peerfa3out``, ``flash_attn_func``), ``test_flash_attn_varlen_output`` (``peerfa3var``,
+``flash_attn_varlen_func``), ``test_flash_attn_kvcache`` (``peerfa3kv``, ``flash_attn_with_kvcache``).  Each test's
+values (dtypes, heads, masks, head dims, lengths, splits, paging, appends) and how a case spells its new keys
+(:func:`~conformance.cases.case.append_fields`) are listed in ``docs/concepts/cases.md`` (*peer-fa3's values*); the
+grid below is the authority.  The appends the case model took later (:func:`_late_append`) come after every other
+point, the uneven ones last, so the earlier cases keep their ids and their order.
 
 Left out, each with its reason.  Every test: ``pack_gqa`` (the inner loop's False / True: not a case field, the
 adapter lets the kernel choose; each case stands for both).  Output: the ``cp_tot_seqlen_k_offset`` (the harness

@@ -7,32 +7,10 @@ Source: Dao-AILab/flash-attention, tag ``fa4-v4.0.0.beta27`` (commit ``0251105a2
 the backward at head dim > 192 and with ``d != dv`` under GQA/MQA (the test ends there); the sm100-only skips of
 head dim 256 do not apply.  Three tests, one batch label each (``--case '*_peerfa4out_*'`` picks one):
 
-``test_flash_attn_output`` (``peerfa4out``, ``flash_attn_func``): dtype bf16; ``mha_type`` at 6 query heads (6, 1,
-3 KV heads); ``has_learnable_sink`` (``sinks``); ``has_qv`` False; ``deterministic``; softcap 0, 15; ``local_enum``
-0 (no window), 1 (``(l, r)``), 2 (``(None, -r)``), 3 (``(-l, None)``), sides ``random.randrange(0, seqlen_k)``
-drawn here seeded, the test skipping a window with ``causal``; causal; ``d`` 64, 96, 128, 192, 256 with the inner
-``dv_vals`` (``[128]`` at 192, ``[64, 128]`` at 128, else ``[d]``); 26 ``(seqlen_q, seqlen_k)`` pairs, every
-sequence alike, batch 9 (2 when ``seqlen_k > 2048``).  Each ``(point, dv)`` is a forward call with ``num_splits``
-1 (``fwd``), and, where the test then runs the backward (bf16, no ``qv``, ``dv == d <= 128`` or ``(d, dv) = (192,
-128)``, not ``(causal or local) and seqlen_k < seqlen_q``, and not an sm90 xfail), a backward case
-(``backward=True``, ``deterministic`` as the point; ``bwd``).  ``deterministic`` does not change the forward call:
-its forward point is the same call as the other's.
-
-``test_flash_attn_varlen_output`` (``peerfa4var``, ``flash_attn_varlen_func``): bf16; heads as above; sinks off;
-``deterministic``; softcap 0, 15; ``local_enum`` 0-3 (here 2 is ``(None, r)`` and 3 ``(l, None)``); causal; ``d``
-64, 128, 192, 256 (``dv_vals``: ``[128]`` at 192, ``[64, 128]`` at 128, ``[256]`` at 256, ``[64]`` at 64); 21
-pairs, ``seqlen_k = seqlen_q`` under causal or a window (the test's reference supports no other); batch 49 (7 when
-``seqlen_q > 512``); ``varlen_mode`` random, third, full and ``(zero_lengths_q, zero_lengths_k)``: each sequence's
-lengths drawn as ``generate_random_padding_mask`` draws them (random: ``[max(m, s - 20), s]``, third: ``[max(m, s //
-3), s]``, full: ``s``, ``m`` 0 with zero lengths else 1; then 0 for every fifth sequence and the last), the keys'
-lengths the queries' under causal or a window; the inner loop's ``precompute_metadata`` (``scheduler_metadata``)
-with ``num_splits`` 1, and the backward as above (sinks are off) after it.
-
-``test_flash_attn_kvcache`` (``peerfa4kv``, ``flash_attn_varlen_func`` over the cache): bf16; heads as above;
-``has_learnable_sink``; ``new_kv`` False (no append); ``local`` and ``causal`` (both may be set: causal keeps the
-left side and 0); ``page_size`` None, 1, 4, 128 (NHD; a ``seqlen_k`` that is not a multiple is skipped);
-``varlen_q`` (query lengths in ``[max(1, seqlen_q - 20), seqlen_q]``); ``d`` 64, 128; 8 pairs; batch 5 with
-``cache_seqlens`` in ``[1, seqlen_k]``; the inner ``precompute_metadata``, ``num_splits`` 1.
+``test_flash_attn_output`` (``peerfa4out``, ``flash_attn_func``), ``test_flash_attn_varlen_output`` (``peerfa4var``,
+``flash_attn_varlen_func``), ``test_flash_attn_kvcache`` (``peerfa4kv``, ``flash_attn_varlen_func`` over the cache).
+Each test's values (dtype, heads, sinks, windows, head dims, lengths, varlen modes, paging, which points run the
+backward) are listed in ``docs/concepts/cases.md`` (*peer-fa4's values*); the grid below is the authority.
 
 Left out, each with its reason: ``pack_gqa`` (the inner loop's False / True / None: not a case field, the adapter
 lets the kernel choose); ``unpad_q`` / ``unpad_kv`` (lengths passed as ``cu_seqlens`` or ``seqused``: the adapter

@@ -5,32 +5,12 @@ Source: vLLM v0.24.0, the release the GPU kit installs, read from its PyPI sdist
 ``0862453adc1f3339f1a0c9dca1179c34d6ed6e118f87b6e5bddd120af614ac66``), ``tests/kernels/attention/``.
 
 ``peer-vllm-flash`` (backends ``fa3-vllm``; ``fa2`` runs the ``fa_version=2`` half of the same calls on upstream
-FA2):
-
-* ``test_flash_attn.py::test_varlen_with_paged_kv`` (``peervllmvar``; v0.24.0 has no
-  ``test_flash_attn_with_paged_kv`` any more): ``seq_lens`` [(1, 1328), (5, 18), (129, 463)] and [(1, 523), (1, 37),
-  (1, 2011)]; ``num_heads`` (4, 4), (8, 2); ``head_size`` 40, 72, 80, 128, 256; ``block_size`` 16 (NHD, through a
-  block table); ``sliding_window`` None, 256 (``window_size = (255, 0)``); dtype bf16; ``soft_cap`` None;
-  ``q_dtype`` None, fp8 e4m3 (q, k, v fp8 with ``(num_seqs, kv heads)`` descales: ``quant="fp8_e4m3"``,
-  ``descale="head"``; the test skips it for FA2); every call causal, ``softmax_scale = head_size ** -0.5`` (the
-  default scale, so ``scale`` stays unset).
-* ``test_cascade_flash_attn.py::test_cascade``: ``seq_lens_and_common_prefix`` ([(129, 871), (18, 280), (37, 988),
-  (1023, 2304), (1, 257)], 256) and ([(1, 1023), (1, 879), (1, 778), (1, 1777)] * 100, 512); ``num_heads`` (4, 4),
-  (8, 2), (16, 2); ``head_size`` 128, 192, 256; dtype fp16, bf16; ``block_size`` 16; ``soft_cap`` None, 50.  Each
-  combination is three kernel calls, one case each: the test's reference call over all keys (``peervllmcasc``:
-  causal, paged), and the two calls ``cascade_attention`` (``vllm/v1/attention/backends/flash_attn.py``) makes:
-  every query token as one sequence against the shared prefix (``peervllmcascpre``: not causal, ``block_table[:1]``)
-  and each request against its own suffix (``peervllmcascsuf``: causal, ``block_table[:, prefix_blocks:]``); both
-  with ``max_num_splits = 0`` (the heuristic).  The merge of the two (``merge_attn_states``) is not a kernel call
-  the case model describes; the engines suite replays it whole (seed 001's ``cascade_*`` scenarios).
-
-``peer-vllm-flashmla`` (backend ``flashmla``; ``fa3-vllm`` takes the same MLA call through ``q_v``):
-``test_flashmla.py::test_flash_mla`` (``peervllmmla``): ``b`` 128; ``s_q`` 1, 2; ``mean_sk`` 4096, 8192, 16384;
-``h_q`` 16, 32, 64, 128; ``h_kv`` 1; ``d`` 576 = 64 rope + 512 latent and ``dv`` 512 (``head_dim=64``,
-``head_dim_v=512``, ``qv``); ``block_size`` 64; causal; ``varlen`` (each ``cache_seqlens[i] = max(normalvariate(
-mean_sk, mean_sk / 2), s_q)``, truncated to int32 as the test's tensor does, drawn here seeded; else every
-sequence ``mean_sk``); dtype bf16, fp16, fp8 e4m3 (q and the cache fp8 with per-tensor descales: ``descale``
-None, bf16 activations).  The default scale ``1/sqrt(576)`` is the test's.
+FA2): ``test_flash_attn.py::test_varlen_with_paged_kv`` (``peervllmvar``) and
+``test_cascade_flash_attn.py::test_cascade``, its reference call and the two calls ``cascade_attention`` makes
+(``peervllmcasc``, ``peervllmcascpre``, ``peervllmcascsuf``).  ``peer-vllm-flashmla`` (backend ``flashmla``;
+``fa3-vllm`` takes the same MLA call through ``q_v``): ``test_flashmla.py::test_flash_mla`` (``peervllmmla``).
+Each test's values are listed in ``docs/concepts/cases.md`` (*peer-vllm's values*); the grids below are the
+authority.
 
 Left out, each with its reason: ``use_out`` (a preallocated output: no numerical difference); ``num_blocks``
 (32768 and 2048: the size of the cache pool the test's block table draws from, ``randint`` with repeats; the case
