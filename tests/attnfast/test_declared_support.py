@@ -84,3 +84,16 @@ def test_the_info_is_read_as_recorded() -> None:
     # a padded case is judged as the padded, equal-dims call: its own features, not the original's dv
     assert declared_support(padded, "cpu", ("cpu",), {"dv": "unequal dims"}).ok
     assert declared_support(case.replace(head_dim_v=32), "cpu", ("cpu",), {"dv": "x"}).reason == "dv: x"
+
+
+def test_the_fuzzer_reads_declarations_without_importing_an_adapter() -> None:
+    """The parent process of ``attnconf fuzz`` applies the rule to the worker's describe-info: importing the campaign
+    loads the protocol (``attnfast.base``) and the registry's table, never an adapter module."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = "import sys, conformance.fuzz.campaign\nprint(sorted(m for m in sys.modules if m.startswith('attnfast')))"
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", probe], cwd=repo, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['attnfast', 'attnfast.base', 'attnfast.registry']"
