@@ -18,7 +18,10 @@ adapter written before they existed must not be fed tensors it does not know how
 (``CaseInputs.quant``, ``CaseInputs.qv``).
 
 ``supports(case, device)`` answers before anything runs; a refusal carries the reason and the
-runner records it as ``unsupported`` (never a silent skip).  ``prepare`` does all the per-case
+runner records it as ``unsupported`` (never a silent skip).  Its first step, the declarations (``devices``,
+``refused``, ``accepts``), is :func:`declared_support`, the one rule that also reads a backend's describe-info
+(:func:`declared_support_of_info`: the header's backend entry, which the fuzzer reads in the parent process
+without importing a kernel).  ``prepare`` does all the per-case
 work that is not the kernel (layout conversions, metadata) and returns a zero-argument callable
 that runs only the kernel, so timing measures the kernel alone.  The callable must be idempotent:
 calling it twice gives the same result (a kvcache append rewrites the same slots).  It may carry a
@@ -39,7 +42,7 @@ worker instead of compiling it in each.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -48,7 +51,22 @@ import torch
 from conformance.cases.case import FEATURES, OPT_IN_FEATURES, AttentionCase
 from conformance.cases.inputs import CaseInputs
 
-__all__ = ["Support", "KernelOutput", "GradOutput", "BackwardCall", "Backend", "OK", "NOT_DECLARED", "refuse_features"]
+__all__ = [
+    "Support",
+    "KernelOutput",
+    "GradOutput",
+    "BackwardCall",
+    "Backend",
+    "OK",
+    "NOT_DECLARED",
+    "REFUSES_PREFIX",
+    "declared_support",
+    "declared_support_of_info",
+    "info_devices",
+    "refuse_features",
+    "refused_features",
+    "runs_on",
+]
 
 
 @dataclass(frozen=True)
@@ -106,12 +124,63 @@ class BackwardCall(Protocol):
     def __call__(self) -> GradOutput: ...
 
 
-def refuse_features(case: AttentionCase, refused: dict[str, str]) -> Support:
+def refuse_features(case: AttentionCase, refused: Mapping[str, str]) -> Support:
     """First refused feature of the case, with its reason; OK when none is refused."""
     for name in sorted(case.features()):
         if name in refused:
             return Support(False, f"{name}: {refused[name]}")
     return OK
+
+
+def runs_on(devices: Sequence[str] | None, device: str) -> Support:
+    """Whether the device type of ``device`` (``cuda:1`` is ``cuda``) is among the declared ``devices`` (None: no
+    declaration, nothing to check): the first step of :func:`declared_support`."""
+    if devices is not None and device.split(":")[0] not in devices:
+        return Support(False, f"runs on {'/'.join(devices)}, not {device}")
+    return OK
+
+
+def declared_support(
+    case: AttentionCase, device: str, devices: Sequence[str] | None, refused: Mapping[str, str]
+) -> Support:
+    """Whether a backend's declarations let it run ``case`` on ``device``, before any shape limit: the device type
+    (``cuda:1`` is ``cuda``) among ``devices`` (None: no device declaration to check), then the case's features
+    against ``refused`` (``feature -> reason``, the opt-in features not accepted included: :meth:`Backend.refusals`).
+    A V-padded case is first refused for ``v_pad`` itself, then judged as the padded, equal-dims call the kernel
+    sees.  The one rule :meth:`Backend.supports` and :func:`declared_support_of_info` apply."""
+    where = runs_on(devices, device)
+    if not where:
+        return where
+    if case.v_padded:  # the kernel sees the padded, equal-dims call
+        if "v_pad" in refused:
+            return Support(False, f"v_pad: {refused['v_pad']}")
+        case = case.padded_v_call()
+    return refuse_features(case, refused)
+
+
+#: Key prefix of a declared refusal in a backend's describe-info (the header's backend entry,
+#: ``conformance.running.env.backend_info``): ``"refuses.<feature>": reason``.  Kept flat so that the entry stays
+#: the ``dict[str, str]`` that :class:`conformance.records.Header` declares.
+REFUSES_PREFIX = "refuses."
+
+
+def refused_features(info: Mapping[str, str]) -> dict[str, str]:
+    """The ``feature -> reason`` refusals recorded in one describe-info (header backend entry)."""
+    return {k[len(REFUSES_PREFIX) :]: v for k, v in info.items() if k.startswith(REFUSES_PREFIX)}
+
+
+def info_devices(info: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The device types a describe-info records (``"devices": "cpu,cuda"``); None when it records none (no
+    ``devices`` entry, or an empty one), which :func:`declared_support` does not check."""
+    devices = tuple(d for d in info.get("devices", "").split(",") if d)
+    return devices or None
+
+
+def declared_support_of_info(case: AttentionCase, info: Mapping[str, str], device: str) -> Support:
+    """:func:`declared_support` read from a backend's describe-info (its recorded ``devices`` and ``refuses.*``)
+    instead of the adapter: what the backend's :meth:`Backend.supports` answers before its shape limits, known
+    without importing the adapter."""
+    return declared_support(case, device, info_devices(info), refused_features(info))
 
 
 class Backend(abc.ABC):
@@ -155,15 +224,9 @@ class Backend(abc.ABC):
         return {f: Support(False, refused[f]) if f in refused else OK for f in FEATURES}
 
     def supports(self, case: AttentionCase, device: str) -> Support:
-        """Whether this case runs here; override to add shape limits (call ``super()`` first)."""
-        if device.split(":")[0] not in self.devices:
-            return Support(False, f"runs on {'/'.join(self.devices)}, not {device}")
-        refused = self.refusals()
-        if case.v_padded:  # the kernel sees the padded, equal-dims call
-            if "v_pad" in refused:
-                return Support(False, f"v_pad: {refused['v_pad']}")
-            case = case.padded_v_call()
-        return refuse_features(case, refused)
+        """Whether this case runs here; override to add shape limits (call ``super()`` first).  The declarations:
+        :func:`declared_support` of ``devices`` and :meth:`refusals`."""
+        return declared_support(case, device, self.devices, self.refusals())
 
     def pins_splits(self, case: AttentionCase) -> bool:
         """Whether the kernel call of ``case`` passes the case's ``num_splits`` (the argument

@@ -51,9 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 from collections.abc import Mapping
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -66,34 +64,26 @@ from ._fa_common import (
     GraphKernel,
     PreparedKernel,
     compute_capability,
-    cuda_device_support,
     fa2_window,
     kernel_case,
     lse_posinf_to_neginf,
     prepare_padded_v,
     stored_tensors,
 )
-from .base import OK, Backend, KernelOutput, Support, package_version
+from ._vllm import FA3_MODULE, import_vllm_fa3, vllm_kernel_support, vllm_version
+from .base import OK, Backend, KernelOutput, Support
 from .decisions import fa3_vllm_head_swizzle, fa3_vllm_metadata_summary
 from .fa3 import fa3_shape_support
 
 __all__ = ["FA3VllmBackend", "fa3_vllm_decided", "fa3_vllm_plan", "fa3_vllm_support", "import_vllm_fa3"]
 
-ENTRY = "vllm.vllm_flash_attn.flash_attn_varlen_func"
+ENTRY = f"{FA3_MODULE}.flash_attn_varlen_func"
 #: "HeaddimV > 256 requires fp16 and bf16 data type" (measured with qv 64 + 512 in fp8).
 MAX_FP8_HEAD_DIM_V = 256
 #: s_aux (sinks): "We only support query heads <= 64 with S aux" (measured: the total of query heads, any group size).
 MAX_SINK_HEADS = 64
 #: fp8 q/k/v: "head_size should be a multiple of 16" (measured on the H100 with d40 in fp8 e4m3).
 FP8_HEAD_DIM_MULTIPLE = 16
-
-
-def import_vllm_fa3() -> ModuleType:
-    """``vllm.vllm_flash_attn`` with its FA3 library; ``ImportError`` saying what is missing."""
-    mod = importlib.import_module("vllm.vllm_flash_attn")
-    if not getattr(importlib.import_module("vllm.vllm_flash_attn.flash_attn_interface"), "FA3_AVAILABLE", False):
-        raise ImportError("vllm.vllm_flash_attn is importable but its FA3 library (_vllm_fa3_C) is not")
-    return mod
 
 
 def fa3_vllm_support(case: AttentionCase, cc: tuple[int, int] | None) -> Support:
@@ -261,14 +251,10 @@ class FA3VllmBackend(Backend):
     }
 
     def version(self) -> str:
-        return package_version("vllm", module="vllm")
+        return vllm_version()
 
     def is_available(self) -> Support:
-        try:
-            import_vllm_fa3()
-        except Exception as exc:  # ImportError, or an OSError from a library built for another torch
-            return Support(False, f"vllm.vllm_flash_attn (FA3) is not importable: {exc}")
-        return cuda_device_support(min_major=9)
+        return vllm_kernel_support(import_vllm_fa3, f"{FA3_MODULE} (FA3)")
 
     def supports(self, case: AttentionCase, device: str) -> Support:
         base = super().supports(case, device)

@@ -22,8 +22,8 @@ share of the key tiles (``get_n_block_min_max``), and which of them run unmasked
 the (row, query head) pairs whose keys differ from their window (the ledger field ``fa3_window_unmasked_rows``).
 Checked against the kernel on an H100 (``reports/h100-2026-11-27-windows/README.md``: 120 cases, the kernel's wrong
 rows inside the model's, its LSE within its own rounding of float64 over the model's keys) and against every
-committed fa3-vllm record with a window (``reports/h100-2026-11-27-peers/triage.md``).  Pure Python and numpy, no
-kernel import.
+committed fa3-vllm record with a window (``reports/h100-2026-11-27-peers/triage.md``).  Pure Python and numpy (the
+rows' true windows from :mod:`attnref`'s rule), no kernel import.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
+from attnref import AttnOptions, Window, row_bounds
 from conformance.cases.case import AttentionCase
 
 from .decisions import fa3_num_splits_heuristic, fa3_vllm_call_mask, fa3_vllm_fwd_tile
@@ -106,16 +108,13 @@ def fa3_vllm_request_splits(case: AttentionCase) -> tuple[int, bool, tuple[int, 
 
 
 def window_bounds(case: AttentionCase, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """Half-open keys ``[lo, hi)`` each row of request ``b`` sees, written out here (not attnref's mask): row i sees
-    key j iff ``i + sk - sq - left <= j <= i + sk - sq + right``, right 0 under causal, a missing side unbounded."""
+    """Half-open keys ``[lo, hi)`` (int64) each row of request ``b`` sees under the case's causal flag and window
+    alone, the reference's rule (:func:`attnref.row_bounds`): row i sees key j iff ``i + sk - sq - left <= j <= i +
+    sk - sq + right``, right 0 under causal, a missing side unbounded.  No chunk, no context parallelism: the calls
+    the schedule models have neither."""
     sq, sk = case.requests[b]
-    pos = np.arange(sq, dtype=np.int64) + (sk - sq)
-    left, right = case.window
-    if case.causal:
-        right = 0 if right is None else min(right, 0)
-    lo = np.zeros_like(pos) if left is None else pos - left
-    hi = np.full_like(pos, sk) if right is None else pos + right + 1
-    return np.clip(lo, 0, sk), np.clip(hi, 0, sk)
+    lo, hi = row_bounds(torch.arange(sq), sq, sk, AttnOptions(causal=case.causal, window=Window(*case.window)))
+    return lo.numpy(), hi.numpy()
 
 
 @dataclass

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -39,26 +37,21 @@ from ._fa_common import (
     GraphKernel,
     KernelCall,
     PreparedKernel,
-    cuda_device_support,
     lse_posinf_to_neginf,
     padded_lse_to_varlen,
     uniform_q_len,
 )
-from .base import OK, Backend, KernelOutput, Support, package_version
+from ._vllm import FLASHMLA_MODULE, import_flashmla, vllm_kernel_support, vllm_version
+from .base import OK, Backend, KernelOutput, Support
 from .decisions import flashmla_sched_summary
 
 __all__ = ["FlashMLABackend", "flashmla_decided", "flashmla_plan", "flashmla_support"]
 
-MODULE = "vllm.third_party.flashmla.flash_mla_interface"
-ENTRY = f"{MODULE}.flash_mla_with_kvcache"
+ENTRY = f"{FLASHMLA_MODULE}.flash_mla_with_kvcache"
 #: FlashMLA's MLA geometry: rope (the case's head_dim) and latent (head_dim_v) widths.
 ROPE_DIM, LATENT_DIM = 64, 512
 #: "Currently page_block_size must be 64" (measured with 16, 32 and 128).
 PAGE_SIZE = 64
-
-
-def import_flashmla() -> ModuleType:
-    return importlib.import_module(MODULE)
 
 
 def flashmla_support(case: AttentionCase) -> Support:
@@ -145,14 +138,10 @@ class FlashMLABackend(Backend):
     }
 
     def version(self) -> str:
-        return package_version("vllm", module="vllm")
+        return vllm_version()
 
     def is_available(self) -> Support:
-        try:
-            import_flashmla()
-        except Exception as exc:  # ImportError, or an OSError from a library built for another torch
-            return Support(False, f"FlashMLA ({MODULE}) is not importable: {exc}")
-        return cuda_device_support(min_major=9)
+        return vllm_kernel_support(import_flashmla, f"FlashMLA ({FLASHMLA_MODULE})")
 
     def supports(self, case: AttentionCase, device: str) -> Support:
         base = super().supports(case, device)

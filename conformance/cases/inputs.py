@@ -20,9 +20,9 @@ a CPU rerun of one case see the same numbers.  Choices that make bugs visible:
 * ``data`` (:mod:`conformance.cases.data_inputs`) reshapes the draws (outlier rows, near-one-hot softmax, an
   offset V), and a backward case carries its upstream gradient ``dout``;
 * context parallel (``cp_world > 1``): ``kv_len`` keys are rank ``cp_rank``'s share of a sequence of
-  ``cp_tot_seqused_k[b]`` keys; the totals are derived as ``max(0, kv_len * world + rank - b % world)``, the
-  largest total of that share less ``b mod world``, so a batch meets every remainder of ``total mod world``
-  (engines pass their own, see :func:`cp_totals`).
+  ``cp_tot_seqused_k[b]`` keys; the totals are derived as ``max(0, kv_len * world + rank - b % world)``
+  (:func:`cp_case_totals`), the largest total of that share less ``b mod world``, so a batch meets every remainder
+  of ``total mod world`` (engines pass their own, see :func:`cp_totals`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.data_inputs import grad_out, shape_data
 from conformance.cases.quant_inputs import QuantTensors, quantize_case, vary_magnitudes
 
-__all__ = ["CaseInputs", "QuantTensors", "alibi_slopes", "cp_local_len", "cp_totals", "make_inputs"]
+__all__ = ["CaseInputs", "QuantTensors", "alibi_slopes", "cp_case_totals", "cp_local_len", "cp_totals", "make_inputs"]
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -110,6 +110,14 @@ def cp_local_len(total: int, world: int, rank: int) -> int:
     """Keys of a ``total``-key sequence that ``rank`` of ``world`` holds in the kernel's interleave-1 shard (absolute
     key ``a`` on rank ``a % world``)."""
     return max(0, -(-(total - rank) // world))
+
+
+def cp_case_totals(case: AttentionCase) -> list[int]:
+    """The per-sequence totals :func:`make_inputs` derives for a context-parallel case (``cp_tot_seqused_k``):
+    ``max(0, kv_len * world + rank - b % world)``, whose rank's share is the case's ``kv_len``
+    (:func:`cp_local_len`); every remainder of ``total mod world`` occurs in a batch."""
+    w, r = case.cp_world, case.cp_rank
+    return [max(0, kl * w + r - b % w) for b, kl in enumerate(case.kv_lens)]
 
 
 def cp_totals(inputs: CaseInputs, case: AttentionCase | None = None) -> list[int] | None:
@@ -246,9 +254,7 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
     if case.backward:
         inputs.dout = grad_out(case, seed)
     if case.cp_world > 1:
-        w, r = case.cp_world, case.cp_rank
-        totals = [max(0, kl * w + r - b % w) for b, kl in enumerate(case.kv_lens)]
-        inputs.cp_tot_seqused_k = torch.tensor(totals, dtype=torch.int32)
+        inputs.cp_tot_seqused_k = torch.tensor(cp_case_totals(case), dtype=torch.int32)
     if case.append:
         new_lens = case.new_kv_lens
         idx = (

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from attnfast.base import declared_support_of_info, info_devices, runs_on
 from conformance.cases import space
 from conformance.cases.case import AttentionCase
 from conformance.fuzz.config import Budget, FuzzConfig, FuzzSummary, parse_budget
@@ -38,30 +39,12 @@ from conformance.fuzz.shrink import ShrinkResult, failure_kind, shrink
 from conformance.records import CheckResult, judged_results, Status
 from conformance.results_file import read_records
 from conformance.results_writer import append_record
-from conformance.running.env import refused_features
 from conformance.exits import OutputError, UsageError
 from conformance.outputs import check_output, move_aside
 from conformance.running.runner import check_backend_names, describe_backends, reply_record
 from conformance.running.worker import WorkerClient
 
-__all__ = ["Budget", "FuzzConfig", "FuzzSummary", "declared_refusal", "parse_budget", "run_fuzz"]
-
-
-def declared_refusal(case: AttentionCase, info: dict[str, str], device: str) -> str:
-    """Why a backend refuses ``case`` by its declarations alone (devices, refused and opt-in features, as
-    :meth:`attnfast.base.Backend.supports` checks them before any shape limit); ``""`` when it may run it."""
-    devices = [d for d in info.get("devices", "").split(",") if d]
-    if devices and device.split(":")[0] not in devices:
-        return f"runs on {'/'.join(devices)}, not {device}"
-    refused = refused_features(info)
-    if case.v_padded:
-        if "v_pad" in refused:
-            return f"v_pad: {refused['v_pad']}"
-        case = case.padded_v_call()
-    for name in sorted(case.features()):
-        if name in refused:
-            return f"{name}: {refused[name]}"
-    return ""
+__all__ = ["Budget", "FuzzConfig", "FuzzSummary", "parse_budget", "run_fuzz"]
 
 
 #: Consecutive draws that ran no case (rejected by the case model or refused by every backend's declarations)
@@ -72,14 +55,10 @@ MAX_IDLE_DRAWS = 10_000
 
 
 def _device_refusals(camp: "_Campaign") -> dict[str, str]:
-    """The backends whose declared devices exclude the campaign's device (they can run no case): spec -> why."""
-    device = camp.config.device
-    out = {}
-    for spec in camp.config.backends:
-        devices = [d for d in camp.infos[spec].get("devices", "").split(",") if d]
-        if devices and device.split(":")[0] not in devices:
-            out[spec] = f"runs on {'/'.join(devices)}, not {device}"
-    return out
+    """The backends whose declared devices exclude the campaign's device (they can run no case): spec -> why
+    (:func:`attnfast.base.runs_on`)."""
+    where = {spec: runs_on(info_devices(camp.infos[spec]), camp.config.device) for spec in camp.config.backends}
+    return {spec: support.reason for spec, support in where.items() if not support}
 
 
 def _jsonable(value: Any) -> Any:
@@ -141,7 +120,8 @@ class _Campaign:
     # -------------------------------------------------------------- shrinking
     def admissible(self, spec: str) -> Callable[[AttentionCase], bool]:
         info = self.infos[spec]
-        return lambda c: not declared_refusal(c, info, self.config.device) and not space.violations(space.classify(c))
+        device = self.config.device
+        return lambda c: bool(declared_support_of_info(c, info, device)) and not space.violations(space.classify(c))
 
     def shrink_and_record(
         self, spec: str, original: CheckResult, index: int, start: CheckResult | None = None
@@ -342,7 +322,9 @@ def _stream_loop(camp: _Campaign, prior: Prior) -> None:
                 pending["rejected"] += 1
                 continue
             case = d.case
-            refusals = {spec: declared_refusal(case, camp.infos[spec], config.device) for spec in config.backends}
+            refusals = {
+                spec: declared_support_of_info(case, camp.infos[spec], config.device).reason for spec in config.backends
+            }
             if all(refusals.values()):
                 s.refused_draws += 1
                 for reason in refusals.values():

@@ -3,7 +3,8 @@
 :func:`resolve_backend` turns what the user typed (a registry name or ``module:Class``) into an
 adapter.  The header has two halves: :func:`host_env` (machine, OS, Python, torch, CUDA, GPU)
 and :func:`backend_info` (one adapter's name, family, package version, availability and declared
-refusals).  Both are
+refusals, in the describe-info format :mod:`attnfast.base` reads back: ``REFUSES_PREFIX``, ``refused_features``,
+``declared_support_of_info``).  Both are
 collected inside the worker process (:mod:`conformance.running.worker`), because asking for the GPU's name
 and compute capability creates a CUDA context, which the parent process must not own: a crashed
 kernel would otherwise leave the parent with a broken context.
@@ -23,11 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REFUSES_PREFIX", "backend_info", "git_commit", "host_env", "refused_features", "resolve_backend"]
+from attnfast.base import REFUSES_PREFIX, refused_features
 
-#: Header key prefix of a declared refusal: ``"refuses.<feature>": reason``.  Kept flat so that a
-#: header's backend entry stays the ``dict[str, str]`` that :class:`conformance.records.Header` declares.
-REFUSES_PREFIX = "refuses."
+__all__ = ["REFUSES_PREFIX", "backend_info", "git_commit", "host_env", "refused_features", "resolve_backend"]
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -139,11 +138,6 @@ def backend_info(backend: Any, spec: str | None = None) -> dict[str, str]:
     if spec and spec != info.get("name"):
         info["spec"] = spec
     return info
-
-
-def refused_features(info: dict[str, str]) -> dict[str, str]:
-    """The ``feature -> reason`` refusals recorded in one header backend entry."""
-    return {k[len(REFUSES_PREFIX) :]: v for k, v in info.items() if k.startswith(REFUSES_PREFIX)}
 
 
 def resolve_backend(spec: str) -> Any:

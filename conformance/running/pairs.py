@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from attnfast.base import info_devices, runs_on
 from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, Status
 from conformance.results_writer import Appender
@@ -149,9 +150,8 @@ def describe_backends(
     if errors:
         raise UsageError("; ".join(f"{spec}: {msg}" for spec, msg in errors.items()))
     infos = reply.data["backends"]
-    kind = config.device.split(":")[0]
-    elsewhere = {s: infos[s].get("devices", "") for s in config.backends}
-    elsewhere = {s: d for s, d in elsewhere.items() if kind not in d.split(",")}
+    declared = {s: info_devices(infos[s]) or () for s in config.backends}  # none declared: runs nowhere
+    elsewhere = {s: ",".join(d) for s, d in declared.items() if not runs_on(d, config.device)}
     if elsewhere:  # its every pair would be "unsupported": a command line to fix, not a finding
         raise UsageError(
             "; ".join(f"--backend {s} runs on {d.replace(',', '/') or 'no device'} only" for s, d in elsewhere.items())

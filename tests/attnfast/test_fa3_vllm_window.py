@@ -125,3 +125,20 @@ def test_window_bounds_are_bottom_right_aligned() -> None:
     assert lo.tolist() == [4, 5, 6, 7] and hi.tolist() == [8, 9, 10, 10]
     lo, hi = window_bounds(case.replace(causal=True, window=(2, 0)), 0)
     assert lo.tolist() == [4, 5, 6, 7] and hi.tolist() == [7, 8, 9, 10]
+
+
+def test_window_bounds_agree_with_the_ledgers_spelling_of_the_rule() -> None:
+    """The schedule's true windows (attnref's rule, issue 27 item 3) equal the ledger's own numpy spelling of the
+    visibility rule (``conformance.ledger.fields``) on every request of the modelled calls among 150 draws."""
+    from conformance.fuzz.draw import DrawLimits, draw
+    from conformance.ledger.fields import _visible_bounds
+
+    limits = DrawLimits(max_tokens=256, max_heads=8)
+    cases = [d.case for d in (draw(3, i, limits) for i in range(150)) if d.case is not None]
+    modelled = [c for c in cases if c.cp_world == 1 and c.chunk is None]
+    assert sum(c.has_window for c in modelled) >= 10 and sum(c.causal for c in modelled) >= 10
+    for case in modelled:
+        for b in range(case.batch):
+            lo, hi = window_bounds(case, b)
+            want_lo, want_hi = _visible_bounds(case, b)
+            assert lo.dtype == np.int64 and np.array_equal(lo, want_lo) and np.array_equal(hi, want_hi), case.id

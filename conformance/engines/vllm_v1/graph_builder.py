@@ -6,7 +6,6 @@ the fork changes: :mod:`conformance.engines.vllm_v1.graph`), and the AOT schedul
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -151,14 +150,17 @@ class V1GraphBuilder:
 
 def graph_scheduler(case: AttentionCase, cu_seqlens_q: torch.Tensor, device: str) -> Callable[..., torch.Tensor]:
     """FA3's ``get_scheduler_metadata`` with the layer's fields (as the seed's ``schedule`` passes them) on CUDA when
-    vLLM's FA3 imports, else :func:`host_scheduler_metadata`."""
+    vLLM's FA3 imports (:func:`attnfast._vllm.import_vllm_fa3`, as the ``fa3-vllm`` adapter decides it), else
+    :func:`host_scheduler_metadata`."""
     if not device.startswith("cuda"):
         return host_scheduler_metadata
-    try:
-        mod = importlib.import_module("vllm.vllm_flash_attn")
-    except Exception:  # no vLLM: the host model keeps the buffer logic checked
-        return host_scheduler_metadata
     from attnfast._fa_common import fa2_window
+    from attnfast._vllm import import_vllm_fa3
+
+    try:
+        mod = import_vllm_fa3()
+    except Exception:  # no vLLM's FA3: the host model keeps the buffer logic checked
+        return host_scheduler_metadata
 
     def fa3(batch_size: int, max_seqlen_q: int, max_seqlen_k: int, seqlens: torch.Tensor, num_splits: int):
         return mod.get_scheduler_metadata(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conformance.cases.case import OPT_IN_FEATURES, AttentionCase
-from conformance.cases.inputs import cp_local_len, cp_totals, make_inputs
+from conformance.cases.inputs import cp_case_totals, cp_local_len, cp_totals, make_inputs
 from conformance.suites.registry import get_suite
 from conformance.verdict.baseline import baseline
 from conformance.verdict.reference import reference
@@ -55,7 +55,7 @@ def test_derived_totals_are_consistent_and_meet_every_remainder(world: int) -> N
     for rank in range(world):
         case = C(reqs, cp_world=world, cp_rank=rank)
         totals = cp_totals(make_inputs(case))
-        assert totals is not None and len(totals) == case.batch
+        assert totals is not None and len(totals) == case.batch and totals == cp_case_totals(case)
         for t, (_, local) in zip(totals, case.requests):
             assert cp_local_len(t, world, rank) == local == len(range(rank, t, world))
         assert {t % world for t, (_, n) in zip(totals, reqs) if n > 2} == set(range(world))

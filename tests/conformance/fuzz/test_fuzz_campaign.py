@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import main as cli_main
-from conformance.fuzz.campaign import Budget, FuzzConfig, declared_refusal, parse_budget, run_fuzz
+from conformance.fuzz.campaign import Budget, FuzzConfig, parse_budget, run_fuzz
 from conformance.fuzz.draw import DrawLimits, draw
 from conformance.fuzz.group import fuzz_role
 from conformance.records import Status
@@ -41,14 +41,6 @@ def test_budget_parsing():
     for bad in ("0", "10x", "-5", "m", "0s"):
         with pytest.raises(UsageError, match="--budget"):
             parse_budget(bad)
-
-
-def test_declared_refusals_are_read_from_the_header_info():
-    info = {"devices": "cpu,cuda", "refuses.softcap": "no softcap", "refuses.v_pad": "no"}
-    case = draw(0, 0, LIMITS).case.replace(softcap=None, v_padded=False)
-    assert declared_refusal(case, info, "cpu") == ""
-    assert declared_refusal(case.replace(softcap=5.0), info, "cpu") == "softcap: no softcap"
-    assert declared_refusal(case, {"devices": "cuda"}, "cpu") == "runs on cuda, not cpu"
 
 
 @pytest.mark.slow
