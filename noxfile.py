@@ -368,6 +368,49 @@ def mutated_modules(pyproject: str = "pyproject.toml") -> list[str]:
     ]
 
 
+def stale_copies(pyproject: str = "pyproject.toml", mutants: str = "mutants") -> list[str]:
+    """The files under ``mutants/`` that mutmut 3.8 leaves stale, which ``nox -s mutation`` deletes before a run.
+
+    mutmut copies a source file that is not a Python module into ``mutants/`` only when the copy is absent
+    (``utils/file_utils.copy_src_dir``), and copies ``also_copy`` (``tests/``, ``attnfast/``, ...) over the old copy
+    without removing what the checkout no longer has.  So after a change the tests would run against old data (a
+    ledger's TOML) and old or moved files (a test module renamed, a module moved to another package) would still be
+    collected or imported.  Returned, sorted: under ``source_paths``, every copy whose source is gone (a module's
+    ``.meta`` and ``.spans`` with it) and every non-``.py`` copy whose bytes differ from its source; under the
+    ``also_copy`` folders, every copy whose source is gone.  mutmut's own results (``*.meta``, ``*.spans``,
+    ``mutmut-*.json``) and caches (``__pycache__``, ``.hypothesis``, ``.benchmarks``) are never returned; nothing is
+    before the first run (no ``mutants/``)."""
+    import filecmp
+
+    if not os.path.isdir(mutants):  # before the first run
+        return []
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    with open(pyproject, "rb") as f:
+        cfg = tomllib.load(f)["tool"]["mutmut"]
+    sources = [p.rstrip("/") for p in cfg["source_paths"]]
+    copied = [p.rstrip("/") for p in [*cfg.get("also_copy", []), "tests", "test"] if os.path.isdir(p.rstrip("/"))]
+    caches = {"__pycache__", ".hypothesis", ".benchmarks", ".pytest_cache"}
+    stale = []
+    for top in dict.fromkeys(sources + copied):
+        for root, dirs, names in os.walk(os.path.join(mutants, top)):
+            dirs[:] = [d for d in dirs if d not in caches]
+            for name in names:
+                copy = os.path.join(root, name)
+                source = os.path.relpath(copy, mutants)
+                for suffix in (".meta", ".spans"):  # a mutated module's results: stale when the module is gone
+                    if source.endswith(".py" + suffix):
+                        source = source[: -len(suffix)]
+                if not os.path.exists(source):
+                    stale.append(copy)
+                elif top in sources and not source.endswith(".py") and not filecmp.cmp(source, copy, shallow=False):
+                    stale.append(copy)
+    return sorted(stale)
+
+
 def exit_codes(meta: str) -> dict[str, int | None]:
     """Mutant name -> mutmut's exit code (``None``: not tried yet) from one of mutmut's ``.meta`` files.
     ``OSError`` when it cannot be read, ``ValueError`` when it is not mutmut's per-mutant results."""
@@ -449,6 +492,11 @@ def mutation(session: nox.Session) -> None:
     _install(session, "test", "mutation")
     # one torch thread per mutant process: mutmut already runs one process per core
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    stale = stale_copies()
+    for path in stale:  # mutmut would test against them (stale_copies); it copies the current ones again
+        os.remove(path)
+    if stale:
+        session.log(f"nox -s mutation: removed {len(stale)} stale copies from mutants/ (e.g. {stale[0]})")
     try:
         todo = untried_mutants(list(session.posargs))
     except (OSError, ValueError) as exc:

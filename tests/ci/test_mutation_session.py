@@ -311,3 +311,53 @@ def test_a_garbled_result_file_stops_the_glob_expansion_in_one_line(noxfile, mon
     session.posargs = ["pkg.a.*"]
     with pytest.raises(_Stop, match=r"^nox -s mutation: cannot read which mutants have results: .*a\.py\.meta"):
         noxfile.mutation.func(session)
+
+
+def test_stale_copies_are_the_old_data_and_the_files_the_checkout_no_longer_has(noxfile, tmp_path, monkeypatch) -> None:
+    """mutmut refreshes a mutated module but copies other source files only when absent and never deletes: a changed
+    ledger TOML, a moved test and a moved module's results would stay in mutants/ and be tested against."""
+    monkeypatch.chdir(tmp_path)
+    Path("pyproject.toml").write_text(
+        '[tool.mutmut]\nsource_paths = ["pkg"]\nalso_copy = ["extra"]\nonly_mutate = ["pkg/mod.py"]\n'
+    )
+    files = {
+        "pkg/mod.py": "x = 1\n",
+        "pkg/data.toml": "a = 1\n",
+        "pkg/same.toml": "b = 2\n",
+        "extra/helper.py": "y = 2\n",
+        "tests/test_new.py": "def test(): pass\n",
+    }
+    for name, text in files.items():
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        Path(name).write_text(text)
+    copies = {
+        "mutants/pkg/mod.py": "x = 1  # mutated\n",  # a mutated module differs from its source: mutmut's own
+        "mutants/pkg/mod.py.meta": "{}",
+        "mutants/pkg/mod.py.spans": "",
+        "mutants/pkg/data.toml": "a = 0\n",  # stale data
+        "mutants/pkg/same.toml": "b = 2\n",
+        "mutants/pkg/old.py": "z = 0\n",  # moved away: module, results and spans all stale
+        "mutants/pkg/old.py.meta": "{}",
+        "mutants/pkg/old.py.spans": "",
+        "mutants/pkg/__pycache__/old.cpython-312.pyc": "",
+        "mutants/extra/helper.py": "y = 1\n",  # also_copy: copied over on every run, so only a missing source counts
+        "mutants/extra/gone.py": "",
+        "mutants/tests/test_new.py": "def test(): pass\n",
+        "mutants/tests/test_moved.py": "def test(): pass\n",
+        "mutants/mutmut-stats.json": "{}",
+    }
+    for name, text in copies.items():
+        Path(name).parent.mkdir(parents=True, exist_ok=True)
+        Path(name).write_text(text)
+    assert noxfile.stale_copies() == [
+        "mutants/extra/gone.py",
+        "mutants/pkg/data.toml",
+        "mutants/pkg/old.py",
+        "mutants/pkg/old.py.meta",
+        "mutants/pkg/old.py.spans",
+        "mutants/tests/test_moved.py",
+    ]
+    Path("mutants/pkg/data.toml").write_text("a = 1\n")
+    for name in ("extra/gone.py", "pkg/old.py", "pkg/old.py.meta", "pkg/old.py.spans", "tests/test_moved.py"):
+        Path("mutants", name).unlink()
+    assert noxfile.stale_copies() == []
