@@ -178,8 +178,8 @@ def _paged_cache(
     num_blocks = sum(need) + 1  # one spare block that nobody owns
     perm = torch.randperm(num_blocks, generator=gen)
     hk = case.num_kv_heads
-    kc = torch.randn(num_blocks, bs, hk, case.head_dim, generator=gen) * 100
-    vc = torch.randn(num_blocks, bs, hk, case.dv, generator=gen) * 100
+    kc = torch.randn(num_blocks, bs, hk, case.head_dim, generator=gen).mul_(100)
+    vc = torch.randn(num_blocks, bs, hk, case.dv, generator=gen).mul_(100)
     sc = None if k_scales is None else torch.ones(num_blocks, bs, hk)
     table = torch.zeros(case.batch, max(need), dtype=torch.int32)
     cursor = 0
@@ -190,13 +190,13 @@ def _paged_cache(
         if need[b] < table.shape[1]:
             table[b, need[b] :] = int(perm[-1])  # padding entries point at the spare block
         written = keep[b]
-        for t0 in range(0, written, bs):
-            t1 = min(written, t0 + bs)
-            blk = int(blocks[t0 // bs])
-            kc[blk, : t1 - t0] = k[cu_k[b] + t0 : cu_k[b] + t1].float()
-            vc[blk, : t1 - t0] = v[cu_k[b] + t0 : cu_k[b] + t1].float()
+        if written:  # token t of the request goes to slot t % bs of its block t // bs: one indexed copy a request
+            t = torch.arange(written)
+            slot = blocks[t // bs] * bs + t % bs
+            kc.view(-1, *kc.shape[2:])[slot] = k[cu_k[b] : cu_k[b] + written].float()
+            vc.view(-1, *vc.shape[2:])[slot] = v[cu_k[b] : cu_k[b] + written].float()
             if sc is not None and k_scales is not None:
-                sc[blk, : t1 - t0] = k_scales[cu_k[b] + t0 : cu_k[b] + t1]
+                sc.view(-1, *sc.shape[2:])[slot] = k_scales[cu_k[b] : cu_k[b] + written]
     kc, vc = _stale_to(kc, k.dtype), _stale_to(vc, v.dtype)
     if case.kv_layout == "HND":
         kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
