@@ -32,11 +32,11 @@ Exit status of a run: :attr:`conformance.running.outcome.RunSummary.exit_code` (
 known-failure ledger; ``--strict``; 4 when a selected backend judged no case, unless ``--allow-unjudged``; 130
 when interrupted).
 
-A run is four parts, each a function here with its contract: :func:`select_run` (the selection, checked before any
-worker starts: :class:`Selected`), :func:`plan_pairs` (the (case, backend) pairs still to run, grouped and ordered
-for the workers: :class:`Plan`), :func:`execute` (the compile phase, the header, the checks, the records) and
-:func:`summarize` (the workers closed, the wall time and profile); :func:`run` holds the file's lock around them.
-Their pieces live in :mod:`conformance.running.pairs`, :mod:`~conformance.running.pool` and their siblings.
+A run is four parts, each a function with its contract: :func:`~conformance.running.plan.select_run` (the selection,
+checked before any worker starts) and :func:`~conformance.running.plan.plan_pairs` (the (case, backend) pairs still to
+run, grouped and ordered for the workers) in :mod:`conformance.running.plan`; :func:`execute` (the compile phase, the
+header, the checks, the records) and :func:`summarize` (the workers closed, the wall time and profile); :func:`run`
+holds the file's lock around them.
 """
 
 from __future__ import annotations
@@ -55,18 +55,15 @@ from conformance.lock import hold
 from conformance.records import CheckResult, Header, Status
 from conformance.results_writer import append_record, Appender
 from conformance.running.outcome import RunSummary, short_reason
-from conformance.running.outfile import check_resume, check_writable, move_aside, read_for_resume, repair_tail, sweep
+from conformance.running.outfile import check_resume, check_writable, move_aside, read_for_resume, repair_tail
 from conformance.running.pairs import (
     RunConfig,
     _account,
     _close_all,
     _compile_keys,
     _Pair,
-    _placements,
     _progress,
     _retry_units,
-    _timing_warning,
-    _units,
     _Writer,
     _counts_text,
     check_backend_names,
@@ -75,13 +72,11 @@ from conformance.running.pairs import (
     reply_record,
 )
 from conformance.running.compile_phase import CompileStats, compile_first
-from conformance.running.pool import Outcome, Placement, WorkFeed, serve
+from conformance.running.plan import Plan, Selected, plan_pairs, select_run
+from conformance.running.pool import Outcome, WorkFeed, serve
 from conformance.running.profile import RunClock, profile_records
-from conformance.running.schedule import load_costs, schedule_units
+from conformance.running.schedule import load_costs
 from conformance.running.selection import (
-    json_case_ids,
-    parse_features,
-    parse_models,
     parse_shard,
     select_cases,
     Selection,
@@ -90,7 +85,7 @@ from conformance.exits import OutputError, UsageError
 from conformance.running.worker import Reply, WorkerClient
 
 if TYPE_CHECKING:
-    from conformance.cases.case import AttentionCase
+    pass
 
 __all__ = [
     "Plan",
@@ -152,103 +147,6 @@ def run(config: RunConfig) -> RunSummary:
     check_writable(config.out, "--out", run_inputs(config))  # a directory, device or FIFO refused before the lock
     with hold(config.out, "--out"):
         return _run(config)
-
-
-@dataclass(frozen=True)
-class Selected:
-    """What a run selected (:func:`select_run`), before any worker starts."""
-
-    #: what decides the pairs: the header's ``selection``
-    selection: Selection
-    #: the selected cases, in run order
-    cases: list[AttentionCase]
-    #: the tolerance overrides, resolved (:func:`conformance.running.worker.load_overrides`)
-    overrides: tuple[Any, ...]
-    #: one per worker the run may start (:func:`conformance.running.pool.plan_workers`)
-    placements: list[Placement]
-    #: the header's ``sweep`` (:func:`conformance.running.outfile.sweep`), which ``--resume`` checks
-    identity: dict[str, Any]
-    #: a warning for stderr (``--time`` with workers sharing a device), or None
-    warning: str | None
-
-
-def select_run(config: RunConfig) -> Selected:
-    """The selection part of a run: ``config``'s cases (:meth:`Selection.cases`), its backend names checked
-    (:func:`check_backend_names`), its tolerance overrides loaded, its workers placed and its sweep identity.
-    Starts no worker and touches no output; :class:`UsageError` (one line) for a bad selection, no backend, an
-    unknown backend name, tolerance overrides that do not load, or a placement this machine cannot give."""
-    selection = config.selection
-    cases = selection.cases()
-    if not config.backends:
-        raise UsageError("give at least one --backend")
-    check_backend_names(config.backends)
-    from conformance.running.worker import load_overrides
-
-    try:
-        overrides = load_overrides(list(config.tol), config.tol_file)  # the worker parses them again; fail fast
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise UsageError(f"tolerance overrides: {exc}") from None
-    placements = _placements(config)
-    identity = sweep(
-        suite=config.suite,
-        cases=cases,
-        json_ids=json_case_ids(config.case_json) if config.case_json else None,
-        patterns=config.case_patterns,
-        exclude=config.exclude,
-        features=parse_features(config.features),
-        exclude_features=parse_features(config.exclude_features, "--exclude-feature"),
-        models=parse_models(config.models),
-        shard=config.shard,
-        limit=config.limit,
-        seed=config.seed,
-        device=config.device,
-        tol=overrides,
-        tol_args=config.tol,
-        tol_file=config.tol_file,
-    )
-    return Selected(selection, cases, overrides, placements, identity, _timing_warning(config, placements))
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The (case, backend) pairs of a run and how they go to the workers (:func:`plan_pairs`)."""
-
-    #: every selected (case, backend spec) pair, cases outer, backends inner
-    pairs: list[tuple[AttentionCase, str]]
-    #: the (case id, spec) pairs still to run: those the resumed file does not hold
-    todo: set[tuple[str, str]]
-    #: the pairs to run grouped by case (one worker request list per case), in the order they go to workers
-    units: list[list[_Pair]]
-    #: each case's expected cost (:func:`conformance.running.schedule.schedule_units`)
-    unit_cost: dict[str, float]
-    #: the resumed file's records of the selected pairs, in pair order
-    recorded: list[CheckResult]
-    #: how many records the resumed file holds (``env.run.already_recorded``)
-    already_recorded: int
-    #: workers the run uses: one per unit at most
-    workers: int
-
-
-def plan_pairs(
-    config: RunConfig,
-    selected: Selected,
-    infos: dict[str, dict[str, str]],
-    done: dict[tuple[str, str], CheckResult],
-    measured: list[CheckResult],
-) -> Plan:
-    """The plan part of a run: every pair of ``selected.cases`` and ``config.backends``; those whose (case id,
-    backend name) ``done`` (the resumed file's records) lacks grouped by case into worker requests
-    (``available`` as ``infos``, the backends' description, says) and ordered by ``config.schedule`` with the
-    ``measured`` times; the workers, at most one per unit and one per placement.  Pure: no worker, no file."""
-    cases = selected.cases
-    pairs = [(c, s) for c in cases for s in config.backends]
-    todo = {(c.id, s) for c, s in pairs if (c.id, infos[s]["name"]) not in done}
-    units = _units(config, cases, todo, frozenset(s for s in config.backends if infos[s].get("available") == "yes"))
-    names = {s: infos[s]["name"] for s in config.backends}
-    units, unit_cost = schedule_units(units, names, measured, config.schedule)
-    recorded = [done[c.id, infos[s]["name"]] for c, s in pairs if (c.id, infos[s]["name"]) in done]
-    workers = min(len(selected.placements), len(units))
-    return Plan(pairs, todo, units, unit_cost, recorded, len(done), workers)
 
 
 @dataclass

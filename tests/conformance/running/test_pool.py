@@ -421,7 +421,7 @@ def test_bad_jobs_and_gpus_exit_2(tmp_path: Path, capsys, monkeypatch, extra: li
 
 
 def test_time_with_more_workers_than_devices_warns() -> None:
-    from conformance.running.runner import _timing_warning
+    from conformance.running.pairs import _timing_warning
 
     timed = RunConfig(backends=("sdpa-cpu",), time=True)
     two_gpus = [Placement(0, "0"), Placement(1, "1")]
