@@ -101,7 +101,7 @@ class BackwardRun:
 
     def _judge(self, first: GradOutput, second: GradOutput) -> dict[str, Any]:
         case = self.case
-        grads: CaseGrads = gradients(case, self.inputs)
+        grads: CaseGrads = gradients(case, self.inputs, alibi_dtype=self.backend.alibi_bias_dtype(case))
         tol = resolve_grad(case, self.backend.name)
         out: dict[str, Any] = {"tensors": {}, "tolerance": tol.fields()}
         for name in GRADS:
