@@ -117,9 +117,7 @@ def baseline_grads(
     fwd = reference(case, inputs) if fwd is None else fwd
     dt = case.torch_dtype
     kernel_like = AttnResult(fwd.out.to(dt).float(), fwd.lse.float())
-    g = _backward(
-        case, inputs, Numerics(dtype=torch.float32), kernel_like, dt, softcap_arg_dtype(case), alibi_dtype
-    )
+    g = _backward(case, inputs, Numerics(dtype=torch.float32), kernel_like, dt, softcap_arg_dtype(case), alibi_dtype)
     return AttnGrads(g.dq.to(dt), g.dk.to(dt), g.dv.to(dt), None if g.dsinks is None else g.dsinks.to(dt))
 
 
