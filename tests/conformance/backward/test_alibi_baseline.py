@@ -59,6 +59,7 @@ def small_contexts():
 def test_sdpa_kernel_fed_the_rounded_bias_passes(h100_contexts, name) -> None:
     r = check_backend(h100_contexts[name], SdpaBiasKernelSim())
     assert r.status is Status.PASS, r.reason
+    assert r.extra["backward"]["baseline_alibi_dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[name[:4]]
     dq = r.extra["backward"]["tensors"]["dq"]
     assert dq["max_abs"] == pytest.approx(H100[name][1], rel=0.1)  # the H100 kernel's own error, and it passes
 
@@ -67,6 +68,7 @@ def test_sdpa_kernel_fed_the_rounded_bias_passes(h100_contexts, name) -> None:
 def test_sdpa_kernel_fed_the_rounded_bias_failed_the_exact_alibi_baseline(h100_contexts, name) -> None:
     r = check_backend(h100_contexts[name], ExactAlibiBaselineSim())
     assert r.status is Status.FAIL and "backward dq: max error" in r.reason, r.reason
+    assert "baseline_alibi_dtype" not in r.extra["backward"]
 
 
 @pytest.mark.parametrize("bug", [cls for cls, must in ALIBI_BUGS.items() if must], ids=lambda c: c.__name__)
