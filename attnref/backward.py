@@ -20,7 +20,9 @@ its dQ row is 0 and its sink gradient 0.
 (dV, dQ, dK), as a flash kernel's bf16/fp16 backward does, the accumulation staying in ``numerics.dtype``: the
 same-precision baseline of the backward verdict.  ``softcap_arg_dtype`` (soft-cap only) forms the tanh's argument
 in that dtype, ``t = tanh(r(r(s_raw) / cap))`` with ``r`` the rounding to it, the tanh and everything after it
-staying in ``numerics.dtype`` (the baseline's model of a 16-bit kernel's approximate tanh).  Context parallelism
+staying in ``numerics.dtype`` (the baseline's model of a 16-bit kernel's approximate tanh).  ``alibi_dtype``
+takes ALiBi as an adapter hands it to a kernel that reads a bias in that dtype (:func:`attnref.core.alibi_penalty`),
+in the recomputed forward too.  Context parallelism
 (``options.cp``) and MLA's ``qv`` have no backward here: they raise ``ValueError`` naming the argument.
 """
 

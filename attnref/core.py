@@ -7,7 +7,8 @@ operations of ``../shared/SEMANTICS.md`` section 3:
 2. soft-cap ``s = cap * tanh(s / cap)``
 3. mask (:mod:`attnref.mask`) to ``-inf``
 4. ALiBi ``s += -slope * |i + sk - sq - j|`` (the symmetric form; FA2's causal kernel adds
-   ``+slope * j`` instead, which changes only the LSE: adapters normalise that)
+   ``+slope * j`` instead, which changes only the LSE: adapters normalise that); ``alibi_dtype`` rounds it as
+   an adapter's additive bias in that dtype (:func:`alibi_penalty`)
 5. softmax; a sink (per head, unscaled logit) joins only the denominator.
 
 Conventions (the package's, used by every entry point):
