@@ -269,6 +269,13 @@ class Backend(abc.ABC):
         kernel's deterministic option.  Adapters that declare ``backward`` in ``accepts`` override this."""
         raise NotImplementedError(f"{self.name} has no backward (it does not declare 'backward')")
 
+    def alibi_bias_dtype(self, case: AttentionCase) -> torch.dtype | None:
+        """The dtype the adapter hands ``case``'s ALiBi to the kernel in, as an additive bias each row of which is
+        shifted by its largest entry (``attnfast.sdpa.bias_for_kernel``), or None: the kernel forms ALiBi itself
+        from the fp32 slopes (the default).  The backward verdict's baseline rounds ALiBi the same way
+        (:mod:`conformance.backward.gradients`): a rounding of the kernel's input, not of its arithmetic."""
+        return None
+
     def compile_key(self, case: AttentionCase) -> Hashable | None:
         """What the kernel JIT-compiles once per process for ``case``: cases with equal keys run one compiled
         kernel, so the runner sends them to one worker (compile affinity, ``conformance/running/pool.py``).

@@ -459,6 +459,10 @@ class SdpaCudaBackend(_SdpaBase):
         # match query's dtype"), so ALiBi and sink logits are rounded to the case dtype here.
         return case.torch_dtype
 
+    def alibi_bias_dtype(self, case: AttentionCase) -> torch.dtype | None:
+        # ALiBi reaches the fused kernels as bias_for_kernel's row-shifted bias in the query dtype (fp32: unshifted)
+        return None if case.torch_dtype == torch.float32 else self._bias_dtype(case)
+
     def describe(self) -> dict[str, str]:
         return {**super().describe(), "sdpa_backends": ",".join(self.sdpa_backends)}
 

@@ -20,7 +20,9 @@ its dQ row is 0 and its sink gradient 0.
 (dV, dQ, dK), as a flash kernel's bf16/fp16 backward does, the accumulation staying in ``numerics.dtype``: the
 same-precision baseline of the backward verdict.  ``softcap_arg_dtype`` (soft-cap only) forms the tanh's argument
 in that dtype, ``t = tanh(r(r(s_raw) / cap))`` with ``r`` the rounding to it, the tanh and everything after it
-staying in ``numerics.dtype`` (the baseline's model of a 16-bit kernel's approximate tanh).  Context parallelism
+staying in ``numerics.dtype`` (the baseline's model of a 16-bit kernel's approximate tanh).  ``alibi_dtype``
+takes ALiBi as an adapter hands it to a kernel that reads a bias in that dtype (:func:`attnref.core.alibi_penalty`),
+in the recomputed forward too.  Context parallelism
 (``options.cp``) and MLA's ``qv`` have no backward here: they raise ``ValueError`` naming the argument.
 """
 
@@ -30,10 +32,10 @@ import math
 
 import torch
 
-from .core import attend_sequence, query_tiles, tile_shape
+from .core import alibi_penalty, attend_sequence, query_tiles, tile_shape
 from .options import AttnOptions, Numerics
 from .result import AttnGrads
-from .validate import check_alibi, check_cu_seqlens, check_head_vector, check_qkv, check_seqlens
+from .validate import check_alibi, check_alibi_dtype, check_cu_seqlens, check_head_vector, check_qkv, check_seqlens
 from .varlen import sequence_spans
 
 __all__ = ["attend_sequence_backward", "attention_padded_backward", "attention_varlen_backward"]
@@ -74,6 +76,7 @@ def attend_sequence_backward(
     operand_dtype: torch.dtype | None = None,
     softcap_arg_dtype: torch.dtype | None = None,
     qv: None = None,
+    alibi_dtype: torch.dtype | None = None,
 ) -> AttnGrads:
     """Gradients of one sequence (all heads), no validation of shapes (callers validate).
 
@@ -84,11 +87,14 @@ def attend_sequence_backward(
         operand_dtype: round P and dS to this dtype before the matmuls (None = no rounding).
         softcap_arg_dtype: with a soft-cap, round ``s_raw`` and ``s_raw / cap`` to this dtype before the tanh (None =
             no rounding; no effect without a soft-cap).
+        alibi_dtype: ALiBi as an adapter's row-shifted additive bias rounded to this dtype
+            (:func:`attnref.core.alibi_penalty`), in the recomputed forward too; None = exact.
 
     Returns:
         ``AttnGrads(dq (sq, h, d), dk (sk, hk, d), dv (sk, hk, dv), dsinks (h,) or None)`` in ``numerics.dtype``.
     """
     _check_unsupported(options, qv, operand_dtype, softcap_arg_dtype)
+    check_alibi_dtype(alibi_dtype)
     sq, h, d = q.shape
     sk, hk, dv = v.shape
     group = h // hk
@@ -97,7 +103,9 @@ def attend_sequence_backward(
     if (out is None) != (lse is None):
         raise ValueError("out and lse must be given together (or both None: the forward is recomputed)")
     if out is None or lse is None:  # both None (checked above)
-        out, lse = attend_sequence(q, k, v, options, alibi_slopes=alibi_slopes, sinks=sinks, numerics=numerics)
+        out, lse = attend_sequence(
+            q, k, v, options, alibi_slopes=alibi_slopes, sinks=sinks, numerics=numerics, alibi_dtype=alibi_dtype
+        )
     dq = torch.zeros(sq, h, d, dtype=ct, device=dev)
     dk = torch.zeros(hk, sk, d, dtype=ct, device=dev)
     dvh = torch.zeros(hk, sk, dv, dtype=ct, device=dev)
@@ -114,6 +122,7 @@ def attend_sequence_backward(
     lse_h = lse.to(dev, ct).reshape(hk, group, sq)
     lse_safe = torch.where(torch.isneginf(lse_h), torch.zeros_like(lse_h), lse_h)  # such rows have P = 0
     slopes = None if alibi_slopes is None else alibi_slopes.to(dev, ct).reshape(hk, group, 1, 1)
+    sink_top = None if sinks is None else sinks.to(dev, ct).reshape(hk, group, 1, 1)
     if sinks is not None:  # P_sink = exp(sink - lse); its value is 0, so dS_sink = P_sink * (0 - D)
         p_sink = torch.exp(sinks.to(dev, ct).reshape(hk, group, 1) - lse_h)
         dsinks = -(p_sink * delta).sum(-1).reshape(h)
@@ -136,7 +145,7 @@ def attend_sequence_backward(
             s = s.view(hk, group, n, k1 - k0)
             cols = torch.arange(k0, k1, device=dev)
             if slopes is not None:
-                s = s - slopes * (rows[:, None] + (sk - sq) - cols[None, :]).abs().to(ct)
+                s = s - alibi_penalty(slopes, rows, cols, sq, sk, lo, hi, sink_top, alibi_dtype)
             if not (bool((lo <= k0).all()) and bool((hi >= k1).all())):
                 visible = (cols[None, :] >= lo[:, None]) & (cols[None, :] < hi[:, None])
                 s = s.masked_fill(~visible, -math.inf)
@@ -182,6 +191,7 @@ def attention_varlen_backward(
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     qv: None = None,
+    alibi_dtype: torch.dtype | None = None,
 ) -> AttnGrads:
     """Reference gradients over a varlen batch (the layouts of :func:`attnref.attention_varlen`).
 
@@ -193,12 +203,15 @@ def attention_varlen_backward(
         operand_dtype: round P and dS to this dtype before the matmuls (the same-precision baseline).
         softcap_arg_dtype: with a soft-cap, form the tanh's argument in this dtype (see the module docstring).
         out, lse: the forward's (total_q, h, dv) and (h, total_q); None (both) = recomputed per sequence.
+        alibi_dtype: ALiBi as an adapter's row-shifted additive bias rounded to this dtype
+            (:func:`attnref.core.alibi_penalty`); None = exact.
 
     Returns:
         ``AttnGrads(dq (total_q, h, d), dk (total_k, hk, d), dv (total_k, hk, dv), dsinks (h,) or None)`` in
         ``numerics.dtype``; ``dsinks`` is summed over the sequences.
     """
     _check_unsupported(options, qv, operand_dtype, softcap_arg_dtype)
+    check_alibi_dtype(alibi_dtype)
     h, hk, d, dv = check_qkv(q, k, v, token_dims=1)
     _check_dout(dout, (q.shape[0], h, dv), q.device)
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
@@ -240,6 +253,7 @@ def attention_varlen_backward(
             lse=None if lse is None else lse[:, q0:q1],
             operand_dtype=operand_dtype,
             softcap_arg_dtype=softcap_arg_dtype,
+            alibi_dtype=alibi_dtype,
         )
         grads.dq[q0:q1] = g.dq
         grads.dk[k0 : k0 + n] += g.dk

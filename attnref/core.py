@@ -7,7 +7,8 @@ operations of ``../shared/SEMANTICS.md`` section 3:
 2. soft-cap ``s = cap * tanh(s / cap)``
 3. mask (:mod:`attnref.mask`) to ``-inf``
 4. ALiBi ``s += -slope * |i + sk - sq - j|`` (the symmetric form; FA2's causal kernel adds
-   ``+slope * j`` instead, which changes only the LSE: adapters normalise that)
+   ``+slope * j`` instead, which changes only the LSE: adapters normalise that); ``alibi_dtype`` rounds it as
+   an adapter's additive bias in that dtype (:func:`alibi_penalty`)
 5. softmax; a sink (per head, unscaled logit) joins only the denominator.
 
 Conventions (the package's, used by every entry point):
@@ -35,7 +36,7 @@ import torch
 from .mask import row_bounds
 from .options import AttnOptions, Numerics
 
-__all__ = ["attend_sequence", "query_tiles", "tile_shape"]
+__all__ = ["alibi_penalty", "attend_sequence", "query_tiles", "tile_shape"]
 
 
 def tile_shape(sq: int, sk: int, heads: int, budget: int) -> tuple[int, int]:
@@ -43,6 +44,38 @@ def tile_shape(sq: int, sk: int, heads: int, budget: int) -> tuple[int, int]:
     tk = max(1, min(max(sk, 1), 1024, budget // max(heads, 1)))
     tq = max(1, min(max(sq, 1), budget // (max(heads, 1) * tk)))
     return tq, tk
+
+
+def alibi_penalty(
+    slopes: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    sq: int,
+    sk: int,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+    alibi_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """ALiBi's ``slope * |i + sk - sq - j|`` (subtracted from the scores) of query ``rows`` and key ``cols``.
+
+    ``slopes`` is ``(..., 1, 1)`` (broadcast over rows and columns), in the computation dtype.  ``alibi_dtype`` models
+    an adapter that passes ALiBi as an additive bias in that dtype, each row shifted by its largest entry first
+    (``attnfast.sdpa.bias_for_kernel``): ``b = -penalty`` taken relative to ``top``, the row's largest bias over its
+    visible keys ``[lo, hi)`` (``-slope * distance`` of the nearest one) or its sink logit where that is larger
+    (``sinks``: broadcastable like ``slopes``), rounded to ``alibi_dtype``, ``top`` added back, so only the rounding
+    differs from the exact penalty.  None = the exact penalty."""
+    ct = slopes.dtype
+    pos = rows[:, None] + (sk - sq)
+    penalty = slopes * (pos - cols[None, :]).abs().to(ct)
+    if alibi_dtype is None:
+        return penalty
+    pos = pos[:, 0]
+    nearest = torch.where(pos < lo, lo - pos, torch.where(pos >= hi, pos - hi + 1, torch.zeros_like(pos)))
+    top = -slopes * nearest.clamp_min(0).to(ct)[:, None]  # (..., tq, 1); a row without keys: masked anyway
+    if sinks is not None:
+        top = torch.maximum(top, sinks.to(ct))
+    return -((-penalty - top).to(alibi_dtype).to(ct) + top)
 
 
 def query_tiles(
@@ -85,6 +118,7 @@ def attend_sequence(
     sinks: torch.Tensor | None = None,
     qv: torch.Tensor | None = None,
     numerics: Numerics = Numerics(),
+    alibi_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of one sequence, no validation (callers validate).
 
@@ -92,6 +126,7 @@ def attend_sequence(
         q: (sq, h, d); k: (sk, hk, d); v: (sk, hk, dv), with ``h % hk == 0``.
         alibi_slopes: (h,) or None.  sinks: (h,) or None.
         qv: (sq, h, dv) or None: MLA absorbed, adds ``qv . v`` to every score.
+        alibi_dtype: ALiBi as a row-shifted bias rounded to this dtype (:func:`alibi_penalty`); None = exact.
 
     Returns:
         out (sq, h, dv) and lse (h, sq), both in ``numerics.dtype``.
@@ -113,6 +148,7 @@ def attend_sequence(
     kh = k.to(ct).permute(1, 0, 2)  # (hk, sk, d)
     vh = v.to(ct).permute(1, 0, 2)  # (hk, sk, dv)
     slopes = None if alibi_slopes is None else alibi_slopes.to(dev, ct).reshape(hk, group, 1, 1)
+    sink_top = None if sinks is None else sinks.to(dev, ct).reshape(hk, group, 1, 1)
     tiles = tile_shape(sq, sk, h, numerics.max_tile_elems)
     for q0, q1, lo, hi, key_tiles in query_tiles(sq, sk, tiles, options, dev):
         qt = qh[:, :, q0:q1]  # (hk, g, tq, d)
@@ -128,8 +164,7 @@ def attend_sequence(
                 cols = torch.arange(k0, k1, device=dev)
             if slopes is not None:
                 assert rows is not None
-                dist = (rows[:, None] + (sk - sq) - cols[None, :]).abs().to(ct)
-                s = s - slopes * dist
+                s = s - alibi_penalty(slopes, rows, cols, sq, sk, lo, hi, sink_top, alibi_dtype)
             if partial:
                 hidden = (cols[None, :] < lo[:, None]) | (cols[None, :] >= hi[:, None])
                 s = s.masked_fill(hidden, -math.inf)

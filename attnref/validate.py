@@ -14,6 +14,8 @@ __all__ = [
     "check_seqlens",
     "check_head_vector",
     "check_alibi",
+    "check_alibi_dtype",
+    "ALIBI_DTYPES",
     "check_block_table",
     "check_qv",
     "as_int_list",
@@ -142,6 +144,16 @@ def check_alibi(t: torch.Tensor | None, batch: int, heads: int, device: torch.de
         _fail(f"alibi_slopes must be a floating tensor, got dtype {t.dtype}")
     if t.device != device:
         _fail(f"alibi_slopes must be on {device}, got {t.device}")
+
+
+#: The dtypes an ALiBi bias may be rounded to (``alibi_dtype``).
+ALIBI_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_alibi_dtype(dtype: object) -> None:
+    """``alibi_dtype``: None or one of :data:`ALIBI_DTYPES`."""
+    if dtype is not None and dtype not in ALIBI_DTYPES:
+        _fail(f"alibi_dtype must be one of {ALIBI_DTYPES} or None, got {dtype!r}")
 
 
 def check_block_table(

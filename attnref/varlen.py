@@ -16,6 +16,7 @@ from .result import AttnResult
 from .validate import (
     as_int_list,
     check_alibi,
+    check_alibi_dtype,
     check_cu_seqlens,
     check_head_vector,
     check_qkv,
@@ -107,6 +108,7 @@ def attention_varlen(
     qv: torch.Tensor | None = None,
     numerics: Numerics = Numerics(),
     cp_tot_seqused_k: torch.Tensor | list[int] | None = None,
+    alibi_dtype: torch.dtype | None = None,
 ) -> AttnResult:
     """Reference attention over a varlen batch.
 
@@ -121,10 +123,13 @@ def attention_varlen(
         numerics: accumulation dtype and tile budget.
         cp_tot_seqused_k: (b,) with ``options.cp``: each sequence's keys over all ranks, the call's keys being
             the rank's interleave-1 shard of them (:func:`cp_sequence_options`).
+        alibi_dtype: ALiBi as an adapter's row-shifted additive bias rounded to this dtype
+            (:func:`attnref.core.alibi_penalty`); None = exact.
 
     Returns:
         ``AttnResult(out (total_q, h, dv), lse (h, total_q))``.
     """
+    check_alibi_dtype(alibi_dtype)
     h, hk, d, dv = check_qkv(q, k, v, token_dims=1)
     cu_q = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
     batch = len(cu_q) - 1
@@ -148,6 +153,7 @@ def attention_varlen(
             sinks=sinks,
             qv=None if qv is None else qv[q0:q1],
             numerics=numerics,
+            alibi_dtype=alibi_dtype,
         )
         out[q0:q1] = o
         lse[:, q0:q1] = l

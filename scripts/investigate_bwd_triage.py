@@ -25,7 +25,9 @@ Soft-capped cases also get ``status_old_baseline`` (the verdict with the baselin
 evaluated by ``tanh.approx.f32``, FA2's ``cutlass::fast_tanh``, through torch's jiterator or Triton: the kernel's
 own tanh in the harness's model); the output's ``tanh_approx_error`` is that instruction's error against float64
 tanh over a grid of arguments.  ``sdpa-cuda-wide`` draws the sdpa-cuda class (d224, ALiBi, ``outliers``) over
-more head layouts and lengths; ``--seeds`` repeats every case with other input seeds.
+more head layouts and lengths; ``--seeds`` repeats every case with other input seeds.  An SDPA row's ``variant`` is
+the SDPA backend torch's dispatcher picks for the case's calls (``attnfast.sdpa.sdpa_choices``: the forward's plan,
+whose op's backward the training call runs).  ``scripts/investigate_sdpa_alibi_bias.py`` reads the output on CPU.
 """
 
 from __future__ import annotations
@@ -288,6 +290,9 @@ def triage(backend_name: str, device: str, seeds: list[int]) -> list[dict]:
         record = check_backend(ctx, backend)
         row = {"backend": backend.name, "case_id": case.id, "seed": seed, "status": record.status.value,
                "reason": record.reason[:300], "backward": record.extra.get("backward")}  # fmt: skip
+        if backend.name.startswith("sdpa") and record.status.value in ("pass", "fail"):
+            # which SDPA kernel ran: the forward's plan of the same calls (the backward runs that op's backward)
+            row["variant"] = getattr(backend.prepare(case, ctx.inputs), "variant", None)
         if case.softcap is not None and record.status.value in ("pass", "fail"):
             row["status_old_baseline"] = _old_baseline_verdict(ctx, backend)
         if record.status.value in ("pass", "fail"):

@@ -14,6 +14,8 @@ of the run's ``problems`` (the case FAILS with them), and the numbers go to the 
      "worst_ratio": max error ratio over the tensors,
      "tolerance": the gradient tolerance's fields,
      "dsinks": "judged" | "not returned" (the kernel does not learn sinks) | absent without sinks,
+     "baseline_alibi_dtype": "bfloat16" | "float16" (the backend hands ALiBi as a bias in that dtype and the
+                             baseline rounds it so: conformance.backward.gradients) | absent otherwise,
      "deterministic": {"requested": case.deterministic, "equal": bool, "differs": [tensors]}}
 
 Run to run: the backward runs twice on the same inputs and the two sets of gradients are compared bit for bit.
@@ -101,9 +103,12 @@ class BackwardRun:
 
     def _judge(self, first: GradOutput, second: GradOutput) -> dict[str, Any]:
         case = self.case
-        grads: CaseGrads = gradients(case, self.inputs)
+        alibi_dtype = self.backend.alibi_bias_dtype(case) if case.alibi else None
+        grads: CaseGrads = gradients(case, self.inputs, alibi_dtype=alibi_dtype)
         tol = resolve_grad(case, self.backend.name)
         out: dict[str, Any] = {"tensors": {}, "tolerance": tol.fields()}
+        if alibi_dtype is not None:  # the baseline's ALiBi is the backend's rounded bias
+            out["baseline_alibi_dtype"] = str(alibi_dtype).removeprefix("torch.")
         for name in GRADS:
             ref = getattr(grads.ref, name)
             got = getattr(first, name)

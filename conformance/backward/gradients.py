@@ -10,10 +10,16 @@
   fp16 inputs the tanh's argument is also formed in fp16 (:func:`softcap_arg_dtype`): a flash kernel's tanh is an
   approximation of about fp16's precision (FA2: ``tanh.approx.f32``), and without it a correct kernel's
   soft-capped fp16 dK fails the mean rule (docs/concepts/backward.md, "The soft-capped fp16 baseline").
+* for a backend that hands ALiBi to its kernel as an additive bias in a lower dtype (``alibi_dtype``:
+  :meth:`attnfast.base.Backend.alibi_bias_dtype`; sdpa-cuda, whose fused SDPA backends take a bias only in the query
+  dtype), the baseline's ALiBi is that bias, rounded as the adapter rounds it, in its forward and its backward: the
+  kernel's input, not its arithmetic (docs/concepts/backward.md, "The ALiBi bias of an SDPA kernel").  The
+  reference stays exact.
 
-Every backend of a case is judged against the same two, so they are cached (:func:`gradients`): the cache keeps
-the last :data:`CACHE_SIZE` entries, keyed by the case id, the device and a fingerprint of the input tensors (the
-harness gives each backend clones of the same inputs, so clones hit the entry and another seed misses it).
+Every backend of a case is judged against the same two (a backend with an ``alibi_dtype`` on an ALiBi case against
+its own baseline), so they are cached (:func:`gradients`): the cache keeps the last :data:`CACHE_SIZE` entries,
+keyed by the case id, the device, the ALiBi dtype and a fingerprint of the input tensors (the harness gives each
+backend clones of the same inputs, so clones hit the entry and another seed misses it).
 """
 
 from __future__ import annotations
@@ -23,15 +29,16 @@ from typing import NamedTuple
 
 import torch
 
-from attnref import AttnGrads, AttnResult, Numerics, attention_varlen_backward
+from attnref import AttnGrads, AttnResult, Numerics, attention_varlen, attention_varlen_backward
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.verdict.reference import case_options, default_numerics, reference, strict_fp32
 
 __all__ = ["CACHE_SIZE", "CaseGrads", "baseline_grads", "gradients", "reference_grads", "softcap_arg_dtype"]
 
-#: How many (case, inputs) entries the cache keeps: a worker judges one case's backends one after the other.
-CACHE_SIZE = 2
+#: How many (case, inputs, ALiBi dtype) entries the cache keeps: a worker judges one case's backends one after the
+#: other (the default pair and an ALiBi-bias backend's).
+CACHE_SIZE = 3
 
 
 class CaseGrads(NamedTuple):
@@ -51,7 +58,13 @@ def softcap_arg_dtype(case: AttentionCase) -> torch.dtype | None:
 
 
 def _backward(
-    case: AttentionCase, inputs: CaseInputs, numerics: Numerics, fwd: AttnResult, operand, softcap_arg=None
+    case: AttentionCase,
+    inputs: CaseInputs,
+    numerics: Numerics,
+    fwd: AttnResult,
+    operand,
+    softcap_arg=None,
+    alibi_dtype: torch.dtype | None = None,
 ) -> AttnGrads:
     if inputs.dout is None:
         raise ValueError(f"inputs.dout must be set for a backward case ({case.id}): make_inputs draws it")
@@ -69,6 +82,7 @@ def _backward(
             numerics=numerics,
             operand_dtype=operand,
             softcap_arg_dtype=softcap_arg,
+            alibi_dtype=alibi_dtype,
             out=fwd.out,
             lse=fwd.lse,
         )
@@ -80,12 +94,30 @@ def reference_grads(case: AttentionCase, inputs: CaseInputs, fwd: AttnResult | N
     return _backward(case, inputs, default_numerics(case), fwd, None)
 
 
-def baseline_grads(case: AttentionCase, inputs: CaseInputs, fwd: AttnResult | None = None) -> AttnGrads:
-    """The same-precision baseline gradients, in the case dtype (see the module docstring)."""
+def baseline_grads(
+    case: AttentionCase, inputs: CaseInputs, fwd: AttnResult | None = None, alibi_dtype: torch.dtype | None = None
+) -> AttnGrads:
+    """The same-precision baseline gradients, in the case dtype (see the module docstring); ``alibi_dtype``: the
+    dtype of the backend's ALiBi bias (None: exact; ignored without ALiBi), ``fwd`` then recomputed with it."""
+    alibi_dtype = alibi_dtype if case.alibi else None
+    if alibi_dtype is not None:  # the forward the kernel computes: the same rounded bias
+        with strict_fp32():
+            fwd = attention_varlen(
+                inputs.q,
+                inputs.k,
+                inputs.v,
+                inputs.cu_seqlens_q,
+                inputs.cu_seqlens_k,
+                options=case_options(case),
+                alibi_slopes=inputs.alibi_slopes,
+                sinks=inputs.sinks,
+                numerics=Numerics(dtype=torch.float32),
+                alibi_dtype=alibi_dtype,
+            )
     fwd = reference(case, inputs) if fwd is None else fwd
     dt = case.torch_dtype
     kernel_like = AttnResult(fwd.out.to(dt).float(), fwd.lse.float())
-    g = _backward(case, inputs, Numerics(dtype=torch.float32), kernel_like, dt, softcap_arg_dtype(case))
+    g = _backward(case, inputs, Numerics(dtype=torch.float32), kernel_like, dt, softcap_arg_dtype(case), alibi_dtype)
     return AttnGrads(g.dq.to(dt), g.dk.to(dt), g.dv.to(dt), None if g.dsinks is None else g.dsinks.to(dt))
 
 
@@ -99,14 +131,21 @@ def _fingerprint(inputs: CaseInputs) -> tuple:
     )
 
 
-def gradients(case: AttentionCase, inputs: CaseInputs, fwd: AttnResult | None = None) -> CaseGrads:
-    """Reference and baseline gradients of ``case`` on ``inputs``, from the cache when already computed."""
-    key = (case.id, str(inputs.q.device), _fingerprint(inputs))
+def gradients(
+    case: AttentionCase, inputs: CaseInputs, fwd: AttnResult | None = None, alibi_dtype: torch.dtype | None = None
+) -> CaseGrads:
+    """Reference and baseline gradients of ``case`` on ``inputs``, from the cache when already computed;
+    ``alibi_dtype``: the backend's ALiBi bias dtype (:func:`baseline_grads`), None for a kernel that forms ALiBi."""
+    alibi_dtype = alibi_dtype if case.alibi else None
+    key = (case.id, str(inputs.q.device), str(alibi_dtype), _fingerprint(inputs))
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    fwd = reference(case, inputs) if fwd is None else fwd
-    grads = CaseGrads(reference_grads(case, inputs, fwd), baseline_grads(case, inputs, fwd))
+    if alibi_dtype is not None:  # the reference is the exact one: the plain entry's
+        grads = CaseGrads(gradients(case, inputs, fwd).ref, baseline_grads(case, inputs, alibi_dtype=alibi_dtype))
+    else:
+        fwd = reference(case, inputs) if fwd is None else fwd
+        grads = CaseGrads(reference_grads(case, inputs, fwd), baseline_grads(case, inputs, fwd))
     _CACHE[key] = grads
     while len(_CACHE) > CACHE_SIZE:
         _CACHE.popitem(last=False)
