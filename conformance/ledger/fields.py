@@ -52,8 +52,8 @@ def _visible_bounds(case: AttentionCase, b: int) -> tuple[np.ndarray, np.ndarray
     if case.cp_world > 1:
         w, r = case.cp_world, case.cp_rank
         total = max(0, sk * w + r - b % w)
-        # hi grows with the row, up to the last row's (sk w - b mod w - 1) // w + 1 = sk: the rank's local keys
-        # (conformance.cases.inputs.cp_local_len of the total) are sk exactly, so no upper bound is needed
+        # hi grows with the row up to the last row's (total - r - 1) // w + 1, which is sk (total - r = sk w - b mod w;
+        # at most 0 when sk = 0): the rank holds sk keys exactly (inputs.cp_local_len), so no upper bound is needed
         hi = np.maximum((rows + total - sq - r) // w + 1, 0)
         return np.zeros_like(hi), hi
     pos = rows + (sk - sq)
@@ -65,7 +65,7 @@ def _visible_bounds(case: AttentionCase, b: int) -> tuple[np.ndarray, np.ndarray
     if case.chunk is not None:
         start = pos - np.mod(pos, case.chunk)
         lo, hi = np.maximum(lo, start), np.minimum(hi, start + case.chunk)
-    # lo <= pos <= sk - 1 for a row that sees keys (pos < 0 for one that does not): no upper bound
+    # lo <= pos <= sk - 1 (pos < 0 when sk = 0): lo needs no upper bound
     return np.maximum(lo, 0), np.clip(hi, 0, sk)
 
 

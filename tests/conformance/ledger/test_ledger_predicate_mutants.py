@@ -125,3 +125,19 @@ def test_a_versions_set_includes_pre_releases_whatever_packaging_defaults_to():
     assert spec.prereleases is True
     assert Version("2.9.0b1") in spec and spec.contains("2.9.0rc1") and "2.8.0a1" not in spec
     assert list(spec.filter(["2.7", "2.9.0b1", "2.9"])) == ["2.9.0b1", "2.9"]
+
+
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        ({"head_dim": {}}, "w.when: head_dim: an empty table of ops"),
+        (3, "w.when: 'when' must be a table or an array of tables, got 3"),
+        ([{"head_dim": 8}, "x"], "w.when[1]: 'when' must be a table or an array of tables, got 'x'"),
+    ],
+)
+def test_an_empty_table_of_ops_or_a_when_that_is_no_table_is_refused_in_one_line(when, message):
+    """The exact refusal, naming the entry, its ``when`` (by index when there are several) and the field: these lines
+    were pinned only by test_bad_input's fuzzing of whole ledger entries ("kern.toml" in the message)."""
+    # kills x__condition__mutmut_23 and x__when__mutmut_2 (the message None) on every run, not by chance
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        parse_predicate("w", when)
