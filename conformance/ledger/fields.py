@@ -46,13 +46,16 @@ def _visible_bounds(case: AttentionCase, b: int) -> tuple[np.ndarray, np.ndarray
     """Half-open visible key bounds ``[lo, hi)`` of every query row of request ``b`` (the rule of attnref.mask,
     SEMANTICS.md section 2; cp totals as conformance.cases.inputs builds them)."""
     sq, sk = case.requests[b]
-    rows = np.arange(sq, dtype=np.int64)
+    # no mutate: numpy's default integer is int64 on 64-bit Linux and macOS (and on Windows from numpy 2), where
+    # the dtype changes nothing; it keeps the bounds int64 under numpy 1 on Windows
+    rows = np.arange(sq, dtype=np.int64)  # pragma: no mutate
     if case.cp_world > 1:
         w, r = case.cp_world, case.cp_rank
         total = max(0, sk * w + r - b % w)
-        local = max(0, -(-(total - r) // w))
-        hi = np.minimum((rows + total - sq - r) // w + 1, local)
-        return np.zeros_like(hi), np.clip(hi, 0, sk)
+        # hi grows with the row up to the last row's (total - r - 1) // w + 1, which is sk (total - r = sk w - b mod w;
+        # at most 0 when sk = 0): the rank holds sk keys exactly (inputs.cp_local_len), so no upper bound is needed
+        hi = np.maximum((rows + total - sq - r) // w + 1, 0)
+        return np.zeros_like(hi), hi
     pos = rows + (sk - sq)
     left, right = case.window
     if case.causal:
@@ -62,7 +65,8 @@ def _visible_bounds(case: AttentionCase, b: int) -> tuple[np.ndarray, np.ndarray
     if case.chunk is not None:
         start = pos - np.mod(pos, case.chunk)
         lo, hi = np.maximum(lo, start), np.minimum(hi, start + case.chunk)
-    return np.clip(lo, 0, sk), np.clip(hi, 0, sk)
+    # lo <= pos <= sk - 1 (pos < 0 when sk = 0): lo needs no upper bound
+    return np.maximum(lo, 0), np.clip(hi, 0, sk)
 
 
 def _rows_without_keys(case: AttentionCase) -> int:
@@ -83,7 +87,7 @@ def _fa2_seqlen_k(case: AttentionCase) -> int:
         return max(case.kv_lens)
     min_width = fa2_kvcache_min_width(case)
     if not case.paged:
-        return max(1, max(case.kv_lens), min_width)
+        return max(max(case.kv_lens), min_width)  # min_width >= 1: a cache is at least one key wide
     bs = case.block_size
     assert bs is not None  # set exactly when paged
     cols = max(max(1, -(-n // bs)) for n in case.kv_lens)
@@ -98,12 +102,12 @@ def _keyless_query_tile(case: AttentionCase) -> int:
     for b in range(case.batch):
         lo, hi = _visible_bounds(case, b)
         empty = lo >= hi
-        for t in (128, 64, 32, 16, 8, 4, 2, 1):
-            if t <= best:
-                break
-            if any(empty[s : s + t].all() for s in range(0, len(empty), t)):
-                best = t
-                break
+        keyless = (
+            t
+            for t in (128, 64, 32, 16, 8, 4, 2, 1)
+            if any(empty[i * t : (i + 1) * t].all() for i in range(-(-len(empty) // t)))
+        )
+        best = max(best, next(keyless, 0))
     return best
 
 
@@ -121,10 +125,9 @@ def _fa3_keyless_m_block(case: AttentionCase) -> bool:
     for b in range(case.batch):
         lo, hi = _visible_bounds(case, b)
         empty = lo >= hi
-        sq = len(empty)
-        for start in range(0, sq * g, block_m):
-            r0, r1 = start // g, min(sq - 1, (start + block_m - 1) // g)
-            if empty[r0 : r1 + 1].all():
+        for tile in range(-(-len(empty) * g // block_m)):
+            start = tile * block_m  # the packed rows start .. start + block_m - 1, cut at the request's end
+            if empty[start // g : (start + block_m - 1) // g + 1].all():
                 return True
     return False
 
@@ -140,13 +143,16 @@ def _fa3_window_unmasked_rows(case: AttentionCase) -> int:
 
 def _keys_left_of_window(case: AttentionCase) -> int:
     """The most keys a row's window leaves out on its left (0 without a bounded left side)."""
-    if case.window[0] is None or case.cp_world > 1:
+    if case.window[0] is None:  # context parallelism has no window (AttentionCase refuses one)
         return 0
     most = 0
     for b in range(case.batch):
         lo, hi = _visible_bounds(case, b)
+        # no mutate: a row without keys has lo = 0 (its position is below key 0, or the request has no keys), so
+        # counting it too (lo <= hi) changes no maximum
+        keyed = lo < hi  # pragma: no mutate
         if len(lo):
-            most = max(most, int(np.max(np.where(lo < hi, lo, 0))))
+            most = max(most, int(np.max(np.where(keyed, lo, 0))))
     return most
 
 
@@ -159,7 +165,10 @@ def _window_misread(case: AttentionCase, seqlen_k: int) -> bool:
     if not case.has_window:
         return False
     k_left, k_right = fa2_kernel_window(case.causal, fa2_window(case), seqlen_k)
-    kernel = case.replace(window=(None if k_left < 0 else k_left, None if k_right < 0 else k_right), causal=False)
+    window = (None if k_left < 0 else k_left, None if k_right < 0 else k_right)
+    # no mutate: the kernel's window as a plain window; keeping the case's causal reads the same bounds (FA2 sets a
+    # causal call's right side to 0 already, fa2_kernel_window) and causal=None reads as False
+    kernel = case.replace(window=window, causal=False)  # pragma: no mutate
     for b in range(case.batch):
         lo, hi = _visible_bounds(case, b)
         klo, khi = _visible_bounds(kernel, b)

@@ -140,7 +140,7 @@ class Predicate:
 
 #: Cheap conditions first: a derived value that walks every query row is computed only when the rest held, the
 #: fork's window schedule (every query tile's key tiles) last.
-_COST = {"fa3_window_unmasked_rows": 3} | dict.fromkeys(
+_COST = {"fa3_window_unmasked_rows": 2} | dict.fromkeys(
     (
         "rows_with_keys",
         "rows_without_keys",
@@ -153,7 +153,7 @@ _COST = {"fa3_window_unmasked_rows": 3} | dict.fromkeys(
         "invariance_max_q_len_varies",
         "keyless_query_tile",
     ),
-    2,
+    1,
 )
 
 
@@ -162,9 +162,7 @@ def _condition(where: str, name: str, raw: Any) -> list[Condition]:
         raise ValueError(f"{where}: unknown field {name!r} (attnconf ledger fields lists them)")
     kind = FIELDS[name].kind
 
-    def typed(op: str, value: Any) -> Any:
-        if op in _ORDERED and kind not in ("int", "float"):
-            raise ValueError(f"{where}: {name}: {op!r} needs a numeric field, {name} is {kind}")
+    def typed(value: Any) -> Any:
         if not _type_ok(kind, value):
             raise ValueError(f"{where}: {name}: expected a {kind} value, got {value!r}")
         return value
@@ -172,7 +170,7 @@ def _condition(where: str, name: str, raw: Any) -> list[Condition]:
     if isinstance(raw, list):
         if not raw:
             raise ValueError(f"{where}: {name}: an empty list matches nothing")
-        return [Condition(name, "any", tuple(typed("any", v) for v in raw))]
+        return [Condition(name, "any", tuple(typed(v) for v in raw))]
     if isinstance(raw, Mapping):
         if not raw:
             raise ValueError(f"{where}: {name}: an empty table of ops")
@@ -187,11 +185,13 @@ def _condition(where: str, name: str, raw: Any) -> list[Condition]:
             elif op in ("in", "not_in"):
                 if not isinstance(value, list) or not value:
                     raise ValueError(f"{where}: {name}: {op!r} takes a non-empty list, got {value!r}")
-                out.append(Condition(name, op, tuple(typed(op, v) for v in value)))
+                out.append(Condition(name, op, tuple(typed(v) for v in value)))
+            elif op in _ORDERED and kind not in ("int", "float"):
+                raise ValueError(f"{where}: {name}: {op!r} needs a numeric field, {name} is {kind}")
             else:
-                out.append(Condition(name, op, typed(op, value)))
+                out.append(Condition(name, op, typed(value)))
         return out
-    return [Condition(name, "eq", typed("eq", raw))]
+    return [Condition(name, "eq", typed(raw))]
 
 
 def _features(where: str, key: str, raw: Any) -> tuple[str, ...]:
