@@ -61,7 +61,8 @@ def add_cases_parser(sub) -> None:
         description="One line per selected case: its id (what --case and the records name) and its requests' "
         "query/key lengths, cut to the terminal's width (COLUMNS, else 120 columns when the output is not a "
         "terminal; an id longer than that stands alone, never cut); then the count per feature. --long prints "
-        "every field of each case, --json all of it for scripts. Exit status 0; 2 on an unknown suite or "
+        "every field of each case, --json all of it for scripts, --count the number of cases alone. Exit status 0; "
+        "2 on an unknown suite or "
         "feature, or a selection that holds no case.",
         epilog=suites_epilog(),
     )
@@ -71,6 +72,12 @@ def add_cases_parser(sub) -> None:
         "--json",
         action="store_true",
         help="a JSON list, one object per case: id, summary (the --long line), features, and the case's fields",
+    )
+    cs.add_argument(
+        "--count",
+        action="store_true",
+        help="print only the number of selected cases (one line: the figure docs and scripts cite, never copied into "
+        "prose)",
     )
     cs.add_argument(
         "--long",
@@ -192,7 +199,12 @@ def cases(args: argparse.Namespace) -> int:
         raise UsageError("--strength, --uncovered and --backend need --coverage")
     if args.long and (args.json or args.coverage):
         raise UsageError("--long lists the cases as text: not with --json or --coverage")
+    if args.count and (args.json or args.coverage or args.long):
+        raise UsageError("--count prints the number of cases alone: not with --json, --long or --coverage")
     cases = select_cases(args.suite, tuple(args.case), **selection_kwargs(args))
+    if args.count:
+        print(len(cases))
+        return 0
     if args.coverage:
         return _coverage(args, cases)
     if args.json:

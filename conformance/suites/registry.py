@@ -5,7 +5,7 @@ in a stable order.  The sweeps live by suite family (:mod:`conformance.suites.sm
 change there (a new axis, level or constraint of the case space: :mod:`conformance.cases.space`); the runner,
 reports and tests pick it up without edits.
 
-Suites (sizes: ``attnconf cases --suite NAME``, its last line): ``smoke`` (small cases of every mode, a minute on 2
+Suites (sizes: ``attnconf cases --suite NAME --count``): ``smoke`` (small cases of every mode, a minute on 2
 CPU cores, small graph, invariance and backward cases included), ``default`` (the CI suite on a GPU: hand-picked
 sweep cases, covering-array cases, the fuzzer's findings, :mod:`conformance.suites.found`, the small graph and
 invariance cases and the backward cases, :mod:`conformance.suites.backward`), ``full`` (sweep cases with long

@@ -41,6 +41,18 @@ def test_cases_json(capsys: pytest.CaptureFixture) -> None:
     assert set(listed[0]) == {"id", "summary", "features", "case"}
 
 
+def test_cases_count_prints_the_number_alone(capsys: pytest.CaptureFixture) -> None:
+    """``--count``: the one figure docs cite (issue 27: counts come from the command, not prose), with the
+    selection options applied, and refused beside the listing options."""
+    assert main(["cases", "--suite", "smoke", "--count"]) == 0
+    assert capsys.readouterr().out == f"{len(get_suite('smoke'))}\n"
+    assert main(["cases", "--suite", "smoke", "--case", "*_causal*", "--count"]) == 0
+    assert capsys.readouterr().out == f"{sum('_causal' in c.id for c in get_suite('smoke'))}\n"
+    for other in ("--json", "--long", "--coverage"):
+        assert main(["cases", "--suite", "smoke", "--count", other]) == 2
+        assert "--count prints the number of cases alone" in capsys.readouterr().err
+
+
 def test_backends_json_has_capabilities_and_reasons(capsys: pytest.CaptureFixture) -> None:
     assert main(["backends", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
