@@ -42,6 +42,7 @@ __all__ = [
     "STALE_VALUE",
     "alibi_causal_lse_shift",
     "alibi_causal_lse_slack",
+    "call_variant",
     "compute_capability",
     "cuda_device_support",
     "fa2_alibi_fix",
@@ -92,9 +93,29 @@ class KernelCall:
     decided: Callable[[], Mapping[str, Any]] | None = None
 
 
-#: Keyword arguments that select a kernel variant, recorded by :attr:`PreparedKernel.variant` when passed (a
-#: tensor argument as ``True``: given, its values are the kernel's runtime data).
-VARIANT_ARGS = ("num_splits", "pack_gqa", "scheduler_metadata", "tile_scheduler_metadata", "block_table", "page_table")
+#: Keyword arguments that select a kernel variant, recorded by :func:`call_variant` when passed (a tensor argument
+#: as ``True``: given, its values are the kernel's runtime data); ``deterministic`` is the backward's (FA2, FA4).
+VARIANT_ARGS = (
+    "num_splits",
+    "pack_gqa",
+    "scheduler_metadata",
+    "tile_scheduler_metadata",
+    "block_table",
+    "page_table",
+    "deterministic",
+)
+
+
+def call_variant(entry: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The variant a call of ``entry`` with ``kwargs`` selects: the entry point and the :data:`VARIANT_ARGS` passed
+    (not None), JSON scalars only.  :attr:`PreparedKernel.variant` and the FA adapters' backward calls start
+    from it."""
+    out: dict[str, Any] = {"entry": entry}
+    for name in VARIANT_ARGS:
+        value = kwargs.get(name)
+        if value is not None:
+            out[name] = value if isinstance(value, (bool, int, float, str)) else True
+    return out
 
 
 class PreparedKernel:
@@ -118,14 +139,10 @@ class PreparedKernel:
     @property
     def variant(self) -> dict[str, Any]:
         """The kernel variant this call selects, for the record's ``extra["variant"]``: the entry point, the
-        variant-selecting arguments passed (:data:`VARIANT_ARGS`), :attr:`KernelCall.variant` and what the kernel
+        variant-selecting arguments passed (:func:`call_variant`), :attr:`KernelCall.variant` and what the kernel
         decided (:attr:`KernelCall.decided`: read it once, after the kernel ran; a failed read becomes ``decided:
         "unread: <error>"``, nothing else: the variant judges nothing).  JSON scalars only."""
-        out: dict[str, Any] = {"entry": self.call.entry}
-        for name in VARIANT_ARGS:
-            value = self.call.kwargs.get(name)
-            if value is not None:
-                out[name] = value if isinstance(value, (bool, int, float, str)) else True
+        out = call_variant(self.call.entry, self.call.kwargs)
         out.update(self.call.variant)
         if self.call.decided is not None:
             try:

@@ -17,13 +17,20 @@ every :class:`~attnfast.base.GradOutput`.
 
 ``context`` wraps the forward and the backward: :func:`deterministic_algorithms` for kernels whose deterministic
 mode is torch's global switch rather than an argument (torch's flash and memory-efficient backward kernels).
+
+``variant`` names the kernel variant the call runs, forward and backward (:meth:`attnfast.base.Backend.prepare`'s
+``variant``, for the backward record's ``extra["variant"]``): a dict of JSON scalars, or a zero-argument callable
+returning one, which :attr:`AutogradBackward.variant` calls after the call under ``context`` with grad mode on (what
+a dispatcher reads to pick a kernel: SDPA's reads ``requires_grad`` and the deterministic switch); a callable that
+raises gives ``{"unread": "<error>"}`` (the variant judges nothing).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -89,6 +96,7 @@ class AutogradBackward:
         context: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
         notes: tuple[str, ...] = (),
         lse_slack: torch.Tensor | None = None,
+        variant: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         if dout is None:
             raise ValueError("a backward call needs the upstream gradient inputs.dout (set for a backward case)")
@@ -98,6 +106,7 @@ class AutogradBackward:
         self._context = context
         self.notes = notes
         self._lse_slack = lse_slack
+        self._variant = variant
         self._last: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def __call__(self) -> GradOutput:
@@ -105,6 +114,20 @@ class AutogradBackward:
             out, lse = self._forward(self.leaves)
             self._last = (out, lse)
             return self._grads(out, lse)
+
+    @property
+    def variant(self) -> dict[str, Any]:
+        """The kernel variant of the call (see the module docstring); ``{}`` when the adapter names none."""
+        v = self._variant
+        if v is None:
+            return {}
+        if not callable(v):
+            return dict(v)
+        try:
+            with self._context(), torch.enable_grad():
+                return dict(v())
+        except Exception as exc:  # noqa: BLE001 - any failure of an informational read is recorded as such
+            return {"unread": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"}
 
     def backward_only(self) -> GradOutput:
         """The gradient call again on the last forward's graph (for timing the backward alone)."""

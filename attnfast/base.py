@@ -116,7 +116,10 @@ class BackwardCall(Protocol):
 
     Calling it runs the forward and the backward kernels and returns a :class:`GradOutput`; ``backward_only``
     (None when the kernel cannot rerun its backward alone) reruns only the backward of the last forward, with the
-    same ``dout``, for timing.  Like ``prepare``'s callable it is idempotent and may carry ``notes``."""
+    same ``dout``, for timing.  Like ``prepare``'s callable it is idempotent and may carry ``notes`` and ``variant``
+    (the kernel variant of its forward and backward, read after the call into the backward record's
+    ``extra["variant"]``; a GPU adapter names it: the entry point and ``deterministic``, SDPA the backend torch
+    picks for the call with gradients on)."""
 
     @property
     def backward_only(self) -> Callable[[], GradOutput] | None: ...

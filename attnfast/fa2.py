@@ -51,6 +51,7 @@ from ._fa_common import (
     KernelCall,
     GraphKernel,
     PreparedKernel,
+    call_variant,
     cuda_device_support,
     fa2_alibi_fix,
     fa2_window,
@@ -308,4 +309,7 @@ class FA2Backend(Backend):
             lse = lse_posinf_to_neginf(lse.detach())
             return out, lse if shift is None else lse - shift
 
-        return AutogradBackward(forward, grad_leaves(inputs), inputs.dout, notes=notes, lse_slack=slack)
+        variant = call_variant(VARLEN, kwargs)  # the entry point and deterministic
+        return AutogradBackward(
+            forward, grad_leaves(inputs), inputs.dout, notes=notes, lse_slack=slack, variant=variant
+        )

@@ -50,6 +50,7 @@ from ._fa_common import (
     KernelCall,
     GraphKernel,
     PreparedKernel,
+    call_variant,
     compute_capability,
     cuda_device_support,
     fa4_window,
@@ -289,7 +290,8 @@ class FA4Backend(Backend):
             out, lse = flash_attn_varlen_func(leaves.q, leaves.k, leaves.v, learnable_sink=leaves.sinks, **kwargs)
             return out, None if lse is None else lse.detach().float()
 
-        return AutogradBackward(forward, grad_leaves(inputs, learn_sinks=case.sinks), inputs.dout)
+        variant = {**call_variant(ENTRY, kwargs), **fa4_variant(case)}  # its compile key names the backward kernel
+        return AutogradBackward(forward, grad_leaves(inputs, learn_sinks=case.sinks), inputs.dout, variant=variant)
 
     def compile_key(self, case: AttentionCase) -> tuple[Any, ...]:
         """FA4's forward compile key for ``case``, approximated from the case (:func:`fa4_compile_key`)."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -55,7 +55,7 @@ from ._torch_common import (
     with_sink_column,
 )
 from .base import OK, Backend, KernelOutput, Support
-from .sdpa_backward import sdpa_backward
+from .sdpa_backward import SdpaArgs, sdpa_backward
 
 __all__ = [
     "FUSED_LIMITS",
@@ -310,7 +310,7 @@ class _SdpaBase(Backend):
 
     def prepare_backward(self, case: AttentionCase, inputs: CaseInputs) -> Any:
         """SDPA through autograd, request by request (:func:`attnfast.sdpa_backward.sdpa_backward`)."""
-        return sdpa_backward(self, case, inputs, learn_sinks=self._learns_sinks)
+        return sdpa_backward(self, case, inputs, learn_sinks=self._learns_sinks, choices=sdpa_choices)
 
     def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
         from torch.nn.attention import sdpa_kernel
@@ -342,11 +342,12 @@ class _SdpaBase(Backend):
         return run
 
 
-def sdpa_choices(calls: list[_Prepared]) -> str:
+def sdpa_choices(calls: Sequence[_Prepared | SdpaArgs]) -> str:
     """Which SDPA backend runs each call, as torch's own dispatcher picks it (``torch._fused_sdp_choice`` under
     the call's ``sdpa_kernel`` selection): ``"FLASH_ATTENTION"`` when every call takes one, else each name with
     its count (``"CUDNN_ATTENTION x2, FLASH_ATTENTION x1"``); ``""`` for no call, ``"unknown (...)"`` when torch
-    cannot tell."""
+    cannot tell.  It reads the grad mode, the inputs' ``requires_grad`` and the deterministic switch in force, as
+    the call does (the backward's variant reads it so: :mod:`attnfast.sdpa_backward`)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     names = {int(m.value): n for n, m in SDPBackend.__members__.items()}
@@ -373,7 +374,7 @@ def _is_causal_bias(mask: Any) -> bool:
     return isinstance(mask, CausalBias)
 
 
-def _lower_right_choice(c: _Prepared) -> str:
+def _lower_right_choice(c: _Prepared | SdpaArgs) -> str:
     """The kernel a ``causal_lower_right`` mask runs: ``CausalBias._dispatch`` (torch/nn/attention/bias.py) takes
     flash where ``can_use_flash_attention`` allows it, else the efficient kernel where it can, else math; it
     reads no ``sdpa_kernel`` selection."""

@@ -13,12 +13,19 @@ the query dtype and shifted per row (:func:`attnfast.sdpa.bias_for_kernel`), so 
 adapter's fp32 derivation.  A deterministic case runs under ``torch.use_deterministic_algorithms(True)``: SDPA has
 no deterministic argument, and torch's flash and memory-efficient backward kernels read that switch
 (``attention_backward.cu``) while cuDNN is then not eligible (``sdp_utils.cpp``: ``check_cudnn_deterministic``).
+
+The call's ``variant`` (the backward record's ``extra["variant"]``): ``sdpa``, the backend torch's dispatcher picks
+for each request's call as the forward adapter reads it (``choices``: :func:`attnfast.sdpa.sdpa_choices`), here on
+the first call's own arguments (leaves with ``requires_grad``, the learned sink column), read after the call with
+grad mode on and under the deterministic switch (both change torch's pick); that backend's autograd node runs the
+gradient, so it names the backward kernel too.  ``deterministic``: whether the switch was on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +37,7 @@ from conformance.cases.inputs import CaseInputs
 from ._torch_common import sequences, softmax_scale, with_sink_column
 from .autograd import AutogradBackward, GradLeaves, deterministic_algorithms, grad_leaves
 
-__all__ = ["RequestGradCall", "sdpa_backward"]
+__all__ = ["RequestGradCall", "SdpaArgs", "sdpa_backward"]
 
 
 @dataclass(frozen=True)
@@ -48,9 +55,27 @@ class RequestGradCall:
     expand_kv: bool
 
 
-def sdpa_backward(backend: Any, case: AttentionCase, inputs: CaseInputs, learn_sinks: bool) -> AutogradBackward:
+@dataclass(frozen=True)
+class SdpaArgs:
+    """The arguments of one SDPA call as the backward's forward passed them (what ``choices`` reads)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    kwargs: dict[str, Any]
+    backends: list[Any]
+
+
+def sdpa_backward(
+    backend: Any,
+    case: AttentionCase,
+    inputs: CaseInputs,
+    learn_sinks: bool,
+    choices: Callable[[Sequence[SdpaArgs]], str],
+) -> AutogradBackward:
     """The backward call of an SDPA adapter ``backend`` (an ``attnfast.sdpa`` backend: its ``_prepare_one`` and
-    ``_plan`` give each request's call) for ``case``; ``learn_sinks``: rebuild the sink column from a sinks leaf."""
+    ``_plan`` give each request's call) for ``case``; ``learn_sinks``: rebuild the sink column from a sinks leaf;
+    ``choices``: which backend torch picks for calls (the call's ``variant``, see the module docstring)."""
     scale = softmax_scale(case)
     h, dv, total_q = case.num_heads, case.dv, case.total_q
     lse = torch.full((h, total_q), -math.inf, dtype=torch.float32, device=inputs.q.device)
@@ -75,12 +100,14 @@ def sdpa_backward(backend: Any, case: AttentionCase, inputs: CaseInputs, learn_s
             )
     learn = learn_sinks and case.sinks
     group = case.num_heads // case.num_kv_heads
+    first: list[SdpaArgs] | None = None  # the first call's SDPA arguments, for the variant
 
     def forward(leaves: GradLeaves) -> tuple[torch.Tensor, torch.Tensor]:
         from torch.nn.attention import sdpa_kernel
         from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-        pieces, pos = [], 0
+        nonlocal first
+        pieces, pos, seen = [], 0, []
         zeros = leaves.q.new_zeros
         for c in calls:
             if c.q0 > pos:
@@ -97,16 +124,27 @@ def sdpa_backward(backend: Any, case: AttentionCase, inputs: CaseInputs, learn_s
                 mask = kwargs["attn_mask"]  # (1, h, sq, sk + 1), the sink column last
                 col = leaves.sinks.to(mask.dtype).reshape(1, h, 1, 1).expand(1, h, c.sq, 1)
                 kwargs = {**kwargs, "attn_mask": torch.cat([mask[..., :-1].expand(1, h, c.sq, c.sk), col], dim=-1)}
+            args = SdpaArgs(
+                q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], kwargs, c.backends
+            )
+            if first is None:
+                seen.append(args)
             with sdpa_kernel(c.backends):
-                o = sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], **kwargs)
+                o = sdpa(args.q, args.k, args.v, **kwargs)
             o = o[0].transpose(0, 1)
             pieces.append(o.masked_fill(c.dead_rows[:, None, None] & o.isnan(), 0.0))
             pos = c.q0 + c.sq
         if pos < total_q:
             pieces.append(zeros(total_q - pos, h, dv))
         out = torch.cat(pieces) if pieces else zeros(0, h, dv)
+        if first is None:
+            first = seen
         return out, lse
+
+    def variant() -> dict[str, Any]:
+        return {} if first is None else {"sdpa": choices(first), "deterministic": case.deterministic}
 
     context = deterministic_algorithms if case.deterministic else contextlib.nullcontext
     notes = () if learn or not case.sinks else ("sinks: a constant bias column here; dsinks not computed",)
-    return AutogradBackward(forward, grad_leaves(inputs, learn_sinks=learn), inputs.dout, context=context, notes=notes)
+    leaves = grad_leaves(inputs, learn_sinks=learn)
+    return AutogradBackward(forward, leaves, inputs.dout, context=context, notes=notes, variant=variant)

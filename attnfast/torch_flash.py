@@ -35,6 +35,7 @@ from conformance.cases.inputs import CaseInputs
 from ._fa_common import (
     KernelCall,
     PreparedKernel,
+    call_variant,
     cuda_device_support,
     fa2_alibi_fix,
     fa2_window,
@@ -152,4 +153,8 @@ class TorchFlashBackend(Backend):
         notes = call.notes + (
             ("deterministic: torch.use_deterministic_algorithms(True)",) if case.deterministic else ()
         )
-        return AutogradBackward(forward, grad_leaves(inputs), inputs.dout, context=context, notes=notes)
+        # the forward's variant, and torch's global deterministic switch (the backward op has no argument for it)
+        variant = {**call_variant(call.entry, call.kwargs), **call.variant, "deterministic": case.deterministic}
+        return AutogradBackward(
+            forward, grad_leaves(inputs), inputs.dout, context=context, notes=notes, variant=variant
+        )

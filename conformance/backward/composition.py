@@ -18,6 +18,11 @@ of the run's ``problems`` (the case FAILS with them), and the numbers go to the 
                              baseline rounds it so: conformance.backward.gradients) | absent otherwise,
      "deterministic": {"requested": case.deterministic, "equal": bool, "differs": [tensors]}}
 
+The record's ``extra["variant"]`` is the training call's ``variant`` (:attr:`BackwardRun.variant`: the kernel variant
+of forward and backward, as :meth:`attnfast.base.Backend.prepare_backward` says), read by
+:func:`~conformance.verdict.check.check_backend` after the call like a forward's, so the report's *Kernel variants*
+and ``attnconf compare``'s variant changes include backward records.
+
 Run to run: the backward runs twice on the same inputs and the two sets of gradients are compared bit for bit.
 With ``case.deterministic`` (the kernel's deterministic option asked for) a difference fails the case; without it
 the record says whether the runs were equal.  The record's ``kernel_s`` is the two runs; the gradient verdict runs
@@ -78,6 +83,12 @@ class BackwardRun:
             self._runs = (first, second)
             self.notes.extend(getattr(self.call, "notes", None) or ())
         return KernelOutput(first.out, first.lse, first.lse_slack)
+
+    @property
+    def variant(self) -> dict[str, Any]:
+        """The training call's kernel variant (its ``variant``, read now: after the call), ``{}`` when it names
+        none."""
+        return dict(getattr(self.call, "variant", None) or {})
 
     # the gradient verdict runs when check_backend first reads it, after the timed call (harness time, not kernel's)
     @property
