@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import make_inputs
@@ -38,7 +39,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.batch_name for c in CASES])
-def test_bench_reference_cpu(benchmark, case):
+def test_bench_reference_cpu(benchmark: BenchmarkFixture, case: AttentionCase) -> None:
     inputs = make_inputs(case, seed=0, device="cpu")
     timer = make_timer("cpu", warmup_s=0.2, min_reps=3, max_reps=50, target_s=1.0)
     timing = benchmark.pedantic(timer, args=(case, lambda: reference(case, inputs)), rounds=1, iterations=1)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from conformance.cases.case import AttentionCase
 from conformance.results_file import read_records
@@ -87,7 +88,7 @@ class _Watch(threading.Thread):
         return times
 
 
-def _sweep(tmp: Path, cases: list[AttentionCase], backends: tuple[str, ...], jobs: int) -> dict:
+def _sweep(tmp: Path, cases: list[AttentionCase], backends: tuple[str, ...], jobs: int) -> dict[str, Any]:
     path = tmp / "cases.json"
     path.write_text(json.dumps([c.to_json() for c in cases]))
     out = tmp / "out.jsonl"
@@ -135,7 +136,7 @@ def _sweep(tmp: Path, cases: list[AttentionCase], backends: tuple[str, ...], job
 
 @pytest.mark.parametrize("jobs", [1, 2])
 @pytest.mark.parametrize("sweep", list(SWEEPS))
-def test_bench_runner_per_record(benchmark, tmp_path: Path, sweep: str, jobs: int) -> None:
+def test_bench_runner_per_record(benchmark: BenchmarkFixture, tmp_path: Path, sweep: str, jobs: int) -> None:
     make, backends = SWEEPS[sweep]
     cases = make()
     m = benchmark.pedantic(_sweep, args=(tmp_path, cases, backends, jobs), rounds=1, iterations=1)
