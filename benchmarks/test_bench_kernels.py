@@ -18,6 +18,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import make_inputs
 from conformance.suites.registry import get_suite
 from conformance.perf.timing import make_timer
+from conformance.records import Timing
 
 PERF = get_suite("perf")
 
@@ -49,7 +50,7 @@ def test_bench_kernel(
         fn = backend.prepare(case, inputs)
         graph = request.config.getoption("bench_cuda_graph")
         timer = make_timer("cuda", copy_gbps=copy_gbps, cuda_graph=graph)
-        timing = benchmark.pedantic(timer, args=(case, fn), rounds=1, iterations=1, warmup_rounds=0)
+        timing: Timing = benchmark.pedantic(timer, args=(case, fn), rounds=1, iterations=1, warmup_rounds=0)
     finally:
         del inputs
         gc.collect()

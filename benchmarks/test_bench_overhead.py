@@ -83,7 +83,7 @@ def reply(worker: _Worker) -> dict[str, Any]:
 
 
 def test_bench_worker_check(benchmark: BenchmarkFixture, worker: _Worker) -> None:
-    data = benchmark(worker.check, _request())
+    data: dict[str, Any] = benchmark(worker.check, _request())
     phases = data["phases"]
     assert "context_s" not in phases and {"prepare_s", "kernel_s", "verdict_s", "encode_s"} <= set(phases)
     benchmark.extra_info.update({k: round(v * 1e3, 4) for k, v in phases.items()})
@@ -91,7 +91,7 @@ def test_bench_worker_check(benchmark: BenchmarkFixture, worker: _Worker) -> Non
 
 def test_bench_record_encode(benchmark: BenchmarkFixture, reply: dict[str, Any]) -> None:
     record = CheckResult.from_json(reply["result"])
-    line = benchmark(lambda: json.dumps(record.to_json(), sort_keys=True, allow_nan=True))
+    line: str = benchmark(lambda: json.dumps(record.to_json(), sort_keys=True, allow_nan=True))
     benchmark.extra_info["bytes"] = len(line)
 
 
@@ -138,7 +138,7 @@ def test_bench_round_trip(benchmark: BenchmarkFixture) -> None:
                 replies.append(client.collect(60))
             return replies
 
-        replies = benchmark.pedantic(pipelined, rounds=3, iterations=1)
+        replies: list[Reply] = benchmark.pedantic(pipelined, rounds=3, iterations=1)
     finally:
         client.close()
     assert all(r.kind == "ok" and r.data["ok"] for r in replies)

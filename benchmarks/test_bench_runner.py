@@ -139,7 +139,7 @@ def _sweep(tmp: Path, cases: list[AttentionCase], backends: tuple[str, ...], job
 def test_bench_runner_per_record(benchmark: BenchmarkFixture, tmp_path: Path, sweep: str, jobs: int) -> None:
     make, backends = SWEEPS[sweep]
     cases = make()
-    m = benchmark.pedantic(_sweep, args=(tmp_path, cases, backends, jobs), rounds=1, iterations=1)
+    m: dict[str, Any] = benchmark.pedantic(_sweep, args=(tmp_path, cases, backends, jobs), rounds=1, iterations=1)
     ms = lambda seconds: None if seconds is None else round(seconds * 1e3, 2)  # noqa: E731
     figures = {
         "records": m["records"],
