@@ -286,11 +286,11 @@ WORKFLOWS = sorted(glob.glob(".github/workflows/*.yml"))
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff over the packages and tests; mypy over ``attnref``, ``attnfast`` and ``conformance`` (``[tool.mypy]`` in
-    pyproject.toml; it reads torch's and the other dependencies' annotations, so the project is installed with its
-    test extra, which pins mypy); import-linter's contracts (``[tool.importlinter]``: the packages as layers,
-    docs/reference/layout.md); the GitHub workflows through check-jsonschema (the GitHub workflow schema), zizmor
-    (offline audit; syntax and schema errors fail) and actionlint when on PATH."""
+    """ruff over the packages and tests; mypy over ``attnref``, ``attnfast``, ``conformance`` and ``benchmarks``
+    (``[tool.mypy]`` in pyproject.toml; it reads torch's and the other dependencies' annotations, so the project is
+    installed with its test extra, which pins mypy); import-linter's contracts (``[tool.importlinter]``: the packages
+    as layers, docs/reference/layout.md); the GitHub workflows through check-jsonschema (the GitHub workflow schema),
+    zizmor (offline audit; syntax and schema errors fail) and actionlint when on PATH."""
     if not isinstance(session.virtualenv, PassthroughEnv):
         session.install("ruff", *WORKFLOW_LINTERS)
     _install(session, "test")

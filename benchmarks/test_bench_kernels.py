@@ -12,17 +12,26 @@ import gc
 
 import pytest
 import torch
+from pytest_benchmark.fixture import BenchmarkFixture
 
+from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import make_inputs
 from conformance.suites.registry import get_suite
 from conformance.perf.timing import make_timer
+from conformance.records import Timing
 
 PERF = get_suite("perf")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", PERF, ids=[c.id for c in PERF])
-def test_bench_kernel(benchmark, backend_name, case, copy_gbps, request):
+def test_bench_kernel(
+    benchmark: BenchmarkFixture,
+    backend_name: str | None,
+    case: AttentionCase,
+    copy_gbps: float | None,
+    request: pytest.FixtureRequest,
+) -> None:
     if backend_name is None:
         pytest.skip("no backend to benchmark: pass --bench-backend NAME or set ATTNCONF_BENCH_BACKENDS=a,b")
     if not torch.cuda.is_available():
@@ -41,7 +50,7 @@ def test_bench_kernel(benchmark, backend_name, case, copy_gbps, request):
         fn = backend.prepare(case, inputs)
         graph = request.config.getoption("bench_cuda_graph")
         timer = make_timer("cuda", copy_gbps=copy_gbps, cuda_graph=graph)
-        timing = benchmark.pedantic(timer, args=(case, fn), rounds=1, iterations=1, warmup_rounds=0)
+        timing: Timing = benchmark.pedantic(timer, args=(case, fn), rounds=1, iterations=1, warmup_rounds=0)
     finally:
         del inputs
         gc.collect()

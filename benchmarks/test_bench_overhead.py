@@ -23,14 +23,17 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from attnfast.base import KernelOutput
 from conformance.cases.case import AttentionCase
+from conformance.cases.inputs import CaseInputs
 from conformance.records import CheckResult
 from conformance.results_file import read_records
 from conformance.results_writer import Appender
@@ -50,7 +53,7 @@ class PrecomputedBackend(ExactBackend):
     name: ClassVar[str] = "bench-precomputed"
     _outputs: ClassVar[dict[str, KernelOutput]] = {}
 
-    def prepare(self, case, inputs):
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
         if case.id not in self._outputs:
             self._outputs[case.id] = super().prepare(case, inputs)()
         out = self._outputs[case.id]
@@ -79,20 +82,20 @@ def reply(worker: _Worker) -> dict[str, Any]:
     return {**data, "worker_s": 1e-3, "idle_s": 1e-5}
 
 
-def test_bench_worker_check(benchmark, worker: _Worker) -> None:
-    data = benchmark(worker.check, _request())
+def test_bench_worker_check(benchmark: BenchmarkFixture, worker: _Worker) -> None:
+    data: dict[str, Any] = benchmark(worker.check, _request())
     phases = data["phases"]
     assert "context_s" not in phases and {"prepare_s", "kernel_s", "verdict_s", "encode_s"} <= set(phases)
     benchmark.extra_info.update({k: round(v * 1e3, 4) for k, v in phases.items()})
 
 
-def test_bench_record_encode(benchmark, reply: dict[str, Any]) -> None:
+def test_bench_record_encode(benchmark: BenchmarkFixture, reply: dict[str, Any]) -> None:
     record = CheckResult.from_json(reply["result"])
-    line = benchmark(lambda: json.dumps(record.to_json(), sort_keys=True, allow_nan=True))
+    line: str = benchmark(lambda: json.dumps(record.to_json(), sort_keys=True, allow_nan=True))
     benchmark.extra_info["bytes"] = len(line)
 
 
-def test_bench_parent_record(benchmark, reply: dict[str, Any], tmp_path: Path) -> None:
+def test_bench_parent_record(benchmark: BenchmarkFixture, reply: dict[str, Any], tmp_path: Path) -> None:
     config = RunConfig(backends=(SPEC,), device="cpu")
     info = {"name": "bench-precomputed", "family": "fake", "version": "n/a"}
     path = tmp_path / "r.jsonl"
@@ -120,7 +123,7 @@ def test_bench_parent_record(benchmark, reply: dict[str, Any], tmp_path: Path) -
     assert written[-1].extra["worker"] == 0 and written[-1].status is summary.results[-1].status
 
 
-def test_bench_round_trip(benchmark) -> None:
+def test_bench_round_trip(benchmark: BenchmarkFixture) -> None:
     client = WorkerClient()
     try:
         client.preload = [SPEC]
@@ -135,7 +138,7 @@ def test_bench_round_trip(benchmark) -> None:
                 replies.append(client.collect(60))
             return replies
 
-        replies = benchmark.pedantic(pipelined, rounds=3, iterations=1)
+        replies: list[Reply] = benchmark.pedantic(pipelined, rounds=3, iterations=1)
     finally:
         client.close()
     assert all(r.kind == "ok" and r.data["ok"] for r in replies)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import make_inputs
 from conformance.verdict.reference import reference
 from conformance.perf.timing import make_timer
+from conformance.records import Timing
 
 CASES = [
     AttentionCase(
@@ -38,9 +40,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.batch_name for c in CASES])
-def test_bench_reference_cpu(benchmark, case):
+def test_bench_reference_cpu(benchmark: BenchmarkFixture, case: AttentionCase) -> None:
     inputs = make_inputs(case, seed=0, device="cpu")
     timer = make_timer("cpu", warmup_s=0.2, min_reps=3, max_reps=50, target_s=1.0)
-    timing = benchmark.pedantic(timer, args=(case, lambda: reference(case, inputs)), rounds=1, iterations=1)
+    timing: Timing = benchmark.pedantic(timer, args=(case, lambda: reference(case, inputs)), rounds=1, iterations=1)
     benchmark.extra_info.update(case_id=case.id, summary=case.summary(), **dataclasses.asdict(timing))
-    assert timing.median_ms > 0 and timing.flops > 0 and timing.tflops > 0
+    assert timing.median_ms > 0 and timing.flops is not None and timing.flops > 0
+    assert timing.tflops is not None and timing.tflops > 0
