@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from attnref import AttnGrads, AttnResult, Numerics, attention_varlen, attention_varlen_backward
+from attnref import AttnGrads, AttnResult, Numerics, attention_varlen_backward
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.verdict.reference import case_options, default_numerics, reference, strict_fp32
@@ -101,19 +101,7 @@ def baseline_grads(
     dtype of the backend's ALiBi bias (None: exact; ignored without ALiBi), ``fwd`` then recomputed with it."""
     alibi_dtype = alibi_dtype if case.alibi else None
     if alibi_dtype is not None:  # the forward the kernel computes: the same rounded bias
-        with strict_fp32():
-            fwd = attention_varlen(
-                inputs.q,
-                inputs.k,
-                inputs.v,
-                inputs.cu_seqlens_q,
-                inputs.cu_seqlens_k,
-                options=case_options(case),
-                alibi_slopes=inputs.alibi_slopes,
-                sinks=inputs.sinks,
-                numerics=Numerics(dtype=torch.float32),
-                alibi_dtype=alibi_dtype,
-            )
+        fwd = reference(case, inputs, Numerics(dtype=torch.float32), alibi_dtype)
     fwd = reference(case, inputs) if fwd is None else fwd
     dt = case.torch_dtype
     kernel_like = AttnResult(fwd.out.to(dt).float(), fwd.lse.float())

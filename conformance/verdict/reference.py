@@ -78,13 +78,20 @@ def strict_fp32() -> Iterator[None]:
 
 
 @torch.no_grad()
-def reference(case: AttentionCase, inputs: CaseInputs, numerics: Numerics | None = None) -> AttnResult:
+def reference(
+    case: AttentionCase,
+    inputs: CaseInputs,
+    numerics: Numerics | None = None,
+    alibi_dtype: torch.dtype | None = None,
+) -> AttnResult:
     """Reference ``out (total_q, h, dv)`` and ``lse (h, total_q)`` of ``case`` on ``inputs``' device.
 
     Args:
         case: what to compute (the masking and score options are read from it).
         inputs: the case's tensors (:func:`conformance.cases.inputs.make_inputs`).
         numerics: accumulation dtype and tile budget; None = :func:`default_numerics`.
+        alibi_dtype: ALiBi as a kernel handed a bias in this dtype (:func:`attnref.core.alibi_penalty`: what the
+            backward baseline of such a kernel recomputes its forward with); None = exact.
     """
     numerics = default_numerics(case) if numerics is None else numerics
     with strict_fp32():
@@ -100,4 +107,5 @@ def reference(case: AttentionCase, inputs: CaseInputs, numerics: Numerics | None
             qv=inputs.qv,
             numerics=numerics,
             cp_tot_seqused_k=cp_totals(inputs, case),
+            alibi_dtype=alibi_dtype,
         )
