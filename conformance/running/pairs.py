@@ -5,6 +5,7 @@ of a record (:mod:`conformance.running.runner` drives them).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -84,41 +85,15 @@ class RunConfig:
 
     @classmethod
     def from_selection(cls, selection: Selection, **options: Any) -> RunConfig:
-        """The configuration that runs ``selection`` with ``options`` (the other fields):
+        """The configuration that runs ``selection`` (its every field, a field of the same name here) with ``options``
+        (the other fields):
         ``RunConfig.from_selection(s, ...).selection == s``."""
-        return cls(
-            backends=selection.backends,
-            suite=selection.suite,
-            case_patterns=selection.case_patterns,
-            case_json=selection.case_json,
-            exclude=selection.exclude,
-            features=selection.features,
-            exclude_features=selection.exclude_features,
-            models=selection.models,
-            shard=selection.shard,
-            limit=selection.limit,
-            device=selection.device,
-            seed=selection.seed,
-            **options,
-        )
+        return cls(**{f.name: getattr(selection, f.name) for f in dataclasses.fields(Selection)}, **options)
 
     @property
     def selection(self) -> Selection:
         """What decides the run's pairs (written into the results file's header as ``Header.selection``)."""
-        return Selection(
-            backends=self.backends,
-            suite=self.suite,
-            case_patterns=self.case_patterns,
-            case_json=self.case_json,
-            exclude=self.exclude,
-            features=self.features,
-            exclude_features=self.exclude_features,
-            models=self.models,
-            shard=self.shard,
-            limit=self.limit,
-            device=self.device,
-            seed=self.seed,
-        )
+        return Selection(**{f.name: getattr(self, f.name) for f in dataclasses.fields(Selection)})
 
 
 def check_backend_names(specs: tuple[str, ...]) -> None:
