@@ -24,18 +24,20 @@ Torch-free: :mod:`conformance.cases.case_tables` and :mod:`conformance.cases.gra
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from conformance.cases.case_tables import QUANTS
+from conformance.cases.case_tables import DESCALES, QUANTS
 from conformance.cases.graph_fields import INVARIANCES
 
 if TYPE_CHECKING:
     from conformance.cases.case import AttentionCase
 
-__all__ = ["FIELD_SPECS", "HEAD", "FieldSpec", "SPEC", "fmt_num"]
+__all__ = ["FIELD_SPECS", "HEAD", "SCALE_LEVEL", "SOFTCAP_LEVEL", "SPEC", "SPLITS_LEVEL", "FieldSpec", "fmt_num"]
 
+#: The one non-default level of the soft-cap and scale axes and the pinned level above 1 of the num_splits axis.
+SOFTCAP_LEVEL, SCALE_LEVEL, SPLITS_LEVEL = 30.0, 0.3, 3
 #: ``spelled_by`` of the fields the id's head spells (kind, heads, dims, dtype, batch, layout; engine and scenario).
 HEAD = "head"
 
@@ -43,7 +45,9 @@ HEAD = "head"
 @dataclass(frozen=True)
 class FieldSpec:
     """One field's row (see the module docstring).  ``exercised`` None: the one feature of ``features`` while the
-    field is set (differs from its default); ``token`` a string: that word while the field is set."""
+    field is set (differs from its default); ``token`` a string: that word while the field is set.  ``levels``: the
+    levels of the case space's axis named after the field, whose level is the field's value (the first the default;
+    empty: no such axis), and ``level`` the classifier that buckets any value to one (None: the value is its level)."""
 
     name: str
     help: str
@@ -53,6 +57,8 @@ class FieldSpec:
     spelled_by: str = ""
     shrunk: bool = False
     ledger: bool = True
+    levels: tuple[Hashable, ...] = ()
+    level: Callable[[AttentionCase], Hashable] | None = None
 
     def is_set(self, case: AttentionCase) -> bool:
         """Whether ``case``'s value of this field differs from the field's default."""
@@ -63,6 +69,10 @@ class FieldSpec:
         if self.exercised is not None:
             return self.exercised(case)
         return self.features if self.is_set(case) else ()
+
+    def level_of(self, case: AttentionCase) -> Hashable:
+        """The level of this row's axis that ``case``'s value falls in (``level``, else the value itself)."""
+        return getattr(case, self.name) if self.level is None else self.level(case)
 
     def token_of(self, case: AttentionCase) -> str | None:
         """This row's part of ``case``'s id, or None (no part: unset, or spelled by another row)."""
@@ -169,6 +179,7 @@ FIELD_SPECS: tuple[FieldSpec, ...] = (
         lambda c: (c.dtype,),
         spelled_by=HEAD,
         shrunk=True,
+        levels=("bf16", "fp16", "fp32"),
     ),
     FieldSpec("kv_layout", "contiguous, NHD or HND", ("paged", "hnd"), _layout_features, spelled_by=HEAD, shrunk=True),
     FieldSpec("block_size", "page size of a paged cache (None: contiguous)", spelled_by=HEAD, shrunk=True),
@@ -187,15 +198,19 @@ FIELD_SPECS: tuple[FieldSpec, ...] = (
         ("softcap",),
         token=lambda c: None if c.softcap is None else f"cap{fmt_num(c.softcap)}",
         shrunk=True,
+        levels=(None, SOFTCAP_LEVEL),
+        level=lambda c: None if c.softcap is None else SOFTCAP_LEVEL,
     ),
-    FieldSpec("alibi", "ALiBi slopes", ("alibi",), token="alibi", shrunk=True),
-    FieldSpec("sinks", "per-head attention sinks", ("sinks",), token="sink", shrunk=True),
+    FieldSpec("alibi", "ALiBi slopes", ("alibi",), token="alibi", shrunk=True, levels=(False, True)),
+    FieldSpec("sinks", "per-head attention sinks", ("sinks",), token="sink", shrunk=True, levels=(False, True)),
     FieldSpec(
         "scale",
         "explicit softmax scale (None: the kernel's default)",
         ("scale",),
         token=lambda c: None if c.scale is None else f"scale{fmt_num(c.scale)}",
         shrunk=True,
+        levels=(None, SCALE_LEVEL),
+        level=lambda c: None if c.scale is None else SCALE_LEVEL,
     ),
     FieldSpec(
         "append",
@@ -227,6 +242,8 @@ FIELD_SPECS: tuple[FieldSpec, ...] = (
         lambda c: ("splits",) if c.num_splits is not None and c.num_splits > 1 else (),
         token=lambda c: None if c.num_splits is None else f"split{c.num_splits}",
         shrunk=True,
+        levels=(None, 1, SPLITS_LEVEL),
+        level=lambda c: None if c.num_splits is None else (1 if c.num_splits <= 1 else SPLITS_LEVEL),
     ),
     FieldSpec(
         "quant",
@@ -235,6 +252,7 @@ FIELD_SPECS: tuple[FieldSpec, ...] = (
         lambda c: (c.quant,) if c.quant != "none" else (),
         token=lambda c: _if(c.quant != "none", c.quant.replace("_", "") + ("kv" if not c.quant_q else "")),
         shrunk=True,
+        levels=tuple(QUANTS),
     ),
     FieldSpec(
         "quant_q",
@@ -243,6 +261,7 @@ FIELD_SPECS: tuple[FieldSpec, ...] = (
         lambda c: ("fp8_kv_only",) if c.quant != "none" and not c.quant_q else (),
         spelled_by="quant",
         shrunk=True,
+        levels=(True, False),
     ),
     FieldSpec(
         "descale",
@@ -251,12 +270,27 @@ FIELD_SPECS: tuple[FieldSpec, ...] = (
         lambda c: ("descale_head",) if c.quant != "none" and c.descale_mode == "head" else (),
         token=lambda c: _if(c.quant != "none" and c.descale is not None, f"ds{c.descale}"),
         shrunk=True,
+        levels=(None, *dict.fromkeys(m for modes in DESCALES.values() for m in modes)),
     ),
-    FieldSpec("qv", "MLA absorbed: a query part scored against V", ("qv",), token="qv", shrunk=True),
     FieldSpec(
-        "v_padded", "V zero-padded to head_dim, output stripped (seed 004)", ("v_pad",), token="vpad", shrunk=True
+        "qv", "MLA absorbed: a query part scored against V", ("qv",), token="qv", shrunk=True, levels=(False, True)
     ),
-    FieldSpec("scheduler_metadata", "precomputed FA3 scheduler metadata", ("sched_meta",), token="sched", shrunk=True),
+    FieldSpec(
+        "v_padded",
+        "V zero-padded to head_dim, output stripped (seed 004)",
+        ("v_pad",),
+        token="vpad",
+        shrunk=True,
+        levels=(False, True),
+    ),
+    FieldSpec(
+        "scheduler_metadata",
+        "precomputed FA3 scheduler metadata",
+        ("sched_meta",),
+        token="sched",
+        shrunk=True,
+        levels=(False, True),
+    ),
     FieldSpec(
         "cp_world",
         "context-parallel ranks (1: off)",

@@ -8,8 +8,9 @@ import dataclasses
 import hashlib
 import json
 
-from conformance.cases.case import FEATURES, AttentionCase
+from conformance.cases.case import DTYPES, FEATURES, AttentionCase
 from conformance.cases.fields import FIELD_SPECS, HEAD, SPEC, FieldSpec
+from conformance.cases.space import AXES, FIELD_AXES
 from conformance.fuzz.shrink import _HANDLED
 from conformance.ledger.fields import FIELDS
 from conformance.suites.registry import get_suite
@@ -66,6 +67,29 @@ ID_PARTS_BEFORE = (
     "causal window chunk softcap alibi sinks scale append num_splits quant descale qv v_padded scheduler_metadata "
     "cp_world graph invariance backward data".split()
 )
+#: The case space's axes before the table: (name, levels, kernel axis) in order; the ones after a field are its row's.
+AXES_BEFORE = [
+    ("batch", 11, True),
+    ("heads", 14, True),
+    ("dims", 14, True),
+    ("dtype", ("bf16", "fp16", "fp32"), True),
+    ("layout", ("contiguous", "NHD", "HND"), True),
+    ("block_size", (None, 1, 16, 32, 64, 128, 256), True),
+    ("mask", ("none", "causal", "w0-0", "w16-0", "cw128", "w32-32", "w64-inf", "winf-16", "chunk64", "cchunk64"), True),
+    ("quant", ("none", "fp8_e4m3", "fp8_e5m2", "int8_t1", "int8_t2"), True),
+    ("softcap", (None, 30.0), False),
+    ("alibi", (False, True), False),
+    ("sinks", (False, True), False),
+    ("append", (False, True, "short", "fp8"), False),
+    ("num_splits", (None, 1, 3), False),
+    ("scale", (None, 0.3), False),
+    ("descale", (None, "tensor", "head", "token"), False),
+    ("quant_q", (True, False), False),
+    ("qv", (False, True), False),
+    ("v_padded", (False, True), False),
+    ("scheduler_metadata", (False, True), False),
+    ("cp", ((1, 0), (2, 1)), False),
+]
 #: ``id features summary`` of every case of these suites and of UNEVEN, one a line: (lines, SHA-256) before the table.
 FEATURES_SUITES = ("smoke", "default", "engines", "graphs", "training", "limits")
 FEATURES_BEFORE = (6267, "6c79d242127d1b393dae218fa950dd99dc2776607a8f94fcb1c7bb87de85b222")
@@ -155,3 +179,28 @@ def test_a_new_row_default_rule() -> None:
     padded = AttentionCase(requests=((3, 3),), num_heads=2, num_kv_heads=2, head_dim=64, head_dim_v=32, v_padded=True)
     assert (list(row.features_of(plain)), row.token_of(plain)) == ([], None)
     assert (list(row.features_of(padded)), row.token_of(padded)) == (["v_pad"], "vpad")
+
+
+def test_the_axes_are_the_ones_before() -> None:
+    got = [
+        (a.name, len(a.values) if a.name in ("batch", "heads", "dims") else a.values, a.kernel) for a in AXES.values()
+    ]
+    assert got == AXES_BEFORE
+    plain = "dtype quant softcap alibi sinks num_splits scale descale quant_q qv v_padded scheduler_metadata"
+    assert FIELD_AXES == tuple(plain.split())  # build passed these levels through, classify read these fields
+    assert SPEC["dtype"].levels == tuple(DTYPES)
+    for name in FIELD_AXES:  # a level is a value of the field: its classifier gives the level back
+        for level in SPEC[name].levels:
+            assert SPEC[name].level_of(_with(name, level)) == level, (name, level)
+
+
+def _with(name: str, value: object) -> AttentionCase:
+    base = AttentionCase(requests=((3, 5),), num_heads=2, num_kv_heads=2, head_dim=64)
+    extra: dict[str, object] = {}
+    if name in ("descale", "quant_q") and value not in (None, True):
+        extra["quant"] = "int8_t1" if value == "token" else "fp8_e4m3"
+    if name == "qv" and value:
+        extra["head_dim_v"] = 32
+    if name == "v_padded" and value:
+        extra["head_dim_v"] = 32
+    return dataclasses.replace(base, **{name: value}, **extra)
