@@ -1,24 +1,30 @@
 """The field table: one :class:`FieldSpec` row per field of :class:`~conformance.cases.case.AttentionCase`, holding
 what each field means beyond its name, type and default (which the dataclass declares).
 
-A row says: what the field is (``help``: the line ``attnconf ledger fields`` shows); which
-:data:`~conformance.cases.case_tables.FEATURES` it owns and when a case exercises them (``features``,
-``exercised``); how the case id spells it (``token``, or ``spelled_by``: the row whose token spells it, ``"head"``
-for the id's fixed head); whether a named pass of the fuzzer's shrinker simplifies it (``shrunk``; any other field is
-reset to its default, :mod:`conformance.fuzz.shrink`); whether a ledger predicate may test it by name (``ledger``;
-a tuple field is offered through derived scalars instead, :mod:`conformance.ledger.fields`).
+A row says what the field is (``help``: ``attnconf ledger fields`` and the axis docs show it); which
+:data:`~conformance.cases.case_tables.FEATURES` it owns and when a case exercises them (``features``, ``exercised``);
+its part of the case id (``token``, or ``spelled_by``: the row whose token spells it, :data:`HEAD` for the id's head);
+whether the fuzzer's shrink passes simplify it by name (``shrunk``; else it is reset to its default); whether a
+ledger predicate names it (``ledger``; tuple fields are offered through derived scalars); the levels of the case
+space's axis named after it and the classifier into them (``levels``, ``level``).  Generated from the rows:
+:meth:`AttentionCase.features`, the id's parts after its head (in row order), the shrinker's handled fields, the
+ledger's own fields, and those axes' levels, ``classify`` and ``build`` (:mod:`conformance.cases.space`).
 
-Generated from the table: :meth:`AttentionCase.features` (the union of the rows' ``exercised``), the id's parts
-after its head (the rows' tokens, in :data:`FIELD_SPECS` order), the shrinker's handled fields and the ledger's own
-fields.  Written as code, in one place each: a field's constraints (``AttentionCase._problems`` and the
-``*_fields`` modules), what a case derives (sizes, :mod:`conformance.cases.case`), how a field shapes the tensors
-(:mod:`conformance.cases.inputs`), and the case space's axes (:mod:`conformance.cases.space`).
+**A new field** (this list is the one place that says how; the package docstring, ``docs/reference/layout.md`` and
+the add-a-mode guide point here):
 
-Invariants (``tests/conformance/cases/test_fields.py``): one row per dataclass field and no other; every feature of
-``FEATURES`` owned by one row; every field spelled in the id by its own token or by the row it names.  The order of
-the rows is the order of the id's parts, so a new row goes where its part goes (at the end keeps every id).
+1. the field in ``AttentionCase`` with a default (its JSON, and so every existing id, stays as it is) and its row
+   here, where its id part goes among the others (a set field only adds a part);
+2. its constraints in ``AttentionCase._problems`` (or ``graph_fields`` / ``backward_fields``), when it has some;
+3. its tensors in :mod:`conformance.cases.inputs`, when it changes them;
+4. a feature it turns on: its line in ``FEATURES`` (the order the CLI lists them), and in ``OPT_IN_FEATURES`` when
+   adapters written before it would misread it;
+5. an axis of the case space: ``levels`` (and ``level`` for a bucketed value) in its row, ``field_axis(name)`` in
+   ``space_axes._AXES`` and the axis in the fuzzer's draw order (``conformance.fuzz.draw._ORDER``).
 
-Torch-free: :mod:`conformance.cases.case_tables` and :mod:`conformance.cases.graph_fields` only.
+A sweep grid key of the field's name works at once (:func:`conformance.cases.sweep.build_case`).  Invariants
+(``tests/conformance/cases/test_fields.py``): one row per field and no other; every feature owned by one row; every
+field in the id, by its own token or the row it names.  Torch-free.
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ package docstring, :mod:`.sweep`, ``docs/reference/layout.md`` and the add-an-ax
   of a real model is one :data:`HEAD_MODELS` entry naming its registry model); teach :func:`classify` to bucket
   cases into it; the axis's earlier levels in :data:`EARLIER` keep the cases the covering arrays added before it;
 * a new axis: one :class:`Axis` in :data:`AXES` (its first value is the default, the value a case has when the
-  axis does not apply), one line in :func:`build` and one in :func:`classify`;
+  axis does not apply), one line in :func:`build` and one in :func:`classify`; an axis named after a case field
+  whose level is the field's value is instead ``levels`` (and ``level``) in the field's row
+  (:mod:`conformance.cases.fields`) and ``field_axis(name)`` in :data:`AXES`, which build and classify read;
 * a new constraint: one :class:`Constraint` in :data:`CONSTRAINTS`.
 
 Constraints encode only what the case model itself rejects (:meth:`AttentionCase._problems`) and what the
