@@ -6,9 +6,10 @@ A row says what the field is (``help``: ``attnconf ledger fields`` and the axis 
 its part of the case id (``token``, or ``spelled_by``: the row whose token spells it, :data:`HEAD` for the id's head);
 whether the fuzzer's shrink passes simplify it by name (``shrunk``; else it is reset to its default); whether a
 ledger predicate names it (``ledger``; tuple fields are offered through derived scalars); the levels of the case
-space's axis named after it and the classifier into them (``levels``, ``level``).  Generated from the rows:
-:meth:`AttentionCase.features`, the id's parts after its head (in row order), the shrinker's handled fields, the
-ledger's own fields, and those axes' levels, ``classify`` and ``build`` (:mod:`conformance.cases.space`).
+space's axis named after it and the classifier into them (``levels``, ``level``).  Generated from the rows: the
+case's :meth:`~conformance.cases.case.AttentionCase.features`, the id's parts after its head (in row order), the
+shrinker's handled fields, the ledger's own fields, and those axes' levels, ``classify`` and ``build``
+(:mod:`conformance.cases.space`).
 
 **A new field** (this list is the one place that says how; the package docstring, ``docs/reference/layout.md`` and
 the add-a-mode guide point here):
@@ -32,15 +33,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from conformance.cases.case_tables import DESCALES, QUANTS
 from conformance.cases.graph_fields import INVARIANCES
 
-if TYPE_CHECKING:
-    from conformance.cases.case import AttentionCase
-
 __all__ = ["FIELD_SPECS", "HEAD", "SCALE_LEVEL", "SOFTCAP_LEVEL", "SPEC", "SPLITS_LEVEL", "FieldSpec", "fmt_num"]
+
+#: An :class:`~conformance.cases.case.AttentionCase`: that module imports this one, so this one names it without
+#: importing it (no import cycle, not even for the type checker), as ``graph_fields`` and ``backward_fields`` do.
+Case = Any
 
 #: The one non-default level of the soft-cap and scale axes and the pinned level above 1 of the num_splits axis.
 SOFTCAP_LEVEL, SCALE_LEVEL, SPLITS_LEVEL = 30.0, 0.3, 3
@@ -58,29 +60,29 @@ class FieldSpec:
     name: str
     help: str
     features: tuple[str, ...] = ()
-    exercised: Callable[[AttentionCase], Iterable[str]] | None = None
-    token: str | Callable[[AttentionCase], str | None] | None = None
+    exercised: Callable[[Case], Iterable[str]] | None = None
+    token: str | Callable[[Case], str | None] | None = None
     spelled_by: str = ""
     shrunk: bool = False
     ledger: bool = True
     levels: tuple[Hashable, ...] = ()
-    level: Callable[[AttentionCase], Hashable] | None = None
+    level: Callable[[Case], Hashable] | None = None
 
-    def is_set(self, case: AttentionCase) -> bool:
+    def is_set(self, case: Case) -> bool:
         """Whether ``case``'s value of this field differs from the field's default."""
         return bool(getattr(case, self.name) != _defaults(type(case))[self.name])
 
-    def features_of(self, case: AttentionCase) -> Iterable[str]:
+    def features_of(self, case: Case) -> Iterable[str]:
         """The features of this row that ``case`` exercises."""
         if self.exercised is not None:
             return self.exercised(case)
         return self.features if self.is_set(case) else ()
 
-    def level_of(self, case: AttentionCase) -> Hashable:
+    def level_of(self, case: Case) -> Hashable:
         """The level of this row's axis that ``case``'s value falls in (``level``, else the value itself)."""
         return getattr(case, self.name) if self.level is None else self.level(case)
 
-    def token_of(self, case: AttentionCase) -> str | None:
+    def token_of(self, case: Case) -> str | None:
         """This row's part of ``case``'s id, or None (no part: unset, or spelled by another row)."""
         if isinstance(self.token, str):
             return self.token if self.is_set(case) else None
@@ -103,7 +105,7 @@ def fmt_num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x).replace(".", "p")
 
 
-def _shape_features(c: AttentionCase) -> Iterable[str]:
+def _shape_features(c: Case) -> Iterable[str]:
     ql, kl = c.q_lens, c.kv_lens
     checks = (
         ("prefill", all(q == k for q, k in c.requests)),
@@ -121,17 +123,17 @@ def _shape_features(c: AttentionCase) -> Iterable[str]:
     return [name for name, on in checks if on]
 
 
-def _heads_feature(c: AttentionCase) -> Iterable[str]:
+def _heads_feature(c: Case) -> Iterable[str]:
     if c.num_kv_heads == 1 and c.num_heads > 1:
         return ("mqa",)
     return ("gqa",) if c.num_heads != c.num_kv_heads else ()
 
 
-def _layout_features(c: AttentionCase) -> Iterable[str]:
+def _layout_features(c: Case) -> Iterable[str]:
     return [name for name, on in (("paged", c.paged), ("hnd", c.kv_layout == "HND")) if on]
 
 
-def _append_token(c: AttentionCase) -> str | None:
+def _append_token(c: Case) -> str | None:
     if c.append_lens:  # "appendv" + the counts: a readable part no other spelling of an append has
         return "appendv" + ".".join(map(str, c.append_lens))
     if c.append:
@@ -139,14 +141,14 @@ def _append_token(c: AttentionCase) -> str | None:
     return None
 
 
-def _window_token(c: AttentionCase) -> str | None:
+def _window_token(c: Case) -> str | None:
     if not c.has_window:
         return None
     left, right = ("inf" if w is None else str(w) for w in c.window)
     return f"win{left}-{right}"
 
 
-def _graph_token(c: AttentionCase) -> str | None:
+def _graph_token(c: Case) -> str | None:
     if not c.graph:
         return None
     return "graph" + ".".join(map(str, c.graph)) + (f"fill{c.graph_fill}" if c.graph_fill else "")
