@@ -11,6 +11,7 @@ with another composition (a graph replay, an invariance run, an engine replay).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from conformance.cases.case_tables import DATA
 
 __all__ = ["backward_problems"]
 
-#: Fields a backward case leaves at their defaults, with the reason given when one is set.
+#: Fields a backward case leaves at their defaults (the dataclass's), with the reason given when one is set.
 _FORWARD_ONLY: tuple[tuple[str, str], ...] = (
     ("kv_layout", "a paged cache (training keys are contiguous)"),
     ("append", "a kvcache append"),
@@ -34,19 +35,6 @@ _FORWARD_ONLY: tuple[tuple[str, str], ...] = (
     ("invariance", "an invariance run"),
     ("engine", "an engine replay"),
 )
-_DEFAULTS: dict[str, Any] = {
-    "kv_layout": "contiguous",
-    "append": False,
-    "quant": "none",
-    "qv": False,
-    "v_padded": False,
-    "scheduler_metadata": False,
-    "num_splits": None,
-    "cp_world": 1,
-    "graph": (),
-    "invariance": "",
-    "engine": "",
-}
 
 
 def backward_problems(case: Any) -> Iterator[str]:
@@ -57,6 +45,7 @@ def backward_problems(case: Any) -> Iterator[str]:
         yield "deterministic applies only to a backward case (backward=True): it is the backward kernel's option"
     if not case.backward:
         return
+    defaults = {f.name: f.default for f in dataclasses.fields(case)}
     for name, what in _FORWARD_ONLY:
-        if getattr(case, name) != _DEFAULTS[name]:
+        if getattr(case, name) != defaults[name]:
             yield f"backward cannot be combined with {name} ({what})"

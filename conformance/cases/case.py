@@ -29,7 +29,7 @@ Backward (``backward``, :mod:`conformance.backward`): a training call whose grad
 Engine replays (``engine``, ``scenario``, :mod:`conformance.engines`): one step of an engine's attention layer,
 ``requests`` its sequences, the other fields the layer's configuration.  The tables the fields draw on
 (:data:`DTYPES`, :data:`LAYOUTS`, :data:`QUANTS`, :data:`DESCALES`, :data:`FEATURES`, :data:`OPT_IN_FEATURES`) are
-:mod:`.case_tables`, re-exported here; what a case derives (sizes, features, the id) is :mod:`.case_derived`.
+:mod:`.case_tables`, re-exported here; a field's features, id part, shrinking, ledger name: its row in :mod:`.fields`.
 
 JSON form: :meth:`AttentionCase.to_json` writes only fields that differ from their defaults, so adding a field with
 a default keeps every existing id, hash and record valid; :meth:`from_json` ignores keys it does not know (records
@@ -42,14 +42,19 @@ problem, naming the field.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.cases.case_derived import CaseDerived
+import torch
+
 from conformance.cases.case_json import CaseError, finite_problem, json_problems, show, value_problems
 from conformance.cases.case_tables import DESCALES, DTYPES, FEATURES, LAYOUTS, OPT_IN_FEATURES, QUANTS
 from conformance.cases.backward_fields import backward_problems
+from conformance.cases.fields import FIELD_SPECS
 from conformance.cases.graph_fields import graph_problems
 
 __all__ = [
@@ -98,7 +103,7 @@ _CONVERSIONS: dict[str, tuple[Any, str]] = {
 
 
 @dataclass(frozen=True)
-class AttentionCase(CaseDerived):
+class AttentionCase:
     """One attention call.  All fields are plain values; see the module docstring."""
 
     requests: tuple[tuple[int, int], ...]
@@ -289,6 +294,117 @@ class AttentionCase(CaseDerived):
                 "append with quant needs an fp8 type (FA3 appends new keys given in fp8 with the cache's descales); "
                 "int8 new keys are quantized by the engine while writing the cache (attnref.quant.write_kv_cache_int8)"
             )
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def dv(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def qk_dim(self) -> int:
+        """Width of the q.k product: ``head_dim``, plus ``dv`` with ``qv`` (MLA absorbed: q_v scored against V)."""
+        return self.head_dim + (self.dv if self.qv else 0)
+
+    @property
+    def quant_family(self) -> str | None:
+        """``"fp8"``, ``"int8"`` or None (not quantized)."""
+        return None if self.quant == "none" else self.quant.split("_")[0]
+
+    @property
+    def descale_mode(self) -> str | None:
+        """The descale granularity in force: ``descale``, or the family's default; None when not quantized."""
+        family = self.quant_family
+        return None if family is None else (self.descale or DESCALES[family][0])
+
+    @property
+    def paged(self) -> bool:
+        return self.kv_layout != "contiguous"
+
+    @property
+    def batch(self) -> int:
+        return len(self.requests)
+
+    @property
+    def q_lens(self) -> list[int]:
+        return [q for q, _ in self.requests]
+
+    @property
+    def kv_lens(self) -> list[int]:
+        return [k for _, k in self.requests]
+
+    @property
+    def new_kv_lens(self) -> list[int]:
+        """Keys the call writes into the cache per request: ``append_lens[b]`` (an uneven append), ``append_len`` (a
+        short append), else ``q_len`` when appending, else 0.  They are the last keys of each request's ``kv_len``."""
+        if not self.append:
+            return [0] * len(self.requests)
+        if self.append_lens:
+            return list(self.append_lens)
+        return [ql if self.append_len is None else self.append_len for ql, _ in self.requests]
+
+    @property
+    def cached_kv_lens(self) -> list[int]:
+        """Keys already in the cache before the call: ``kv_len`` less the new keys (:attr:`new_kv_lens`)."""
+        return [kl - n for (_, kl), n in zip(self.requests, self.new_kv_lens)]
+
+    @property
+    def total_q(self) -> int:
+        return sum(self.q_lens)
+
+    @property
+    def total_kv(self) -> int:
+        return sum(self.kv_lens)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def has_window(self) -> bool:
+        return self.window != (None, None)
+
+    def features(self) -> frozenset[str]:
+        """The :data:`FEATURES` this case exercises: what the rows of :data:`~.fields.FIELD_SPECS` say of it."""
+        return frozenset(f for spec in FIELD_SPECS for f in spec.features_of(self))
+
+    # ------------------------------------------------------------------ naming
+    @functools.cached_property
+    def id(self) -> str:
+        """Deterministic readable id, unique per case: ``KIND_hH_kvHK_dD[_dvDV]_DTYPE_BATCH_{contig|psBLOCKLAYOUT}``
+        (engine cases ``ENGINE-SCENARIO_`` before it), then the parts of the rows of :data:`~.fields.FIELD_SPECS` that
+        have one, in the rows' order, then ``-`` and :meth:`digest`.  Ids are recorded in every results file and
+        ledger, so this spelling never changes for an existing case (a new field adds a part only when it is set).
+        Computed once per case object (the case is frozen; a test that forces a field past the case's checks makes a
+        fresh case)."""
+        h, hk = self.num_heads, self.num_kv_heads
+        kind = "mha" if h == hk else ("mqa" if hk == 1 else "gqa")
+        parts = [f"{self.engine}-{self.scenario}"] if self.engine else []
+        parts.append(f"{kind}_h{h}_kv{hk}_d{self.head_dim}")
+        if self.dv != self.head_dim:
+            parts.append(f"dv{self.dv}")
+        parts.append(self.dtype)
+        parts.append(self.batch_name or f"b{self.batch}")
+        parts.append(f"ps{self.block_size}{self.kv_layout.lower()}" if self.paged else "contig")
+        parts += [t for spec in FIELD_SPECS if (t := spec.token_of(self)) is not None]
+        return "_".join(parts) + "-" + self.digest()
+
+    def digest(self) -> str:
+        """Six hex digits of the canonical JSON (the batch label excluded)."""
+        payload = {k: v for k, v in self.to_json().items() if k != "batch_name"}
+        return hashlib.sha1(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:6]
+
+    def summary(self) -> str:
+        """One line of shapes and modes, never data."""
+        reqs = self.requests
+        shown = ", ".join(f"{q}/{k}" for q, k in reqs[:6]) + (f", ... ({len(reqs)} requests)" if len(reqs) > 6 else "")
+        mods = sorted(self.features() - {self.dtype})
+        return (
+            f"q/kv lens [{shown}] h={self.num_heads} hk={self.num_kv_heads} d={self.head_dim} dv={self.dv} "
+            f"{self.dtype} {f'paged {self.kv_layout} block {self.block_size}' if self.paged else 'contiguous'}"
+            f" window={self.window} softcap={self.softcap}"
+            f"{f' quant={self.quant} descale={self.descale_mode}' if self.quant != 'none' else ''}"
+            f"{f' cp rank {self.cp_rank} of {self.cp_world}' if self.cp_world > 1 else ''} [{' '.join(mods)}]"
+        )
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict[str, Any]:

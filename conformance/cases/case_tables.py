@@ -1,7 +1,7 @@
 """The vocabulary of the case model (:mod:`conformance.cases.case`): the dtypes, KV layouts, quantization modes and
 descale granularities a case may name, every feature a case can exercise (:data:`FEATURES`, what backends declare
 support for) and the ones an adapter must opt into (:data:`OPT_IN_FEATURES`).  Data, not logic; the case's
-validation reads it, :mod:`conformance.cases.case_derived` names the features of a case.
+validation reads it, the rows of :mod:`conformance.cases.fields` say which field turns on which feature.
 
 Importing it does not import torch (``attnconf --help`` lists the features): :data:`DTYPES`, the one table that
 holds torch objects, is built on first access (PEP 562).

@@ -15,7 +15,9 @@ package docstring, :mod:`.sweep`, ``docs/reference/layout.md`` and the add-an-ax
   of a real model is one :data:`HEAD_MODELS` entry naming its registry model); teach :func:`classify` to bucket
   cases into it; the axis's earlier levels in :data:`EARLIER` keep the cases the covering arrays added before it;
 * a new axis: one :class:`Axis` in :data:`AXES` (its first value is the default, the value a case has when the
-  axis does not apply), one line in :func:`build` and one in :func:`classify`;
+  axis does not apply), one line in :func:`build` and one in :func:`classify`; an axis named after a case field
+  whose level is the field's value is instead ``levels`` (and ``level``) in the field's row
+  (:mod:`conformance.cases.fields`) and ``field_axis(name)`` in :data:`AXES`, which build and classify read;
 * a new constraint: one :class:`Constraint` in :data:`CONSTRAINTS`.
 
 Constraints encode only what the case model itself rejects (:meth:`AttentionCase._problems`) and what the
@@ -38,6 +40,7 @@ from conformance.cases.space_axes import (
     CONSTRAINTS,
     EQUAL_DIMS,
     FA_HEAD_DIM_TEMPLATES,
+    FIELD_AXES,
     HEAD_MODELS,
     HEADS,
     KERNEL_AXES,
@@ -49,6 +52,7 @@ from conformance.cases.space_axes import (
     Axis,
     Constraint,
     Point,
+    field_axis,
     short_append_len,
     valid,
     violations,
@@ -76,6 +80,7 @@ __all__ = [
     "EARLIER",
     "EQUAL_DIMS",
     "FA_HEAD_DIM_TEMPLATES",
+    "FIELD_AXES",
     "HEADS",
     "HEAD_MODELS",
     "KERNEL_AXES",
@@ -86,6 +91,7 @@ __all__ = [
     "Axis",
     "Constraint",
     "build",
+    "field_axis",
     "classify",
     "classify_append",
     "classify_batch",
@@ -129,22 +135,11 @@ def build(point: Point) -> AttentionCase:
             "batch": batch,
             "heads": HEADS[heads],
             "dims": p["dims"],
-            "dtype": p["dtype"],
             "kv": (p["layout"], p["block_size"]),
             "mask": p["mask"],
-            "softcap": p["softcap"],
-            "alibi": p["alibi"],
-            "sinks": p["sinks"],
             "append": p["append"] is not False,
             "append_len": short_append_len(BATCHES[batch]) if p["append"] == "short" else None,
-            "num_splits": p["num_splits"],
-            "scale": p["scale"],
-            "quant": p["quant"],
-            "descale": p["descale"],
-            "quant_q": p["quant_q"],
-            "qv": p["qv"],
-            "v_padded": p["v_padded"],
-            "scheduler_metadata": p["scheduler_metadata"],
             "cp": p["cp"],
+            **{name: p[name] for name in FIELD_AXES},
         }
     )

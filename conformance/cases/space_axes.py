@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-from conformance.cases.case import DESCALES, DTYPES, LAYOUTS, QUANTS
+from conformance.cases.case import DESCALES, LAYOUTS
+from conformance.cases.fields import SPEC
 from conformance.cases.sweep import BATCHES, MASKS, MLA_DIMS
 from conformance.models.load import builtin_registry
 
@@ -26,6 +27,7 @@ __all__ = [
     "EARLIER",
     "EQUAL_DIMS",
     "FA_HEAD_DIM_TEMPLATES",
+    "FIELD_AXES",
     "HEADS",
     "HEAD_MODELS",
     "KERNEL_AXES",
@@ -35,6 +37,7 @@ __all__ = [
     "WIDE_HEADS",
     "Axis",
     "Constraint",
+    "field_axis",
     "short_append_len",
     "valid",
     "violations",
@@ -80,6 +83,14 @@ class Constraint:
         except KeyError:  # an axis the rule reads is unassigned
             return True
         return bool(self.rule(*values))
+
+
+def field_axis(name: str, kernel: bool = False) -> Axis:
+    """The axis named after the case field ``name``: its levels and doc are the field's row
+    (:data:`~conformance.cases.fields.SPEC`), a level is the field's value (:func:`~conformance.cases.space.build`
+    passes it through, :func:`~conformance.cases.space.classify` buckets a value with the row's ``level``)."""
+    spec = SPEC[name]
+    return Axis(name, spec.levels, kernel, spec.help)
 
 
 # ---------------------------------------------------------------------------------------------- levels
@@ -162,7 +173,6 @@ DIMS: tuple[tuple[int, int], ...] = tuple((d, d) for d in (128,) + tuple(x for x
 _BLOCK_SIZES = (1, 16, 32, 64, 128, 256)
 #: Mask levels (keys of :data:`~conformance.cases.sweep.MASKS`), one per masking mode.
 _MASK_LEVELS = ("none", "causal", "w0-0", "w16-0", "cw128", "w32-32", "w64-inf", "winf-16", "chunk64", "cchunk64")
-_SOFTCAP, _SCALE, _SPLITS = 30.0, 0.3, 3
 #: Append levels: none (False), every query token a new key in the activation dtype (True), a *short* append
 #: (``append_len`` < some ``q_len``: flash-attention's ``seqlen_new < seqlen_q``, 16-bit or fp8 new keys) and an
 #: fp8 append of every query token (FA3's fp8 kvcache append: new keys given in fp8 with the cache's descales).
@@ -191,14 +201,14 @@ _AXES: tuple[Axis, ...] = (
         "(head_dim, head_dim_v): equal dims 32..256 (every flash-attention template, 40, 80, 112), MLA's 192/128, "
         "576/512 and 64/512",
     ),
-    Axis("dtype", tuple(DTYPES), True, "activation and output dtype"),
+    field_axis("dtype", kernel=True),
     Axis("layout", LAYOUTS, True, "KV layout: contiguous, or a paged cache NHD / HND"),
     Axis("block_size", (None,) + _BLOCK_SIZES, True, "paged block size (None: contiguous)"),
     Axis("mask", _MASK_LEVELS, True, "masking mode (a MASKS key): causal / window / chunk combination"),
-    Axis("quant", tuple(QUANTS), True, "quantization mode (case.QUANTS)"),
-    Axis("softcap", (None, _SOFTCAP), False, "logits soft-cap"),
-    Axis("alibi", (False, True), False, "ALiBi slopes"),
-    Axis("sinks", (False, True), False, "per-head attention sinks"),
+    field_axis("quant", kernel=True),
+    field_axis("softcap"),
+    field_axis("alibi"),
+    field_axis("sinks"),
     Axis(
         "append",
         APPEND_LEVELS,
@@ -206,24 +216,21 @@ _AXES: tuple[Axis, ...] = (
         "the kernel appends the new k/v to the cache: no, the q_len new keys (16-bit), a short append (append_len "
         "< q_len) or the q_len new keys in fp8 (APPEND_LEVELS)",
     ),
-    Axis("num_splits", (None, 1, _SPLITS), False, "split-KV: heuristic (None), 1, pinned > 1"),
-    Axis("scale", (None, _SCALE), False, "softmax scale: default or custom"),
-    Axis(
-        "descale",
-        (None,) + tuple(dict.fromkeys(m for modes in DESCALES.values() for m in modes)),
-        False,
-        "descale granularity (None: the quant family's default)",
-    ),
-    Axis("quant_q", (True, False), False, "q (and qv) quantized with k, v (False: fp8 k/v only)"),
-    Axis("qv", (False, True), False, "MLA absorbed query part scored against V"),
-    Axis("v_padded", (False, True), False, "V zero-padded to head_dim, output stripped back (seed 004)"),
-    Axis("scheduler_metadata", (False, True), False, "precomputed FA3 scheduler metadata"),
+    field_axis("num_splits"),
+    field_axis("scale"),
+    field_axis("descale"),
+    field_axis("quant_q"),
+    field_axis("qv"),
+    field_axis("v_padded"),
+    field_axis("scheduler_metadata"),
     Axis("cp", ((1, 0), (2, 1)), False, "context parallel (cp_world, cp_rank): off, or one rank's key shard"),
 )
 #: Every axis by name, in a fixed order (kernel axes first).
 AXES: dict[str, Axis] = {a.name: a for a in _AXES}
 #: The axes that interact inside kernels (covered at strength 3 by ``default``).
 KERNEL_AXES: tuple[str, ...] = tuple(a.name for a in _AXES if a.kernel)
+#: The axes named after a case field whose level is the field's value (:func:`field_axis`).
+FIELD_AXES: tuple[str, ...] = tuple(a.name for a in _AXES if a.name in SPEC and SPEC[a.name].levels)
 
 
 # ---------------------------------------------------------------------------------------------- constraints

@@ -11,7 +11,8 @@ from functools import lru_cache
 from typing import Any
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.space_axes import _BLOCK_SIZES, _DV_GT_D, _DV_LT_D, _SCALE, _SOFTCAP, _SPLITS, EQUAL_DIMS, HEADS
+from conformance.cases.fields import SPEC
+from conformance.cases.space_axes import _BLOCK_SIZES, _DV_GT_D, _DV_LT_D, AXES, EQUAL_DIMS, HEADS
 from conformance.cases.space_axes import Point
 
 __all__ = [
@@ -151,31 +152,22 @@ def _nearest_block(bs: int) -> int:
 
 
 def classify(case: AttentionCase) -> dict[str, Hashable]:
-    """The level of every axis for any AttentionCase (bucketed to the nearest level; see the classify_* rules).
+    """The level of every axis for any AttentionCase (bucketed to the nearest level; see the classify_* rules), in
+    :data:`AXES` order.  An axis named after a case field (:func:`~conformance.cases.space_axes.field_axis`) takes
+    the level its row's ``level`` gives (:data:`~conformance.cases.fields.SPEC`).
 
     Engine fields are not an axis; the call an engine replay makes is classified by its other fields."""
-    return {
+    special: dict[str, Hashable] = {
         "batch": classify_batch(case.requests),
         "heads": classify_heads(case.num_heads, case.num_kv_heads),
         "dims": classify_dims(case.head_dim, case.dv),
-        "dtype": case.dtype,
         "layout": case.kv_layout,
         "block_size": None if case.block_size is None else _nearest_block(case.block_size),
         "mask": classify_mask(case.causal, case.window, case.chunk),
-        "quant": case.quant,
-        "softcap": None if case.softcap is None else _SOFTCAP,
-        "alibi": case.alibi,
-        "sinks": case.sinks,
         "append": classify_append(case),
-        "num_splits": None if case.num_splits is None else (1 if case.num_splits <= 1 else _SPLITS),
-        "scale": None if case.scale is None else _SCALE,
-        "descale": case.descale,
-        "quant_q": case.quant_q,
-        "qv": case.qv,
-        "v_padded": case.v_padded,
-        "scheduler_metadata": case.scheduler_metadata,
         "cp": (1, 0) if case.cp_world == 1 else (2, 1),
     }
+    return {name: special[name] if name in special else SPEC[name].level_of(case) for name in AXES}
 
 
 def describe(point: Point) -> str:

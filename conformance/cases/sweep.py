@@ -8,21 +8,21 @@ Axis names used by the grids of :mod:`conformance.suites.registry`:
 * ``heads``: (num_heads, num_kv_heads); ``dims``: (head_dim, head_dim_v); ``dtype``: bf16 / fp16
 * ``kv``: ("contiguous", None) or (layout, block size), block sizes 1..256, NHD and HND
 * ``mask``: a causal / window / chunk combination from :data:`MASKS`
-* ``softcap``, ``alibi``, ``sinks``, ``append``, ``append_len``, ``num_splits``, ``scale``: case fields as they are
-* ``quant``, ``quant_q``, ``descale``: quantization (``conformance.cases.case.QUANTS``)
-* ``qv``, ``v_padded``, ``scheduler_metadata``: MLA absorbed, padded V, FA3 scheduler metadata
 * ``cp``: ``(cp_world, cp_rank)``, a context-parallel call over one rank's key shard (default ``(1, 0)``)
-* ``backward``, ``deterministic``: a training call judged on its gradients too (:mod:`conformance.backward`);
-  ``data``: an input distribution beyond Gaussian (``conformance.cases.case_tables.DATA``)
+* any other case field by its own name, its value as it is (``softcap``, ``alibi``, ``sinks``, ``append``,
+  ``append_len``, ``num_splits``, ``scale``, ``quant``, ``quant_q``, ``descale``, ``qv``, ``v_padded``,
+  ``scheduler_metadata``, ``backward``, ``deterministic``, ``data``, ...); absent, the field's default
 
 The case space itself (every axis, its canonical levels and the constraints between axes, which the covering arrays
 of the suites and the fuzzer read) is data in :mod:`conformance.cases.space`: a new axis, level or constraint goes
 where its docstring says (the one place that says it).  A new request list or mask is one entry in a table here; a
-new grid key is one key read in :func:`build_case`.
+new case field is a grid key of its own name at once (:func:`build_case` reads every field the composite keys do not
+set).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -122,8 +122,17 @@ class Sweep:
             yield build_case(point)
 
 
+#: The case fields the composite grid keys set (``batch``, ``heads``, ``dims``, ``kv``, ``mask``, ``cp``); every other
+#: field is a grid key of its own name, its value the field's (absent: the field's default).
+_COMPOSED = frozenset(
+    "requests batch_name num_heads num_kv_heads head_dim head_dim_v kv_layout block_size causal window chunk "
+    "cp_world cp_rank".split()
+)
+_OWN_KEYS = frozenset(f.name for f in dataclasses.fields(AttentionCase)) - _COMPOSED
+
+
 def build_case(point: Mapping[str, Any]) -> AttentionCase:
-    """AttentionCase from a grid point (axis names as in the module docstring)."""
+    """AttentionCase from a grid point (axis names as in the module docstring; keys that name nothing are ignored)."""
     batch = point.get("batch", "pfvar")
     h, hk = point.get("heads", (8, 2))
     d, dv = point.get("dims", (128, 128))
@@ -136,29 +145,13 @@ def build_case(point: Mapping[str, Any]) -> AttentionCase:
         num_kv_heads=hk,
         head_dim=d,
         head_dim_v=None if dv == d else dv,
-        dtype=point.get("dtype", "bf16"),
         kv_layout=layout,
         block_size=bs,
         causal=causal,
         window=window,
         chunk=chunk,
-        softcap=point.get("softcap"),
-        alibi=point.get("alibi", False),
-        sinks=point.get("sinks", False),
-        scale=point.get("scale"),
-        append=point.get("append", False),
-        append_len=point.get("append_len"),
-        num_splits=point.get("num_splits"),
-        quant=point.get("quant", "none"),
-        quant_q=point.get("quant_q", True),
-        descale=point.get("descale"),
-        qv=point.get("qv", False),
-        v_padded=point.get("v_padded", False),
-        scheduler_metadata=point.get("scheduler_metadata", False),
         cp_world=cp_world,
         cp_rank=cp_rank,
-        backward=point.get("backward", False),
-        deterministic=point.get("deterministic", False),
-        data=point.get("data", ""),
         batch_name=batch,
+        **{key: value for key, value in point.items() if key in _OWN_KEYS},
     )

@@ -89,6 +89,10 @@ _ORDER = (
 #: Every axis this module turns into values (a test checks that it covers :data:`space.AXES`).
 DRAWN_AXES = frozenset(_ORDER)
 
+#: The axes named after a case field (:data:`space.FIELD_AXES`) whose level is the drawn value as it is; the others
+#: among them draw a value within their level (:func:`_case_fields`).
+_AS_LEVEL = tuple(a for a in space.FIELD_AXES if a not in ("softcap", "num_splits", "scale", "qv"))
+
 #: Probability that an axis keeps its default level (axes not listed: uniform over their levels).
 _P_DEFAULT: dict[str, float] = {
     "qv": 0.95,
@@ -360,27 +364,20 @@ def _case_fields(rng: random.Random, levels: dict[str, Hashable], limits: DrawLi
         "num_kv_heads": hk,
         "head_dim": d,
         "head_dim_v": None if dv == d else dv,
-        "dtype": str(get("dtype", "bf16")),
         "kv_layout": layout,
         "block_size": block,
         "causal": causal,
         "window": window,
         "chunk": chunk,
         "softcap": softcap,
-        "alibi": bool(get("alibi", False)),
-        "sinks": bool(get("sinks", False)),
         "scale": scale,
         "append": get("append", False) is not False and (get("append") != "short" or append_len is not None),
         "append_len": append_len,
         "num_splits": num_splits,
-        "quant": str(get("quant", "none")),
-        "quant_q": bool(get("quant_q", True)),
-        "descale": get("descale"),
         "qv": qv,
-        "v_padded": bool(get("v_padded", False)),
-        "scheduler_metadata": bool(get("scheduler_metadata", False)),
         "cp_world": cp_world,
         "cp_rank": rng.randrange(cp_world) if cp_world > 1 else 0,
+        **{name: get(name, space.AXES[name].default) for name in _AS_LEVEL},
     }
 
 

@@ -27,18 +27,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from conformance.cases.case import AttentionCase, append_fields
+from conformance.cases.fields import FIELD_SPECS
 from conformance.records import CheckResult, Status
 
 __all__ = ["ShrinkResult", "candidates", "complexity", "failure_kind", "same_failure", "shrink"]
 
 _DTYPE_RANK = {"bf16": 0, "fp16": 1, "fp32": 2}
-#: Case fields the passes below simplify by name; any other field (one added to the case model after this
-#: module) is simplified by resetting it to its default (:func:`_other_moves`).
-_HANDLED = frozenset(
-    "requests num_heads num_kv_heads head_dim head_dim_v dtype kv_layout block_size causal window softcap alibi sinks "
-    "scale chunk append append_len append_lens num_splits quant quant_q descale qv v_padded scheduler_metadata engine "
-    "scenario batch_name".split()
-)
+#: Case fields the passes below simplify by name (the rows of :data:`~conformance.cases.fields.FIELD_SPECS` marked
+#: ``shrunk``); any other field (one added to the case model after this module) is simplified by resetting it to its
+#: default (:func:`_other_moves`).
+_HANDLED = frozenset(spec.name for spec in FIELD_SPECS if spec.shrunk)
 
 
 def _others(case: AttentionCase) -> dict[str, object]:

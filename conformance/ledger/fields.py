@@ -19,6 +19,7 @@ A value is ``None`` where it does not apply (``block_size`` of a contiguous case
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from conformance.cases.case import AttentionCase
+from conformance.cases.fields import SPEC
 
 __all__ = ["FIELDS", "Field", "CaseView", "case_view"]
 
@@ -257,50 +259,50 @@ def _own(name: str, kind: str, help: str, nullable: bool = False) -> Field:
     return Field(kind, help, lambda c: getattr(c, name), nullable)
 
 
+#: Ledger kind and nullability of each annotation a scalar case field has (a field whose row has ``ledger`` and whose
+#: annotation is not here is an error at import: tuple fields are offered through derived scalars instead).
+_KIND: dict[str, tuple[str, bool]] = {
+    "int": ("int", False),
+    "int | None": ("int", True),
+    "float | None": ("float", True),
+    "bool": ("bool", False),
+    "str": ("str", False),
+    "str | None": ("str", True),
+}
+#: The scalars a tuple field is offered through, listed after the named field (where each was added).
+_AFTER: dict[str, dict[str, Field]] = {
+    "append_lens": {
+        "append_uneven": Field(
+            "bool", "an append with a count of new keys per request (append_lens)", lambda c: bool(c.append_lens)
+        ),
+        "min_new_kv_len": Field(
+            "int", "fewest new keys a request appends (0 without append)", lambda c: min(c.new_kv_lens)
+        ),
+        "max_new_kv_len": Field(
+            "int", "most new keys a request appends (0 without append)", lambda c: max(c.new_kv_lens)
+        ),
+    },
+    "batch_name": {
+        "graph_replays": Field("int", "replay batches of a graph case (0: not a graph case)", lambda c: len(c.graph)),
+    },
+}
+
+
+def _case_fields() -> dict[str, Field]:
+    """The case's own scalar fields, in the dataclass's order, each with its row's help
+    (:data:`~conformance.cases.fields.FIELD_SPECS`), and the scalars of :data:`_AFTER`."""
+    out: dict[str, Field] = {}
+    for f in dataclasses.fields(AttentionCase):
+        if SPEC[f.name].ledger:
+            kind, nullable = _KIND[str(f.type)]
+            out[f.name] = _own(f.name, kind, SPEC[f.name].help, nullable)
+        out.update(_AFTER.get(f.name, {}))
+    return out
+
+
 FIELDS: dict[str, Field] = {
-    # the case's own scalar fields (conformance/cases/case.py)
-    "num_heads": _own("num_heads", "int", "query heads"),
-    "num_kv_heads": _own("num_kv_heads", "int", "key/value heads"),
-    "head_dim": _own("head_dim", "int", "qk head dim"),
-    "head_dim_v": _own("head_dim_v", "int", "value head dim as given (None: equal to head_dim; see dv)", True),
-    "dtype": _own("dtype", "str", "activation dtype: bf16, fp16, fp32"),
-    "kv_layout": _own("kv_layout", "str", "contiguous, NHD or HND"),
-    "block_size": _own("block_size", "int", "page size of a paged cache (None: contiguous)", True),
-    "causal": _own("causal", "bool", "bottom-right causal mask"),
-    "softcap": _own("softcap", "float", "logit soft-cap (None: off)", True),
-    "alibi": _own("alibi", "bool", "ALiBi slopes"),
-    "sinks": _own("sinks", "bool", "per-head attention sinks"),
-    "scale": _own("scale", "float", "explicit softmax scale (None: the kernel's default)", True),
-    "chunk": _own("chunk", "int", "local attention chunk (None: off)", True),
-    "append": _own("append", "bool", "the kernel appends the new k/v to the cache"),
-    "append_len": _own(
-        "append_len", "int", "new keys per request of a short append (None: q_len, or per request: append_uneven)", True
-    ),
-    "append_uneven": Field(
-        "bool", "an append with a count of new keys per request (append_lens)", lambda c: bool(c.append_lens)
-    ),
-    "min_new_kv_len": Field(
-        "int", "fewest new keys a request appends (0 without append)", lambda c: min(c.new_kv_lens)
-    ),
-    "max_new_kv_len": Field("int", "most new keys a request appends (0 without append)", lambda c: max(c.new_kv_lens)),
-    "num_splits": _own("num_splits", "int", "pinned split-KV count (None: the kernel's choice)", True),
-    "quant": _own("quant", "str", "none, fp8_e4m3, fp8_e5m2, int8_t1, int8_t2"),
-    "quant_q": _own("quant_q", "bool", "q quantized too (quantized cases)"),
-    "descale": _own("descale", "str", "descale granularity as given (None: the family's default)", True),
-    "qv": _own("qv", "bool", "MLA absorbed: a query part scored against V"),
-    "v_padded": _own("v_padded", "bool", "V zero-padded to head_dim, output stripped (seed 004)"),
-    "scheduler_metadata": _own("scheduler_metadata", "bool", "precomputed FA3 scheduler metadata"),
-    "cp_world": _own("cp_world", "int", "context-parallel ranks (1: off)"),
-    "cp_rank": _own("cp_rank", "int", "this call's context-parallel rank"),
-    "engine": _own("engine", "str", "engine replay's backend ('' for kernel cases)"),
-    "scenario": _own("scenario", "str", "engine replay's scenario ('' for kernel cases)"),
-    "graph_fill": _own("graph_fill", "int", "key count of a graph bucket's padded requests (graph cases)"),
-    "invariance": _own("invariance", "str", "invariance kind: run, batch, splits ('' for other cases)"),
-    "backward": _own("backward", "bool", "a training call: gradients judged too (conformance.backward)"),
-    "deterministic": _own("deterministic", "bool", "the kernel's deterministic backward asked for (backward cases)"),
-    "data": _own("data", "str", "input distribution: '', outliers, peaked, offset_v"),
-    "batch_name": _own("batch_name", "str", "the suite's batch label (not part of the case's meaning)"),
-    "graph_replays": Field("int", "replay batches of a graph case (0: not a graph case)", lambda c: len(c.graph)),
+    # the case's own scalar fields (conformance/cases/case.py, conformance/cases/fields.py)
+    **_case_fields(),
     # generic derived values
     "dv": _own("dv", "int", "value head dim in force"),
     "paged": _own("paged", "bool", "keys read through a block table"),
