@@ -3,6 +3,7 @@ its batch, last, beside shorter requests, and run twice; promised breaks fail, t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import ClassVar
 
@@ -350,3 +351,33 @@ def test_the_report_matrix_has_a_row_per_engine_configuration():
     assert rows[("fake-batch-dependent", "engine vllm_v0_fa")][batch]["text"] == "broken 1/1"
     assert rows[("fake-exact", "engine sglang_fa")][run]["text"] == "kept 1/1"
     assert any("'alone' vs 'in batch (first)'" in n for n in table["notes"])
+
+
+def test_neighbour_invariance_is_promised_like_batch_when_every_call_pins_its_splits():
+    """``neighbour`` promises what ``batch`` does: with ``num_splits = 1`` and a kernel that pins it in every call
+    of every variant's step; without the split count pinned, nothing."""
+    case = _case("vllm_v1_fa", "inv_neighbour_batch_invariant_decode_d64")
+    engine = get_engine("vllm_v1_fa")
+    assert case.num_splits == 1 and promised(engine, case, BatchDependent()) is True
+    assert promised(engine, case, BatchDependentNoSplits()) is False
+    assert promised(engine, case.replace(num_splits=None), BatchDependent()) is False
+
+
+@pytest.mark.parametrize("kind", ["", "splits"])
+def test_an_engine_invariance_declares_the_kinds_it_cannot_replay(kind):
+    """:meth:`EngineInvariance.refuses` names the kinds it replays and the value, as a declared refusal."""
+    case = _case("vllm_v1_fa", "inv_run_mixed")
+    object.__setattr__(case := case.replace(invariance=""), "invariance", kind)  # past the case's own check
+    assert EngineInvariance(get_engine("vllm_v1_fa")).refuses(case) == (
+        "invariance must be one of ['run', 'batch', 'neighbour'] for an engine case (the engine sets its own split "
+        f"count), got {kind!r}"
+    )
+
+
+def test_an_engine_invariance_declares_inputs_it_cannot_cut_per_request():
+    """Quantized inputs are not cut per request by the batches' assembly: a declared refusal, not an error."""
+    case = dataclasses.replace(_case("vllm_v1_fa", "inv_batch_decode"))  # a copy: CASES is shared
+    object.__setattr__(case, "quant", "fp8")  # past the case's own check: the refusal must not lean on it
+    assert EngineInvariance(get_engine("vllm_v1_fa")).refuses(case) == (
+        "invariance: its batches are assembled from q, k, v only; quantized inputs (quant) are not cut per request"
+    )

@@ -153,3 +153,15 @@ def test_batch_invariance_of_causal_requests_with_fewer_keys_than_queries():
     assert shorter.label == "beside shorter requests" and shorter.case.requests == ((1, 0), (127, 0), (4, 4))
     r = verdict(case, get_backend("sdpa-cpu"))
     assert r.status == Status.PASS, r.reason
+
+
+def test_a_neighbour_with_fewer_keys_than_its_dropped_queries_is_cut_to_no_key():
+    """A non-causal neighbour of 70 queries over 20 keys, cut to q queries, keeps ``20 - (70 - q)`` keys: none
+    below 50 queries (never a negative count, never a key it did not have in that position); a case the model
+    accepts (keyless rows)."""
+    case = AttentionCase(((1, 30), (70, 20)), invariance="neighbour", num_splits=1, **{**GQA, "causal": False})
+    got = {v.label: v.case.requests for v in variants(case)}
+    assert got["beside a neighbour of 1 query"] == ((1, 30), (1, 0))
+    assert got["beside a neighbour of 9 queries"] == ((1, 30), (9, 0))
+    assert got["beside a neighbour of 64 queries"] == ((1, 30), (64, 14))
+    assert got["beside a neighbour of 65 queries"] == ((1, 30), (65, 15))

@@ -273,3 +273,32 @@ def test_compare_files_refuses_by_default_what_it_can_be_told_to_accept(tmp_path
     )
     assert compare_files(refused, refused).exit_status == 4
     assert compare_files(refused, refused, allow_unjudged=True).exit_status == 0
+
+
+@pytest.mark.parametrize("extra", [None, [], "digest"])
+def test_a_record_whose_extra_is_no_object_carries_no_digest(extra) -> None:
+    """A hand-edited ``extra`` that is no JSON object (null, a list, a string) carries no output digest: the pair is
+    compared by its errors, and nothing fails on it."""
+    old = [rec("a")]
+    new = [dataclasses.replace(rec("a"), extra=extra)]
+    cmp = compare_results(old, new)
+    assert (cmp.compared_errors, cmp.digest_compared, cmp.numerics_changed) == (1, 0, [])
+
+
+@pytest.mark.parametrize("digest", ["", 0, 123, ["x"], None])
+def test_a_digest_that_is_no_nonempty_string_is_no_digest(digest) -> None:
+    """An empty or non-string ``digest`` is no digest: two such records are compared by their errors (so different
+    errors are moved numbers), and no pair is counted as compared by digest."""
+    old = [dataclasses.replace(rec("a", ratio=0.1), extra={"digest": digest})]
+    new = [dataclasses.replace(rec("a", ratio=0.2), extra={"digest": digest})]
+    cmp = compare_results(old, new)
+    assert cmp.digest_compared == 0 and [p.key[0] for p in cmp.numerics_changed] == ["a"]
+
+
+def test_errors_are_compared_only_where_both_records_have_numbers() -> None:
+    """A pair with statistics on one side only (a pass that became an error, an error that became a pass) is not
+    an error comparison: ``compared`` counts the pairs with numbers on both sides."""
+    old = [rec("a"), rec("b"), rec("c", "error", ratio=None)]
+    new = [rec("a"), rec("b", "error", ratio=None), rec("c")]
+    cmp = compare_results(old, new)
+    assert (cmp.common, cmp.compared_errors, cmp.numerics_changed) == (3, 1, [])
