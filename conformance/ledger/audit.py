@@ -240,7 +240,13 @@ def audit(
     every: list[CheckResult] = []
     for path in paths:
         try:
-            loaded = load_results(path, allow_skipped=allow_skipped, need_header=False, drop_duplicates=drop_duplicates)
+            loaded = load_results(
+                path,
+                allow_skipped=allow_skipped,
+                # no mutate: load_results reads need_header as a truth value, so None (mutmut's swap) is False too
+                need_header=False,  # pragma: no mutate
+                drop_duplicates=drop_duplicates,
+            )
         except ResultsFileError as exc:
             raise ValueError(str(exc)) from None
         results, nonfinite = judged_results(loaded.results)
