@@ -88,6 +88,11 @@ def _first_line(reason: str, width: int = 60) -> str:
     return re.sub(r"\s+", " ", (reason or "").split("\n")[0])[:width]
 
 
+def _excerpt(reason: str | None, width: int = 200) -> str:
+    """The reason's first ``width`` characters ('' for a record whose reason is null)."""
+    return (reason or "")[:width]
+
+
 @dataclass
 class EntryAudit:
     entry: LedgerEntry
@@ -133,7 +138,7 @@ class EntryAudit:
                     "case_id": r.case_id,
                     "version": r.version,
                     "status": r.status.value,
-                    "reason": r.reason[:200],
+                    "reason": _excerpt(r.reason),
                 }
                 for f, r in self.unlisted
             ],
@@ -156,7 +161,7 @@ class Group:
             "records": len(self.records),
             "cases": len(cases),
             "head_dims": sorted({int(r.case.get("head_dim", 0)) for _, r in self.records}),
-            "examples": [{"file": f, "case_id": r.case_id, "reason": r.reason[:200]} for f, r in self.records[:3]],
+            "examples": [{"file": f, "case_id": r.case_id, "reason": _excerpt(r.reason)} for f, r in self.records[:3]],
         }
 
 
@@ -214,7 +219,7 @@ class Audit:
             "stale": [e.source for e in self.stale],
             "unexplained_groups": [g.to_json() for g in self.unexplained],
             "refused_now": [
-                {"file": f, "backend": r.backend, "case_id": r.case_id, "error": r.reason[:200], "refusal": why}
+                {"file": f, "backend": r.backend, "case_id": r.case_id, "error": _excerpt(r.reason), "refusal": why}
                 for f, r, why in self.refused_now
             ],
         }
@@ -240,7 +245,13 @@ def audit(
     every: list[CheckResult] = []
     for path in paths:
         try:
-            loaded = load_results(path, allow_skipped=allow_skipped, need_header=False, drop_duplicates=drop_duplicates)
+            loaded = load_results(
+                path,
+                allow_skipped=allow_skipped,
+                # no mutate: load_results reads need_header as a truth value, so None (mutmut's swap) is False too
+                need_header=False,  # pragma: no mutate
+                drop_duplicates=drop_duplicates,
+            )
         except ResultsFileError as exc:
             raise ValueError(str(exc)) from None
         results, nonfinite = judged_results(loaded.results)

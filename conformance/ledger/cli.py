@@ -136,7 +136,8 @@ def _print(result, out) -> None:
             seen.setdefault((r.backend, why), []).append((f, r))
         for (backend, why), records in sorted(seen.items(), key=lambda kv: (kv[0][0], -len(kv[1]))):
             f, r = records[0]
-            w(f"  {backend}: {len(records)} record(s) | {why}\n           e.g. {r.case_id}: {r.reason[:80]} ({f})\n")
+            error = (r.reason or "")[:80]  # a null reason is read as ''
+            w(f"  {backend}: {len(records)} record(s) | {why}\n           e.g. {r.case_id}: {error} ({f})\n")
     if result.unexplained:
         w("\nunexplained problems, by backend and signature:\n")
         for backend, groups in by_backend(result.unexplained).items():

@@ -451,3 +451,33 @@ def test_an_error_of_a_call_the_adapter_now_refuses_is_refused_now_not_unexplain
     assert [(r["backend"], r["case_id"]) for r in data["refused_now"]] == [("torch-flash", rows[0][1].id)]
     assert data["unexplained"] == 3
     assert run(capsys, *argv, "--strict")[0] == 1  # the three others
+
+
+def test_records_whose_reason_is_null_are_audited_with_an_empty_reason(
+    tmp_path: Path, ledger_dir: Path, capsys
+) -> None:
+    """A record may hold ``"reason": null`` (the reader does not refuse it; the ledger's matching reads it as '');
+    the audit's text and ``--json`` show such an unexplained, unlisted or refused-now record with an empty reason
+    rather than stopping with a TypeError (found beside mutmut's survivor of ``_first_line``'s ``or ""``)."""
+    path = tmp_path / "n.jsonl"
+    append_record(path, Header(suite="fuzz", backends={"kern": {"version": "1.0"}}, env={}))
+    contiguous = dict(kv_layout="contiguous", block_size=None)
+    rows = [
+        ("kern", case(head_dim=64), "fail"),  # no entry's case: a group
+        ("kern", case(), "crash"),  # the d80 entry's case in a status it does not list: unlisted
+        ("torch-flash", case(head_dim=20, **contiguous), "error"),  # a call torch-flash now refuses
+    ]
+    with open(path, "a") as fh:
+        for backend, c, status in rows:
+            data = CheckResult(
+                c.id, backend, "fam", Status(status), c.to_json(), version="1.0", device="cuda"
+            ).to_json()
+            fh.write(json.dumps({**data, "reason": None}) + "\n")
+    argv = ("audit", str(path), "--ledger-dir", str(ledger_dir), "--no-suites")
+    code, out, err = run(capsys, *argv)
+    assert code == 0 and err == "" and "3 records: 3 problems, 0 explained, 2 unexplained" in out
+    assert f"e.g. {rows[2][1].id}:  ({path})" in out
+    data = json.loads(run(capsys, *argv, "--json")[1])
+    assert [e["reason"] for g in data["unexplained_groups"] for e in g["examples"]] == [""]
+    assert [u["reason"] for u in data["entries"][0]["unlisted"]] == [""]
+    assert [r["error"] for r in data["refused_now"]] == [""]
