@@ -67,6 +67,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         progress=not args.no_progress,
         argv=("attnconf", *argv),
         jobs=args.jobs,
+        spare_workers=args.spare_workers,
         gpus=args.gpus,
         strict=args.strict,
         ledger_dir=args.ledger_dir,

@@ -82,6 +82,9 @@ class RunConfig:
     costs: Path | None = None
     #: ``--allow-skipped``: ``resume`` keeps lines of the file that are not records instead of refusing it
     allow_skipped: bool = False
+    #: ``--spare-workers``: started workers kept per placement for restarts (None: auto,
+    #: :func:`conformance.running.spares.spares_for`; 0: none)
+    spare_workers: int | None = None
 
     @classmethod
     def from_selection(cls, selection: Selection, **options: Any) -> RunConfig:

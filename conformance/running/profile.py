@@ -128,14 +128,32 @@ class RunClock:
         if wrote:
             self.carry = seconds / wrote
 
-    def live(self, starts: Sequence[float]) -> dict[str, Any]:
-        """What only the live run knows, for :attr:`Profile.live`."""
-        return {
+    def live(
+        self,
+        starts: Sequence[float],
+        *,
+        waits: Sequence[Sequence[float]] = (),
+        from_spare: int = 0,
+        spares: Mapping[str, int] | None = None,
+    ) -> dict[str, Any]:
+        """What only the live run knows, for :attr:`Profile.live`: ``starts`` each worker start's seconds (spawn
+        to ready and loaded, a spare's included); ``waits`` per slot, the seconds it waited for each of its
+        workers (its first, then its restarts); ``from_spare`` restarts that took a spare; ``spares`` their counts
+        (:meth:`conformance.running.spares.Spares.stats`)."""
+        out: dict[str, Any] = {
             "parent_main_s": _r(self.main_s),
             "parent_judge_s": _r(self.judge_s),
             "batches": self.batches,
             "worker_starts_s": [_r(s) for s in starts],
         }
+        if waits:
+            out["restarts"] = sum(max(0, len(w) - 1) for w in waits)
+            out["restarts_from_spare"] = from_spare
+            out["worker_wait_s"] = _r(sum(sum(w) for w in waits))
+            out["restart_wait_s"] = _r(sum(sum(w[1:]) for w in waits))
+        if spares is not None:
+            out["spares"] = dict(spares)
+        return out
 
 
 @dataclass
@@ -373,6 +391,19 @@ def _run_lines(p: Profile, named: bool) -> list[str]:
             f"  worker start-up: {len(starts)} start(s), {sum(starts) / len(starts):.1f} s mean, "
             f"{max(starts):.1f} s max (spawn to ready, adapters imported)"
         )
+    if "restarts" in live:
+        text = (
+            f"  restarts: {live['restarts']}, {live.get('restarts_from_spare', 0)} took a spare worker; slots waited "
+            f"{live.get('worker_wait_s', 0.0):.1f} s for workers, {live.get('restart_wait_s', 0.0):.1f} s of it on "
+            "restarts"
+        )
+        sp = live.get("spares")
+        if isinstance(sp, dict) and sp.get("started"):
+            text += (
+                f" (spares: {sp.get('per_placement')} per placement, {sp['started']} started, "
+                f"{sp.get('taken', 0)} taken, {sp.get('discarded', 0)} discarded, {sp.get('unused', 0)} unused)"
+            )
+        lines.append(text)
     if p.checks_at_s is not None:
         lines.append(f"  checks began at {p.checks_at_s:.1f} s (start-up, describe, compile phase before it)")
     if p.compile:

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from conformance.running.selection import add_selection_args, Selection
 from conformance.exits import UsageError
-from conformance.running.usage import device_spec, positive_int, positive_seconds, seed_int
+from conformance.running.usage import bounded_int, device_spec, positive_int, positive_seconds, seed_int
 
 __all__ = ["add_run_arguments", "parse_run_argv", "selection_from_argv"]
 
@@ -29,6 +29,19 @@ def _jobs(text: str) -> int | None:
         return parse_jobs(text)
     except PlacementError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--jobs ")) from None
+
+
+def _spares(text: str) -> int | None:
+    """``--spare-workers``: ``auto`` (None: :func:`conformance.running.spares.spares_for`) or an integer in
+    [0, :data:`~conformance.running.spares.MAX_SPARES`]."""
+    from conformance.running.spares import MAX_SPARES
+
+    if text == "auto":
+        return None
+    try:
+        return bounded_int(0, MAX_SPARES)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"must be auto or {str(exc).removeprefix('must be ')}") from None
 
 
 def _gpus(text: str) -> str:
@@ -137,6 +150,15 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         help="crash-isolated workers at once, in total, 1 to 1024 (each is a process holding torch; default auto: "
         "on cpu one per core, at most 16; on cuda one per core but one, at most 16 per GPU, at least one per GPU; "
         "with --time one per GPU, or 1 on cpu)",
+    )
+    r.add_argument(
+        "--spare-workers",
+        type=_spares,
+        default=None,
+        metavar="N|auto",
+        help="after a worker's first restart (a crash, a timeout, a CUDA error), keep N workers per placement "
+        "(GPU) started and loaded, so a restart takes one instead of waiting seconds for a new worker; 0 to 16 "
+        "(default auto: 2, or 0 with --time, whose timed kernels would share the CPU with a spare's start)",
     )
     r.add_argument(
         "--gpus",

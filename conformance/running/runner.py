@@ -76,6 +76,7 @@ from conformance.running.plan import Plan, Selected, plan_pairs, select_run
 from conformance.running.pool import Outcome, WorkFeed, serve
 from conformance.running.profile import RunClock, profile_records
 from conformance.running.schedule import load_costs
+from conformance.running.spares import Spares, spares_for
 from conformance.running.selection import (
     parse_shard,
     select_cases,
@@ -161,6 +162,8 @@ class RunState:
     n_before: int = 0
     #: seconds from the start to the first check (None before the checks)
     checks_at: float | None = None
+    #: the spare workers restarts take (:mod:`conformance.running.spares`), closed by :func:`summarize`
+    spares: Spares | None = None
 
 
 def run_header(
@@ -194,6 +197,7 @@ def run_header(
         "gpus": sorted(set(gpus), key=gpus.index) if gpus else None,
         "workers": [p.to_json() for p in placements[: plan.workers]],
         "schedule": config.schedule,
+        "spare_workers": spares_for(config.spare_workers, config.time),
         "compile": compile.to_json() if compile else None,
         "checks_at_s": checks_at,
     }
@@ -335,6 +339,8 @@ def execute(
         finally:
             if ended < len(ids):  # interrupted or a worker could not start: stop the others now
                 stop.set()
+                if state.spares is not None:
+                    state.spares.close()  # a slot waiting for a spare stops waiting; none starts any more
                 for i in ids:
                     clients[i].kill()
                 for thread in threads:
@@ -376,6 +382,8 @@ def summarize(summary: RunSummary, clients: list[WorkerClient], state: RunState)
     """The summary part of a run, whatever happened before (it runs in a ``finally``): every worker of ``clients``
     closed, their starts counted, the wall time since ``state.clock`` started and the profile of this run's
     records (those past ``state.n_before``) put into ``summary``, which is returned."""
+    if state.spares is not None:
+        state.spares.close()
     summary.worker_starts = sum(c.starts for c in clients)
     _close_all(clients)
     summary.wall_s = time.perf_counter() - state.clock.t_start
@@ -385,7 +393,12 @@ def summarize(summary: RunSummary, clients: list[WorkerClient], state: RunState)
         workers=state.workers or None,
         checks_at_s=state.checks_at,
     )
-    summary.profile.live = state.clock.live([s for c in clients for s in c.start_s])
+    summary.profile.live = state.clock.live(
+        [s for c in clients for s in c.start_s],
+        waits=[c.wait_s for c in clients],
+        from_spare=sum(c.adopted for c in clients),
+        spares=state.spares.stats() if state.spares is not None else None,
+    )
     summary.profile.compile = summary.compile.to_json() if summary.compile else None
     return summary
 
@@ -402,13 +415,15 @@ def _run(config: RunConfig) -> RunSummary:
     measured = [*load_costs(config.costs), *done.values()] if config.costs else list(done.values())
     clients = [WorkerClient(env=p.env()) for p in selected.placements]
     summary = RunSummary(out=config.out, compile_only=config.compile_only)
-    state = RunState(clock)
+    spares = Spares(spares_for(config.spare_workers, config.time))
+    state = RunState(clock, spares=spares)
     try:
         for client in clients[1 : len(selected.cases)]:
             client.spawn()  # their imports overlap the first worker's describe
         env, infos, jit = describe_backends(clients[0], config)
         for client in clients:
             client.preload = list(config.backends)
+            client.spares = spares.take  # a restart takes a started worker (lazily: after the first)
         if not config.compile_only and not config.resume and config.out.exists():
             # A fresh run starts a new file, and every earlier one is kept: a repro command pasted from a
             # report (default --out) must not destroy the sweep it came from.

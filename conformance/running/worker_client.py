@@ -6,6 +6,11 @@ reply with a deadline, and turns a dead or silent worker into a :class:`Reply` o
 ``timeout`` (the worker is killed, and a fresh one starts for the next request).  :meth:`WorkerClient.request`
 is one request and its reply; :meth:`WorkerClient.submit` and :meth:`WorkerClient.collect` split it for
 pipelining.  :class:`WorkerStartError`: a worker died or stayed silent before it was ready.
+
+A restart (a start after the first) may take an already started worker instead of waiting for a new one: the
+``spares`` hook (:class:`conformance.running.spares.Spares`) hands one over, which the client adopts
+(:meth:`WorkerClient.adopt`).  ``starts``, ``start_s`` count the workers that served this client, adopted ones
+included; ``wait_s`` is what the caller waited for each, ``adopted`` how many came from the hook.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO, Any
 
 __all__ = ["Reply", "WorkerClient", "WorkerStartError"]
@@ -91,6 +97,15 @@ class WorkerClient:
         self._sent: collections.deque[float] = collections.deque()  # send times of the requests in flight
         self._last_arrival = 0.0
         self._unready = False  # spawned, its ready line not read yet
+        #: per start: seconds the caller waited in :meth:`start` for a ready (and loaded) worker
+        self.wait_s: list[float] = []
+        #: a source of started workers for a restart (None, or a hook returning None: start one here)
+        self.spares: Callable[[WorkerClient], WorkerClient | None] | None = None
+        #: starts that adopted a worker from :attr:`spares`
+        self.adopted = 0
+        #: False: a worker that died is never replaced by this client (a spare: discarded instead)
+        self.respawn = True
+        self._benched = 0.0  # an adopted worker's wait for its first request, before it was adopted
 
     @property
     def alive(self) -> bool:
@@ -134,6 +149,7 @@ class WorkerClient:
         self.starts += 1
         self._spawned = time.perf_counter()
         self._unready = True
+        self._benched = 0.0
         replies: queue.Queue[tuple[float, dict[str, Any] | None]] = queue.Queue()
         tail: collections.deque[str] = collections.deque(maxlen=200)
         self._replies, self._tail = replies, tail
@@ -143,7 +159,15 @@ class WorkerClient:
         self._err_thread.start()
 
     def start(self) -> None:
-        """Start a worker (or take the one :meth:`spawn` started) and wait for its ``ready`` line."""
+        """Start a worker (or take the one :meth:`spawn` started, or, on a restart, one of :attr:`spares`) and
+        wait for its ``ready`` line and its ``load``."""
+        t0 = time.perf_counter()
+        if not self._unready and self.starts and self.spares is not None:
+            spare = self.spares(self)
+            if spare is not None:
+                self.adopt(spare)
+                self.wait_s.append(time.perf_counter() - t0)
+                return
         if not self._unready:
             self.spawn()
         assert self.proc is not None
@@ -166,6 +190,22 @@ class WorkerClient:
                 )
             startup += reply.wall_s
         self.start_s.append(startup)
+        self.wait_s.append(time.perf_counter() - t0)
+
+    def adopt(self, other: WorkerClient) -> None:
+        """Take over ``other``'s started worker (ready, its backends loaded, nothing in flight) as this client's
+        next one; ``other`` is left without a worker.  Counted as a start of this client (its start time is the
+        one ``other`` measured)."""
+        if self._sent or other._sent or other._unready or other.proc is None:
+            raise RuntimeError("adopt(): both clients must be idle and the other's worker started")
+        self.kill()  # the dead one this client had, if any
+        self.proc, other.proc = other.proc, None
+        self._replies, self._tail, self._err_thread = other._replies, other._tail, other._err_thread
+        self._spawned, self._last_arrival = other._spawned, other._last_arrival
+        self._benched = max(0.0, time.perf_counter() - other._last_arrival)
+        self.starts += 1
+        self.adopted += 1
+        self.start_s.append(other.start_s[-1] if other.start_s else 0.0)
 
     @staticmethod
     def _read_replies(stream: IO[str], replies: queue.Queue, tail: collections.deque) -> None:
@@ -201,6 +241,8 @@ class WorkerClient:
         resends what it still wants after :meth:`kill`.
         """
         if not self._sent and (self._unready or not self.alive):
+            if not self.respawn and not self._unready and self.proc is not None:
+                raise WorkerStartError(f"worker died before it was ready: {_exit_text(self.proc.poll())}")
             self.start()
         assert self.proc is not None and self.proc.stdin is not None
         self._sent.append(time.perf_counter())
@@ -235,6 +277,10 @@ class WorkerClient:
             self._sent.clear()
             return Reply("crash", reason=f"{self._reap()}\n{self.stderr_tail()}", wall_s=arrived - began)
         self._last_arrival = arrived
+        if self._benched:
+            # an adopted worker waited for its first request before this client had it: not the run's idle time
+            reply["idle_s"] = max(0.0, float(reply.get("idle_s", 0.0)) - self._benched)
+            self._benched = 0.0
         return Reply("ok", data=reply, wall_s=arrived - began)
 
     def _dump_stacks(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import zlib
 from pathlib import Path
 from collections.abc import Callable
 from typing import ClassVar
@@ -30,6 +31,7 @@ from conformance.verdict.reference import case_options, strict_fp32
 __all__ = [
     "ALL_FAKES",
     "PLANTED_BUGS",
+    "CrashSometimesBackend",
     "CrashingBackend",
     "DescaleDroppedBackend",
     "PerTensorDescaleBackend",
@@ -219,6 +221,32 @@ class HangingBackend(ExactBackend):
                 time.sleep(3600)
 
         return run
+
+
+#: :class:`CrashSometimesBackend` crashes on one case in this many (default 3)
+CRASH_EVERY_ENV = "ATTNCONF_FAKE_CRASH_EVERY"
+
+
+class CrashSometimesBackend(ExactBackend):
+    """Exact, but the kernel call kills the process on about one case in ``$ATTNCONF_FAKE_CRASH_EVERY`` (3), chosen
+    by the case id's CRC-32 (the same cases in every process and run): a kernel that crashes now and then."""
+
+    name = "fake-crash-sometimes"
+    description = "test fake: exact, os.abort() in the kernel on one case in N"
+
+    @staticmethod
+    def crashes(case: AttentionCase) -> bool:
+        return zlib.crc32(case.id.encode()) % int(os.environ.get(CRASH_EVERY_ENV, "3")) == 0
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        run = super().prepare(case, inputs)
+
+        def kernel() -> KernelOutput:
+            if self.crashes(case):
+                os.abort()
+            return run()
+
+        return kernel
 
 
 class RaisingBackend(ExactBackend):

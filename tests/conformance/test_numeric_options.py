@@ -105,6 +105,7 @@ FLAGS = [
     Flag(("run",), "--seed", "seed", SEED),
     Flag(("run",), "--limit", "limit", int_in(1, 10**5000)),
     Flag(("run",), "--jobs", "jobs", auto_or(int_in(1, 1024))),
+    Flag(("run",), "--spare-workers", "spare_workers", auto_or(int_in(0, 16))),
     Flag(("run",), "--shard", "shard", shard_ok),
     Flag(("run",), "--gpus", "gpus", gpus_ok),
     Flag(("fuzz",), "--seed", "seed", SEED),

@@ -293,6 +293,7 @@ class _Client:
 
     def __init__(self, starts: int) -> None:
         self.starts, self.start_s, self.calls = starts, [0.25] * starts, []
+        self.wait_s, self.adopted = [0.5] * starts, starts - 1  # every restart took a spare
 
     def close_input(self) -> None:
         self.calls.append("close_input")
@@ -313,6 +314,9 @@ def test_summarize_closes_the_workers_and_profiles_this_runs_records_only() -> N
     assert summary.wall_s > 0 and summary.profile is not None
     assert set(summary.profile.backends) == {"new"} and summary.profile.workers == 2
     assert summary.profile.checks_at_s == 0.5 and summary.profile.compile is None
+    live = summary.profile.live
+    assert live["worker_starts_s"] == [0.25] * 3 and live["restarts"] == 1 and live["restarts_from_spare"] == 1
+    assert live["worker_wait_s"] == 1.5 and live["restart_wait_s"] == 0.5
 
 
 # ------------------------------------------------------------------------------------------- resume of an old file
