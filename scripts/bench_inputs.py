@@ -79,7 +79,10 @@ def child(cases_file: str, profile: bool) -> None:
             stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
             rows = []
             for (file, line, fn), (_cc, _nc, tt, ct, _callers) in stats.items():
-                where = fn if file == "~" else f"{os.path.relpath(file) if 'conformance' in file or 'attnref' in file else os.path.basename(file)}:{line}({fn})"
+                ours = "conformance" in file or "attnref" in file
+                where = (
+                    fn if file == "~" else f"{os.path.relpath(file) if ours else os.path.basename(file)}:{line}({fn})"
+                )
                 rows.append((where, tt * 1e3 / len(cases), ct * 1e3 / len(cases)))
             entry["profile"] = rows
         out[name] = entry
@@ -139,7 +142,9 @@ def main() -> None:
             for name, tree in trees.items():
                 runs[name].append(_run_child(tree, cases_file, False, args.threads))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-        profiles = {name: _run_child(tree, cases_file, True, args.threads) for name, tree in trees.items()} if args.profile else {}
+        profiles = {}
+        if args.profile:
+            profiles = {name: _run_child(tree, cases_file, True, args.threads) for name, tree in trees.items()}
     result: dict[str, Any] = {"suites": {}}
     for s, n in zip(suites, every):
         entry: dict[str, Any] = {"every": n}
@@ -160,7 +165,8 @@ def main() -> None:
         print(f"\n{s} (every {n}th case, {entry['this']['cases']} cases): same bytes in every run: {len(shas) == 1}")
         for name in trees:
             e = entry[name]
-            print(f"  {name:>10}: {e['ms_per_case']:7.2f} ms per case (median round {e['median_round_ms_per_case']:.2f})")
+            mid = e["median_round_ms_per_case"]
+            print(f"  {name:>10}: {e['ms_per_case']:7.2f} ms per case (median round {mid:.2f})")
         for name in trees if profiles else ():
             print(f"  profile {name}, ms per case (own, cumulative), by own time:")
             print(_table(entry[name]["profile"], 1, args.top))
