@@ -34,6 +34,15 @@ def call_case(layer: AttentionCase, requests: Sequence[tuple[int, int]], **chang
     return layer.replace(requests=tuple((int(q), int(k)) for q, k in requests), **fields)
 
 
+def _packed_inputs(
+    case: AttentionCase, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **tensors: torch.Tensor | None
+) -> CaseInputs:
+    """A call's inputs over packed ``q``/``k``/``v``, the case's requests as their cumulative lengths."""
+    dev = q.device
+    cu_q, cu_k = cu_seqlens(case.q_lens, dev), cu_seqlens(case.kv_lens, dev)
+    return call_inputs(case, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **tensors)
+
+
 def contiguous_call(
     label: str,
     case: AttentionCase,
@@ -46,19 +55,7 @@ def contiguous_call(
     qv: torch.Tensor | None = None,
 ) -> Call:
     """A call over packed keys: request ``b``'s queries ``q[cu_q[b]:cu_q[b+1]]`` see ``k[cu_k[b]:cu_k[b+1]]``."""
-    dev = q.device
-    inputs = call_inputs(
-        case,
-        q=q,
-        k=k,
-        v=v,
-        cu_seqlens_q=cu_seqlens(case.q_lens, dev),
-        cu_seqlens_k=cu_seqlens(case.kv_lens, dev),
-        sinks=sinks,
-        alibi_slopes=alibi_slopes,
-        qv=qv,
-    )
-    return Call(label, case, inputs)
+    return Call(label, case, _packed_inputs(case, q, k, v, sinks=sinks, alibi_slopes=alibi_slopes, qv=qv))
 
 
 def paged_call(
@@ -83,22 +80,8 @@ def paged_call(
         )
     k, _ = gather_kv(paged.k_cache, block_table, case.kv_lens, as_layout(paged.layout))
     v, _ = gather_kv(paged.v_cache, block_table, case.kv_lens, as_layout(paged.layout))
-    dev = q.device
-    inputs: CaseInputs = call_inputs(
-        case,
-        q=q,
-        k=k,
-        v=v,
-        cu_seqlens_q=cu_seqlens(case.q_lens, dev),
-        cu_seqlens_k=cu_seqlens(case.kv_lens, dev),
-        k_cache=paged.k_cache,
-        v_cache=paged.v_cache,
-        block_table=block_table,
-        sinks=sinks,
-        alibi_slopes=alibi_slopes,
-        qv=qv,
-    )
-    return Call(label, case, inputs)
+    cache = {"k_cache": paged.k_cache, "v_cache": paged.v_cache, "block_table": block_table}
+    return Call(label, case, _packed_inputs(case, q, k, v, **cache, sinks=sinks, alibi_slopes=alibi_slopes, qv=qv))
 
 
 def tree_sequences(
