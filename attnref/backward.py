@@ -36,7 +36,7 @@ from .core import alibi_penalty, attend_sequence, query_tiles, tile_shape
 from .options import AttnOptions, Numerics
 from .result import AttnGrads
 from .validate import check_alibi, check_alibi_dtype, check_cu_seqlens, check_head_vector, check_qkv, check_seqlens
-from .varlen import sequence_spans
+from .varlen import sequence_slopes, sequence_spans
 
 __all__ = ["attend_sequence_backward", "attention_padded_backward", "attention_varlen_backward"]
 
@@ -203,7 +203,7 @@ def _sequences_backward(
         None if sinks is None else torch.zeros(q.shape[-2], dtype=ct, device=q.device),
     )
     for qi, ki, b in pieces:
-        slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
+        slopes = sequence_slopes(alibi_slopes, b)
         g = attend_sequence_backward(
             q[qi],
             k[ki],
