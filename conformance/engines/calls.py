@@ -1,5 +1,6 @@
 """Building blocks the engine replays share: describing a kernel call.
 
+* :func:`scenario_cases`: an engine's cases, each scenario's requests under each variant's fields;
 * :func:`call_case` turns the layer's case into the case of one call (its requests and options);
 * :func:`contiguous_call` / :func:`paged_call` build a :class:`~conformance.engines.base.Call` from the
   engine's tensors (what an adapter's ``prepare`` reads: packed ``q``, packed or paged keys, block table);
@@ -11,7 +12,8 @@ a layer below, which the invariance batches of :mod:`conformance.graphs` use too
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -21,9 +23,21 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.cases.paged_kv import PagedKV, cu_seqlens, prefix_sums
 
-from .base import Call, call_inputs
+from .base import Call, Request, call_inputs
 
-__all__ = ["call_case", "contiguous_call", "paged_call", "tree_sequences"]
+__all__ = ["call_case", "contiguous_call", "paged_call", "scenario_cases", "tree_sequences"]
+
+
+def scenario_cases(
+    engine: str, scenarios: Mapping[str, Sequence[Request]], variants: Sequence[Mapping[str, Any]]
+) -> list[AttentionCase]:
+    """An engine's cases: each scenario's requests (new tokens, keys) under each variant's case fields (heads,
+    dims, dtype, ...), in scenario order."""
+    return [
+        AttentionCase(requests=tuple((r.new, r.kv) for r in reqs), engine=engine, scenario=scenario, **variant)
+        for scenario, reqs in scenarios.items()
+        for variant in variants
+    ]
 
 
 def call_case(layer: AttentionCase, requests: Sequence[tuple[int, int]], **changes) -> AttentionCase:
