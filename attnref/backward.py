@@ -36,7 +36,7 @@ from .core import alibi_penalty, attend_sequence, query_tiles, tile_shape
 from .options import AttnOptions, Numerics
 from .result import AttnGrads
 from .validate import check_alibi, check_alibi_dtype, check_cu_seqlens, check_head_vector, check_qkv, check_seqlens
-from .varlen import sequence_spans
+from .varlen import sequence_slopes, sequence_spans
 
 __all__ = ["attend_sequence_backward", "attention_padded_backward", "attention_varlen_backward"]
 
@@ -173,6 +173,61 @@ def _check_dout(dout: torch.Tensor, want: tuple[int, ...], device: torch.device)
         raise ValueError(f"dout must be on q's device {device}, got {dout.device}")
 
 
+def _sequences_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    pieces: list[tuple[int | slice, slice | tuple[int, slice], int]],
+    *,
+    options: AttnOptions,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    numerics: Numerics,
+    operand_dtype: torch.dtype | None,
+    softcap_arg_dtype: torch.dtype | None,
+    alibi_dtype: torch.dtype | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> AttnGrads:
+    """A batch's gradients, one :func:`attend_sequence_backward` per ``(query index, key index, b)`` of ``pieces``.
+
+    ``b`` picks a ``(b, h)`` ALiBi slope row; ``out`` is indexed like q and ``lse`` (h, tokens) along its tokens.
+    Each sequence's dQ is written at its query index and its dK, dV added at its key index; dsinks is their sum.
+    """
+    ct = numerics.dtype
+    grads = AttnGrads(
+        torch.zeros(q.shape, dtype=ct, device=q.device),
+        torch.zeros(k.shape, dtype=ct, device=q.device),
+        torch.zeros(v.shape, dtype=ct, device=q.device),
+        None if sinks is None else torch.zeros(q.shape[-2], dtype=ct, device=q.device),
+    )
+    for qi, ki, b in pieces:
+        slopes = sequence_slopes(alibi_slopes, b)
+        g = attend_sequence_backward(
+            q[qi],
+            k[ki],
+            v[ki],
+            dout[qi],
+            options,
+            alibi_slopes=slopes,
+            sinks=sinks,
+            numerics=numerics,
+            out=None if out is None else out[qi],
+            lse=None if lse is None else lse[:, qi],
+            operand_dtype=operand_dtype,
+            softcap_arg_dtype=softcap_arg_dtype,
+            alibi_dtype=alibi_dtype,
+        )
+        grads.dq[qi] = g.dq
+        grads.dk[ki] += g.dk
+        grads.dv[ki] += g.dv
+        if grads.dsinks is not None:
+            assert g.dsinks is not None  # both are None exactly when sinks is
+            grads.dsinks.add_(g.dsinks)
+    return grads
+
+
 @torch.no_grad()
 def attention_varlen_backward(
     q: torch.Tensor,
@@ -230,38 +285,22 @@ def attention_varlen_backward(
             f"out must have shape {(q.shape[0], h, dv)} and lse {(h, q.shape[0])}, "
             f"got {tuple(out.shape)} and {tuple(lse.shape)}"
         )
-    ct = numerics.dtype
-    grads = AttnGrads(
-        torch.zeros(q.shape[0], h, d, dtype=ct, device=q.device),
-        torch.zeros(k.shape[0], hk, d, dtype=ct, device=q.device),
-        torch.zeros(k.shape[0], hk, dv, dtype=ct, device=q.device),
-        None if sinks is None else torch.zeros(h, dtype=ct, device=q.device),
+    return _sequences_backward(
+        q,
+        k,
+        v,
+        dout,
+        [(slice(cu_q[b], cu_q[b + 1]), slice(k0, k0 + n), b) for b, (k0, n) in enumerate(spans)],
+        options=options,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        numerics=numerics,
+        operand_dtype=operand_dtype,
+        softcap_arg_dtype=softcap_arg_dtype,
+        alibi_dtype=alibi_dtype,
+        out=out,
+        lse=lse,
     )
-    for b, (k0, n) in enumerate(spans):
-        q0, q1 = cu_q[b], cu_q[b + 1]
-        slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
-        g = attend_sequence_backward(
-            q[q0:q1],
-            k[k0 : k0 + n],
-            v[k0 : k0 + n],
-            dout[q0:q1],
-            options,
-            alibi_slopes=slopes,
-            sinks=sinks,
-            numerics=numerics,
-            out=None if out is None else out[q0:q1],
-            lse=None if lse is None else lse[:, q0:q1],
-            operand_dtype=operand_dtype,
-            softcap_arg_dtype=softcap_arg_dtype,
-            alibi_dtype=alibi_dtype,
-        )
-        grads.dq[q0:q1] = g.dq
-        grads.dk[k0 : k0 + n] += g.dk
-        grads.dv[k0 : k0 + n] += g.dv
-        if grads.dsinks is not None:
-            assert g.dsinks is not None  # both are None exactly when sinks is
-            grads.dsinks.add_(g.dsinks)
-    return grads
 
 
 @torch.no_grad()
@@ -299,31 +338,16 @@ def attention_padded_backward(
     lens = [sk] * batch if seqlens_k is None else check_seqlens("seqlens_k", seqlens_k, batch, sk)
     check_alibi(alibi_slopes, batch, h, q.device)
     check_head_vector("sinks", sinks, h, q.device)
-    ct = numerics.dtype
-    grads = AttnGrads(
-        torch.zeros(batch, sq, h, d, dtype=ct, device=q.device),
-        torch.zeros(batch, sk, hk, d, dtype=ct, device=q.device),
-        torch.zeros(batch, sk, hk, dv, dtype=ct, device=q.device),
-        None if sinks is None else torch.zeros(h, dtype=ct, device=q.device),
+    return _sequences_backward(
+        q,
+        k,
+        v,
+        dout,
+        [(b, (b, slice(None, lens[b])), b) for b in range(batch)],
+        options=options,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        numerics=numerics,
+        operand_dtype=operand_dtype,
+        softcap_arg_dtype=softcap_arg_dtype,
     )
-    for b in range(batch):
-        slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
-        g = attend_sequence_backward(
-            q[b],
-            k[b, : lens[b]],
-            v[b, : lens[b]],
-            dout[b],
-            options,
-            alibi_slopes=slopes,
-            sinks=sinks,
-            numerics=numerics,
-            operand_dtype=operand_dtype,
-            softcap_arg_dtype=softcap_arg_dtype,
-        )
-        grads.dq[b] = g.dq
-        grads.dk[b, : lens[b]] = g.dk
-        grads.dv[b, : lens[b]] = g.dv
-        if grads.dsinks is not None:
-            assert g.dsinks is not None  # both are None exactly when sinks is
-            grads.dsinks.add_(g.dsinks)
-    return grads

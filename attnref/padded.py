@@ -9,6 +9,7 @@ from .core import attend_sequence
 from .options import AttnOptions, Numerics
 from .result import AttnResult
 from .validate import check_alibi, check_head_vector, check_qkv, check_qv, check_seqlens
+from .varlen import sequence_slopes
 
 __all__ = ["attention_padded"]
 
@@ -48,7 +49,7 @@ def attention_padded(
     out = torch.zeros(batch, sq, h, dv, dtype=numerics.dtype, device=q.device)
     lse = torch.full((batch, h, sq), float("-inf"), dtype=numerics.dtype, device=q.device)
     for b in range(batch):
-        slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
+        slopes = sequence_slopes(alibi_slopes, b)
         out[b], lse[b] = attend_sequence(
             q[b],
             k[b, : lens[b]],

@@ -30,6 +30,7 @@ from .validate import (
     check_qv,
     check_seqlens,
 )
+from .varlen import sequence_slopes
 
 __all__ = [
     "KVLayout",
@@ -230,7 +231,7 @@ def attention_paged(
         q0, q1 = cu_q[b], cu_q[b + 1]
         kb = _gather_one(k_cache, table[b], lens[b], layout)
         vb = _gather_one(v_cache, table[b], lens[b], layout)
-        slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
+        slopes = sequence_slopes(alibi_slopes, b)
         out[q0:q1], lse[:, q0:q1] = attend_sequence(
             q[q0:q1],
             kb,

@@ -24,7 +24,12 @@ from .validate import (
     check_seqlens,
 )
 
-__all__ = ["attention_varlen", "cp_sequence_options", "sequence_spans"]
+__all__ = ["attention_varlen", "cp_sequence_options", "sequence_slopes", "sequence_spans"]
+
+
+def sequence_slopes(alibi_slopes: torch.Tensor | None, b: int) -> torch.Tensor | None:
+    """Sequence ``b``'s (h,) ALiBi slopes: the shared (h,) slopes, or row ``b`` of per-sequence (b, h) ones."""
+    return None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
 
 
 def sequence_spans(
@@ -143,7 +148,7 @@ def attention_varlen(
     lse = torch.full((h, q.shape[0]), float("-inf"), dtype=numerics.dtype, device=q.device)
     for b, (k0, n) in enumerate(spans):
         q0, q1 = cu_q[b], cu_q[b + 1]
-        slopes = None if alibi_slopes is None else (alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b])
+        slopes = sequence_slopes(alibi_slopes, b)
         o, l = attend_sequence(
             q[q0:q1],
             k[k0 : k0 + n],

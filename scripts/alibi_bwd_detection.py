@@ -17,11 +17,7 @@ Writes ``alibi-backward.json`` (every verdict: status, failed sub-checks, the wo
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,23 +26,22 @@ sys.path.insert(0, str(REPO))
 
 import conformance.backward.gradients as grad_mod  # noqa: E402
 from conformance.cases.case import AttentionCase  # noqa: E402
-from conformance.running.env import git_commit  # noqa: E402
 from conformance.suites.registry import get_suite  # noqa: E402
-from conformance.verdict.check import check_backend, prepare_context  # noqa: E402
+from conformance.verdict.check import check_backend  # noqa: E402
 from tests.conformance.backward.alibi_sim import ALIBI_BUGS, AlibiOneSidedBackend, SdpaBiasKernelSim  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
+import _bwd_detection as frame  # type: ignore[import-not-found]  # noqa: E402
 from investigate_bwd_triage import GRID, grid_case  # type: ignore[import-not-found]  # noqa: E402
 
 BACKENDS: list[tuple[type[SdpaBiasKernelSim], str]] = [
     (SdpaBiasKernelSim, "control: fused SDPA kernel fed the adapter's rounded bias"),
 ] + [(cls, "bug" if must else "below rounding") for cls, must in ALIBI_BUGS.items()]
-_BY_NAME: dict[str, type[SdpaBiasKernelSim]] = {cls.__name__: cls for cls, _ in BACKENDS}
 #: the wide grid's entries: (dtype, causal, heads, requests index, seed) of runs that failed on the H100
 _PICK = [("bf16", False, 16, 1, 0), ("fp16", False, 16, 2, 0), ("bf16", True, 8, 2, 1), ("fp16", True, 16, 1, 1)]
 
 
-def cases() -> list[tuple[AttentionCase, int]]:
+def cases(args: object = None) -> list[tuple[AttentionCase, int]]:
     """(case, seed): the H100's failing runs picked from the wide grid, then ``default``'s (seed 0)."""
     wide = [grid_case(f) for f in GRID["sdpa-cuda-wide"]]
     picked = []
@@ -69,85 +64,40 @@ def judge(ctx, mode: str, cls: type[SdpaBiasKernelSim]) -> dict[str, Any]:
     return {"status": r.status.value, "reason": r.reason[:300], "worst_ratio": bw.get("worst_ratio"), "failed": failed}
 
 
-def table(rows: list[dict[str, Any]]) -> list[str]:
-    out = [
-        "| backend | kind | before: cases failed | worst ratio | after: cases failed | worst ratio |",
-        "|---|---|---|---|---|---|",
-    ]
-    for cls, kind in BACKENDS:
-        mine = [r for r in rows if r["backend"] == cls.name]
-        cells = []
-        for mode in ("before", "after"):
-            failed = sum(1 for r in mine if r[mode]["status"] != "pass")
-            ratios = [r[mode]["worst_ratio"] for r in mine if r[mode]["worst_ratio"] is not None]
-            span = f"{min(ratios):.2f} to {max(ratios):.2f}" if ratios else "-"
-            cells += [f"{failed} of {len(mine)}", span]
-        out.append(f"| `{cls.__name__}` | {kind} | " + " | ".join(cells) + " |")
-    return out
-
-
-def render(data: dict[str, Any]) -> str:
+def render(data: dict[str, Any], args: object = None) -> str:
     rows = data["rows"]
     missed = [
         f"- `{r['fake']}` on `{r['case_id']}` seed {r['seed']} "
         f"(before: {r['before']['status']}, after: {r['after']['status']})"
-        for r in rows
-        if ALIBI_BUGS.get(_BY_NAME[r["fake"]], False) and r["after"]["status"] == "pass"
+        for r in frame.missed(rows, ALIBI_BUGS, BACKENDS)
     ]
-    return "\n".join(
-        [
-            "# Detection power: ALiBi backward of a rounded-bias kernel, before and after the ALiBi-bias baseline",
-            "",
-            f"Generated {data['generated']} by `python scripts/alibi_bwd_detection.py` (commit `{data['commit']}`, "
-            f"CPU, {data['seconds']} s). Cases: {data['cases']} (4 of the H100's failing class from "
-            "`investigate_bwd_triage.py`'s `sdpa-cuda-wide` grid and `default`'s ALiBi backward cases without a "
-            "soft-cap; the first 4 at the seed they failed with there, the others at seed 0). A backend fails a case "
-            "on any failed check (forward or backward); before = the "
-            "baseline with exact ALiBi, after = ALiBi rounded as sdpa-cuda hands it to the kernel "
-            "(`conformance/backward/gradients.py`, `alibi_dtype`). Worst ratio: the range over the cases of the "
-            "largest gradient error ratio (max rule). `AlibiOneSidedBackend` runs on the non-causal cases only "
-            "(causal: the one-sided penalty is the right one).",
-            "",
-            *table(rows),
-            "",
-            "Planted bugs the verdict does not catch after the change:",
-            "",
-            *(missed or ["- none"]),
-            "",
-        ]
+    return frame.page(
+        "# Detection power: ALiBi backward of a rounded-bias kernel, before and after the ALiBi-bias baseline",
+        f"Generated {data['generated']} by `python scripts/alibi_bwd_detection.py` (commit `{data['commit']}`, "
+        f"CPU, {data['seconds']} s). Cases: {data['cases']} (4 of the H100's failing class from "
+        "`investigate_bwd_triage.py`'s `sdpa-cuda-wide` grid and `default`'s ALiBi backward cases without a "
+        "soft-cap; the first 4 at the seed they failed with there, the others at seed 0). A backend fails a case "
+        "on any failed check (forward or backward); before = the "
+        "baseline with exact ALiBi, after = ALiBi rounded as sdpa-cuda hands it to the kernel "
+        "(`conformance/backward/gradients.py`, `alibi_dtype`). Worst ratio: the range over the cases of the "
+        "largest gradient error ratio (max rule). `AlibiOneSidedBackend` runs on the non-causal cases only "
+        "(causal: the one-sided penalty is the right one).",
+        frame.table(rows, BACKENDS, "worst ratio", lambda m: m["worst_ratio"]),
+        missed,
     )
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(REPO / "reports" / "detection-power"))
-    ap.add_argument("--render-only", action="store_true", help="rewrite the .md from the .json in --out, run nothing")
-    args = ap.parse_args()
-    out = Path(args.out)
-    if args.render_only:
-        data = json.loads((out / "alibi-backward.json").read_text(encoding="utf-8"))
-        (out / "alibi-backward.md").write_text(render(data), encoding="utf-8")
-        return 0
-    t0 = time.time()
-    rows: list[dict[str, Any]] = []
-    todo = cases()
-    for case, seed in todo:
-        ctx = prepare_context(case, seed, "cpu")
-        for cls, _ in BACKENDS:
-            if cls is AlibiOneSidedBackend and (case.causal or case.sinks):
-                continue
-            row: dict[str, Any] = {"case_id": case.id, "seed": seed, "backend": cls.name, "fake": cls.__name__}
-            row.update({mode: judge(ctx, mode, cls) for mode in ("before", "after")})
-            rows.append(row)
-            print(json.dumps({k: row[k] for k in ("case_id", "fake")}), row["before"]["status"],
-                  row["after"]["status"], flush=True)  # fmt: skip
-    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    data = {"generated": now, "commit": git_commit(), "seconds": round(time.time() - t0, 1), "cases": len(todo)}
-    data["rows"] = rows
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "alibi-backward.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    (out / "alibi-backward.md").write_text(render(data), encoding="utf-8")
-    return 0
+    return frame.main(
+        __doc__,
+        "alibi-backward",
+        render,
+        cases,
+        BACKENDS,
+        judge,
+        skip=lambda case, cls: cls is AlibiOneSidedBackend and (case.causal or case.sinks),
+        record_seed=True,
+    )
 
 
 if __name__ == "__main__":

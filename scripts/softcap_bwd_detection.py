@@ -18,10 +18,7 @@ Writes ``softcap-backward.json`` (every verdict: status, failed sub-checks, dK/d
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +27,12 @@ sys.path.insert(0, str(REPO))
 
 import conformance.backward.gradients as grad_mod  # noqa: E402
 from conformance.cases.case import AttentionCase  # noqa: E402
-from conformance.running.env import git_commit  # noqa: E402
 from conformance.suites.registry import get_suite  # noqa: E402
-from conformance.verdict.check import check_backend, prepare_context  # noqa: E402
+from conformance.verdict.check import check_backend  # noqa: E402
 from tests.conformance.backward.softcap_sim import SOFTCAP_BUGS, SoftcapKernelSim  # noqa: E402
 
 sys.path.insert(0, str(REPO / "scripts"))
+import _bwd_detection as frame  # type: ignore[import-not-found]  # noqa: E402
 from investigate_bwd_triage import GRID, HEADS, REQUESTS  # type: ignore[import-not-found]  # noqa: E402
 
 
@@ -50,7 +47,6 @@ BACKENDS: list[tuple[type[SoftcapKernelSim], str]] = [
     (SoftcapKernelSim, "control: FA2-like (tanh error calibrated on the H100)"),
     (RoundingOnlySim, "control: P and dS rounded, exact tanh"),
 ] + [(cls, "bug" if must else "below rounding") for cls, must in SOFTCAP_BUGS.items()]
-_BY_NAME: dict[str, type[SoftcapKernelSim]] = {cls.__name__: cls for cls, _ in BACKENDS}
 
 
 def cases(sample: int) -> list[AttentionCase]:
@@ -60,7 +56,7 @@ def cases(sample: int) -> list[AttentionCase]:
     return grid + default[::step][:sample]
 
 
-def judge(case: AttentionCase, mode: str, ctx, cls: type[SoftcapKernelSim]) -> dict[str, Any]:
+def judge(ctx, mode: str, cls: type[SoftcapKernelSim]) -> dict[str, Any]:
     grad_mod._CACHE.clear()
     saved = grad_mod.softcap_arg_dtype
     if mode == "before":
@@ -86,80 +82,44 @@ def judge(case: AttentionCase, mode: str, ctx, cls: type[SoftcapKernelSim]) -> d
     return out
 
 
-def table(rows: list[dict[str, Any]]) -> list[str]:
-    out = [
-        "| backend | kind | before: cases failed | dK mean / its bound | after: cases failed | dK mean / its bound |",
-        "|---|---|---|---|---|---|",
-    ]
-    for cls, kind in BACKENDS:
-        mine = [r for r in rows if r["backend"] == cls.name]
-        cells = []
-        for mode in ("before", "after"):
-            failed = sum(1 for r in mine if r[mode]["status"] != "pass")
-            ratios = [r[mode]["dk"]["mean"] / r[mode]["dk"]["mean_bound"] for r in mine if "dk" in r[mode]]
-            span = f"{min(ratios):.2f} to {max(ratios):.2f}" if ratios else "-"
-            cells += [f"{failed} of {len(mine)}", span]
-        out.append(f"| `{cls.__name__}` | {kind} | " + " | ".join(cells) + " |")
-    return out
-
-
 def render(data: dict[str, Any], sample: int) -> str:
     rows = data["rows"]
     missed = [
         f"- `{r['fake']}` on `{r['case_id']}` (before: {r['before']['status']}, after: {r['after']['status']})"
-        for r in rows
-        if SOFTCAP_BUGS.get(_BY_NAME[r["fake"]], False) and r["after"]["status"] == "pass"
+        for r in frame.missed(rows, SOFTCAP_BUGS, BACKENDS)
     ]
-    return "\n".join(
-        [
-            "# Detection power: soft-capped 16-bit backward, before and after the soft-capped baseline",
-            "",
-            f"Generated {data['generated']} by `python scripts/softcap_bwd_detection.py --sample {sample}` (commit "
-            f"`{data['commit']}`, CPU, {data['seconds']} s). Cases: {data['cases']} (the triage grid's 5 soft-capped "
-            f"cases and {data['cases'] - 5} of `default`'s 27 soft-capped backward cases, evenly spaced), seed 0. A "
-            "backend fails a case on any failed check (forward or backward); before = the baseline with the tanh's "
-            "argument in fp32, after = formed in fp16 for fp16 cases (`conformance/backward/gradients.py`). "
-            "dK mean / its bound: the range over the cases of the dK mean error over the mean rule's bound.",
-            "",
-            *table(rows),
-            "",
-            "Planted bugs the verdict does not catch after the change:",
-            "",
-            *(missed or ["- none"]),
-            "",
-        ]
+    return frame.page(
+        "# Detection power: soft-capped 16-bit backward, before and after the soft-capped baseline",
+        f"Generated {data['generated']} by `python scripts/softcap_bwd_detection.py --sample {sample}` (commit "
+        f"`{data['commit']}`, CPU, {data['seconds']} s). Cases: {data['cases']} (the triage grid's 5 soft-capped "
+        f"cases and {data['cases'] - 5} of `default`'s 27 soft-capped backward cases, evenly spaced), seed 0. A "
+        "backend fails a case on any failed check (forward or backward); before = the baseline with the tanh's "
+        "argument in fp32, after = formed in fp16 for fp16 cases (`conformance/backward/gradients.py`). "
+        "dK mean / its bound: the range over the cases of the dK mean error over the mean rule's bound.",
+        frame.table(
+            rows,
+            BACKENDS,
+            "dK mean / its bound",
+            lambda m: m["dk"]["mean"] / m["dk"]["mean_bound"] if "dk" in m else None,
+        ),
+        missed,
     )
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(REPO / "reports" / "detection-power"))
+def _options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sample", type=int, default=9, help="how many of default's soft-capped backward cases")
-    ap.add_argument("--render-only", action="store_true", help="rewrite the .md from the .json in --out, run nothing")
-    args = ap.parse_args()
-    if args.render_only:
-        data = json.loads((Path(args.out) / "softcap-backward.json").read_text(encoding="utf-8"))
-        (Path(args.out) / "softcap-backward.md").write_text(render(data, args.sample), encoding="utf-8")
-        return 0
-    t0 = time.time()
-    rows: list[dict[str, Any]] = []
-    todo = cases(args.sample)
-    for case in todo:
-        ctx = prepare_context(case, 0, "cpu")
-        for cls, _ in BACKENDS:
-            row: dict[str, Any] = {"case_id": case.id, "backend": cls.name, "fake": cls.__name__}
-            row.update({mode: judge(case, mode, ctx, cls) for mode in ("before", "after")})
-            rows.append(row)
-            print(json.dumps({k: row[k] for k in ("case_id", "fake")}), row["before"]["status"],
-                  row["after"]["status"], flush=True)  # fmt: skip
-    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    data = {"generated": now, "commit": git_commit(), "seconds": round(time.time() - t0, 1), "cases": len(todo)}
-    data["rows"] = rows
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "softcap-backward.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    (out / "softcap-backward.md").write_text(render(data, args.sample), encoding="utf-8")
-    return 0
+
+
+def main() -> int:
+    return frame.main(
+        __doc__,
+        "softcap-backward",
+        lambda data, args: render(data, args.sample),
+        lambda args: [(case, 0) for case in cases(args.sample)],
+        BACKENDS,
+        judge,
+        options=_options,
+    )
 
 
 if __name__ == "__main__":

@@ -32,29 +32,18 @@ axis, so coverage can be measured on any suite and fuzz failures grouped by axis
 
 from __future__ import annotations
 
+from conformance.cases import space_axes
 from conformance.cases.case import AttentionCase
+from conformance.cases.space_axes import *  # noqa: F403  (re-exports every name of space_axes.__all__)
 from conformance.cases.space_axes import (
-    APPEND_LEVELS,
     AXES,
     BATCH_SHAPES,
-    CONSTRAINTS,
-    EQUAL_DIMS,
-    FA_HEAD_DIM_TEMPLATES,
     FIELD_AXES,
-    HEAD_MODELS,
     HEADS,
-    KERNEL_AXES,
-    MLA_MODEL,
-    PLAIN,
     WIDE_BATCH_SHAPES,
     WIDE_HEADS,
-    EARLIER,
-    Axis,
-    Constraint,
     Point,
-    field_axis,
     short_append_len,
-    valid,
     violations,
 )
 from conformance.cases.space_classify import (
@@ -72,26 +61,9 @@ from conformance.cases.space_search import _component_points as _component_point
 from conformance.cases.sweep import BATCHES, build_case
 
 __all__ = [
-    "APPEND_LEVELS",
-    "AXES",
-    "BATCH_SHAPES",
+    *space_axes.__all__,
     "COMPONENTS",
-    "CONSTRAINTS",
-    "EARLIER",
-    "EQUAL_DIMS",
-    "FA_HEAD_DIM_TEMPLATES",
-    "FIELD_AXES",
-    "HEADS",
-    "HEAD_MODELS",
-    "KERNEL_AXES",
-    "MLA_MODEL",
-    "PLAIN",
-    "WIDE_BATCH_SHAPES",
-    "WIDE_HEADS",
-    "Axis",
-    "Constraint",
     "build",
-    "field_axis",
     "classify",
     "classify_append",
     "classify_batch",
@@ -101,10 +73,7 @@ __all__ = [
     "describe",
     "extensible",
     "possible_tuples",
-    "short_append_len",
-    "valid",
     "valid_points",
-    "violations",
 ]
 
 

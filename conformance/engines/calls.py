@@ -1,5 +1,6 @@
 """Building blocks the engine replays share: describing a kernel call.
 
+* :func:`scenario_cases`: an engine's cases, each scenario's requests under each variant's fields;
 * :func:`call_case` turns the layer's case into the case of one call (its requests and options);
 * :func:`contiguous_call` / :func:`paged_call` build a :class:`~conformance.engines.base.Call` from the
   engine's tensors (what an adapter's ``prepare`` reads: packed ``q``, packed or paged keys, block table);
@@ -11,7 +12,8 @@ a layer below, which the invariance batches of :mod:`conformance.graphs` use too
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -21,9 +23,21 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 from conformance.cases.paged_kv import PagedKV, cu_seqlens, prefix_sums
 
-from .base import Call, call_inputs
+from .base import Call, Request, call_inputs
 
-__all__ = ["call_case", "contiguous_call", "paged_call", "tree_sequences"]
+__all__ = ["call_case", "contiguous_call", "paged_call", "scenario_cases", "tree_sequences"]
+
+
+def scenario_cases(
+    engine: str, scenarios: Mapping[str, Sequence[Request]], variants: Sequence[Mapping[str, Any]]
+) -> list[AttentionCase]:
+    """An engine's cases: each scenario's requests (new tokens, keys) under each variant's case fields (heads,
+    dims, dtype, ...), in scenario order."""
+    return [
+        AttentionCase(requests=tuple((r.new, r.kv) for r in reqs), engine=engine, scenario=scenario, **variant)
+        for scenario, reqs in scenarios.items()
+        for variant in variants
+    ]
 
 
 def call_case(layer: AttentionCase, requests: Sequence[tuple[int, int]], **changes) -> AttentionCase:
@@ -32,6 +46,15 @@ def call_case(layer: AttentionCase, requests: Sequence[tuple[int, int]], **chang
     invariance (an engine invariance case's calls are each variant's)."""
     fields = dict(engine="", scenario="", batch_name="", append=False, invariance="") | changes
     return layer.replace(requests=tuple((int(q), int(k)) for q, k in requests), **fields)
+
+
+def _packed_inputs(
+    case: AttentionCase, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **tensors: torch.Tensor | None
+) -> CaseInputs:
+    """A call's inputs over packed ``q``/``k``/``v``, the case's requests as their cumulative lengths."""
+    dev = q.device
+    cu_q, cu_k = cu_seqlens(case.q_lens, dev), cu_seqlens(case.kv_lens, dev)
+    return call_inputs(case, q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **tensors)
 
 
 def contiguous_call(
@@ -46,19 +69,7 @@ def contiguous_call(
     qv: torch.Tensor | None = None,
 ) -> Call:
     """A call over packed keys: request ``b``'s queries ``q[cu_q[b]:cu_q[b+1]]`` see ``k[cu_k[b]:cu_k[b+1]]``."""
-    dev = q.device
-    inputs = call_inputs(
-        case,
-        q=q,
-        k=k,
-        v=v,
-        cu_seqlens_q=cu_seqlens(case.q_lens, dev),
-        cu_seqlens_k=cu_seqlens(case.kv_lens, dev),
-        sinks=sinks,
-        alibi_slopes=alibi_slopes,
-        qv=qv,
-    )
-    return Call(label, case, inputs)
+    return Call(label, case, _packed_inputs(case, q, k, v, sinks=sinks, alibi_slopes=alibi_slopes, qv=qv))
 
 
 def paged_call(
@@ -83,22 +94,8 @@ def paged_call(
         )
     k, _ = gather_kv(paged.k_cache, block_table, case.kv_lens, as_layout(paged.layout))
     v, _ = gather_kv(paged.v_cache, block_table, case.kv_lens, as_layout(paged.layout))
-    dev = q.device
-    inputs: CaseInputs = call_inputs(
-        case,
-        q=q,
-        k=k,
-        v=v,
-        cu_seqlens_q=cu_seqlens(case.q_lens, dev),
-        cu_seqlens_k=cu_seqlens(case.kv_lens, dev),
-        k_cache=paged.k_cache,
-        v_cache=paged.v_cache,
-        block_table=block_table,
-        sinks=sinks,
-        alibi_slopes=alibi_slopes,
-        qv=qv,
-    )
-    return Call(label, case, inputs)
+    cache = {"k_cache": paged.k_cache, "v_cache": paged.v_cache, "block_table": block_table}
+    return Call(label, case, _packed_inputs(case, q, k, v, **cache, sinks=sinks, alibi_slopes=alibi_slopes, qv=qv))
 
 
 def tree_sequences(

@@ -31,7 +31,7 @@ from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
 
 from .base import Engine, Kernel, Request
-from .calls import call_case, contiguous_call
+from .calls import call_case, contiguous_call, scenario_cases
 
 __all__ = ["MergeStates", "merge_attn_states", "merge_many_attn_states"]
 
@@ -83,22 +83,11 @@ class MergeStates(Engine):
     description = "keys split in an unmasked and a causal part, merged by LSE as vLLM / SGLang merge_attn_states"
 
     def cases(self) -> list[AttentionCase]:
-        out = []
-        for scenario, (reqs, _) in _SCENARIOS.items():
-            for heads, dims, dtype in (((8, 2), 64, "bf16"), ((4, 4), 128, "fp16")):
-                out.append(
-                    AttentionCase(
-                        requests=tuple((r.new, r.kv) for r in reqs),
-                        num_heads=heads[0],
-                        num_kv_heads=heads[1],
-                        head_dim=dims,
-                        dtype=dtype,
-                        causal=True,
-                        engine=self.name,
-                        scenario=scenario,
-                    )
-                )
-        return out
+        variants = [
+            {"num_heads": h, "num_kv_heads": hk, "head_dim": d, "dtype": dtype, "causal": True}
+            for (h, hk), d, dtype in (((8, 2), 64, "bf16"), ((4, 4), 128, "fp16"))
+        ]
+        return scenario_cases(self.name, {name: reqs for name, (reqs, _) in _SCENARIOS.items()}, variants)
 
     def check(self, case: AttentionCase) -> None:
         if case.scenario not in _SCENARIOS:

@@ -43,7 +43,6 @@ from ..calls import tree_sequences
 from .graph import SGLangGraphRun
 from .graph_cross import EncoderDecoderGraphState
 from .graph_cases import check_graph_case, graph_case, graph_layer, graph_plan, graph_support
-from .metadata import KCall, SGLangMetadataBuilder, SGLMetadata, Step
 from .runner import SGLangForwardRunner
 from .scenarios import (
     FINDINGS,
@@ -56,17 +55,7 @@ from .scenarios import (
     tree_paths,
 )
 
-__all__ = [
-    "FINDINGS",
-    "SCENARIOS",
-    "KCall",
-    "SGLMetadata",
-    "SGLangFlashAttention",
-    "SGLangForwardRunner",
-    "SGLangMetadataBuilder",
-    "Scenario",
-    "Step",
-]
+__all__ = ["SGLangFlashAttention"]
 
 #: Case fields a scenario fixes (heads, head dims without qv, dtype and scale may vary).
 _SCENARIO_FIELDS = (

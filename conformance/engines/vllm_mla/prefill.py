@@ -31,7 +31,7 @@ from conformance.cases.inputs import CaseInputs
 from conformance.cases.sweep import MLA_SCALE
 
 from ..base import Engine, EngineRun, Kernel, Request
-from ..calls import call_case, contiguous_call
+from ..calls import call_case, contiguous_call, scenario_cases
 from ..merge import merge_attn_states
 
 __all__ = ["VllmMLAPrefill"]
@@ -60,24 +60,12 @@ class VllmMLAPrefill(Engine):
     description = "vLLM V1 MLA prefill (FlashAttnPrefillImpl): 192/128, context chunks merged by LSE, padded V"
 
     def cases(self) -> list[AttentionCase]:
-        out = []
-        for scenario, (reqs, _) in SCENARIOS.items():
-            for heads, dtype in (((16, 16), "bf16"), ((8, 8), "fp16")):
-                out.append(
-                    AttentionCase(
-                        requests=tuple((r.new, r.kv) for r in reqs),
-                        num_heads=heads[0],
-                        num_kv_heads=heads[1],
-                        head_dim=QK_DIM,
-                        head_dim_v=V_DIM,
-                        dtype=dtype,
-                        causal=True,
-                        scale=SCALE,
-                        engine=self.name,
-                        scenario=scenario,
-                    )
-                )
-        return out
+        mla = {"head_dim": QK_DIM, "head_dim_v": V_DIM, "causal": True, "scale": SCALE}
+        variants = [
+            {"num_heads": h, "num_kv_heads": hk, "dtype": dtype, **mla}
+            for (h, hk), dtype in (((16, 16), "bf16"), ((8, 8), "fp16"))
+        ]
+        return scenario_cases(self.name, {name: reqs for name, (reqs, _) in SCENARIOS.items()}, variants)
 
     def check(self, case: AttentionCase) -> None:
         if case.scenario not in SCENARIOS:

@@ -45,13 +45,12 @@ import torch
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
-from conformance.cases.paged_kv import PagedKV
 
 from ..base import Kernel
-from ..calls import call_case, contiguous_call, paged_call
+from ..calls import call_case, contiguous_call
 from ..merge import merge_attn_states
 from .collectives import ThreadGroup, cp_lse_ag_out_rs
-from .dcp_kernel import kernel_cp_calls, kernel_cp_rank_forward
+from .dcp_kernel import cache_call, kernel_cp_calls, kernel_cp_rank_forward, lse_of, rank_start
 from .metadata import FlashAttentionMetadata, get_dcp_local_seq_lens
 from .runner import Step, VllmV1Runner
 from .scenarios import SCENARIOS
@@ -115,31 +114,19 @@ def dcp_rank_forward(
     a ``kernel_cp`` scenario runs :func:`~conformance.engines.vllm_v1.dcp_kernel.kernel_cp_rank_forward`."""
     if engine.scenario(case).kernel_cp:
         return kernel_cp_rank_forward(engine, case, inputs, step, rank, group, kernel)
-    dev = inputs.q.device
-    heads = case.num_heads // step.dcp
     calls = dict(dcp_calls(case, step))
-    cache = engine.make_cache(case, inputs, step, rank)
-    meta = engine.builder(step, rank).build(0, engine.common_metadata(case, step, rank, dev))
-    rows = engine.new_token_rows(inputs, step)
-    engine.write_cache(case, inputs, cache, rows, meta.slot_mapping.tolist())
-    tok = torch.tensor(step.token_index, dtype=torch.long, device=dev)
-    query = inputs.q[tok][:, rank * heads : (rank + 1) * heads].contiguous()
-    query_across_dcp = group.all_gather(query, dim=1)
+    start = rank_start(engine, case, inputs, step, rank, group)
+    meta = start.meta
     label = _context_label(rank)
     q_lens = [int(n) for n in (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).tolist()]
     ccase = call_case(case, list(zip(q_lens, context_kv_lens(meta, rank))), causal=False)
-    k_view, v_view = engine._kernel_view(cache)
-    paged = PagedKV(k_view, v_view, meta.block_table, [], cache.block_size, case.kv_layout)
-    context = kernel(paged_call(label, ccase, query_across_dcp, paged, meta.block_table))
-    if context.lse is None:
-        raise ValueError(f"{label}: DCP needs the LSE; this backend returned none")
-    out_cor, lse_cor = cp_lse_ag_out_rs(context.out, context.lse.transpose(0, 1), group, return_lse=True)
+    context = kernel(cache_call(engine, case, start, label, ccase))
+    out_cor, lse_cor = cp_lse_ag_out_rs(context.out, lse_of(context, label).transpose(0, 1), group, return_lse=True)
     lse_cor = lse_cor.transpose(0, 1).contiguous()
     label = f"rank {rank}: new tokens (causal)"
-    new = kernel(contiguous_call(label, calls[label], query, inputs.k[rows], inputs.v[rows]))
-    if new.lse is None:
-        raise ValueError(f"{label}: DCP needs the LSE; this backend returned none")
-    return merge_attn_states(out_cor, lse_cor, new.out, new.lse)
+    rows = engine.new_token_rows(inputs, step)
+    new = kernel(contiguous_call(label, calls[label], start.query, inputs.k[rows], inputs.v[rows]))
+    return merge_attn_states(out_cor, lse_cor, new.out, lse_of(new, label))
 
 
 def dcp_forward(

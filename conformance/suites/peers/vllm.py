@@ -56,25 +56,35 @@ def _quant(q_dtype: str | None, descale: str | None) -> dict:
     return {} if q_dtype is None else {"quant": q_dtype, "descale": descale}
 
 
-# --------------------------------------------------------------------------- test_varlen_with_paged_kv
-def _varlen_case(
-    q_dtype: str | None, soft_cap: float | None, dtype: str, sliding_window: int | None, block_size: int,
-    head_size: int, num_heads: tuple[int, int], seq_lens: tuple[tuple[int, int], ...],
+def _paged_case(
+    requests: tuple[tuple[int, int], ...], num_heads: tuple[int, int], head_size: int, dtype: str, block_size: int,
+    *, causal: bool, batch_name: str, **fields,
 ) -> AttentionCase:  # fmt: skip
+    """A call of these tests as a case: ``num_heads`` (query, KV), the keys in vLLM's NHD paged cache."""
     return AttentionCase(
-        seq_lens,
+        requests,
         num_heads=num_heads[0],
         num_kv_heads=num_heads[1],
         head_dim=head_size,
         dtype=dtype,
         kv_layout="NHD",
         block_size=block_size,
-        causal=True,
-        window=(None, None) if sliding_window is None else (sliding_window - 1, 0),
-        softcap=soft_cap,
-        batch_name="peervllmvar",
-        **_quant(q_dtype, "head"),
+        causal=causal,
+        batch_name=batch_name,
+        **fields,
     )
+
+
+# --------------------------------------------------------------------------- test_varlen_with_paged_kv
+def _varlen_case(
+    q_dtype: str | None, soft_cap: float | None, dtype: str, sliding_window: int | None, block_size: int,
+    head_size: int, num_heads: tuple[int, int], seq_lens: tuple[tuple[int, int], ...],
+) -> AttentionCase:  # fmt: skip
+    window = (None, None) if sliding_window is None else (sliding_window - 1, 0)
+    return _paged_case(
+        seq_lens, num_heads, head_size, dtype, block_size, causal=True, batch_name="peervllmvar",
+        window=window, softcap=soft_cap, **_quant(q_dtype, "head"),
+    )  # fmt: skip
 
 
 def varlen_points() -> Iterator[Point]:
@@ -103,17 +113,8 @@ def _cascade_case(
         requests, causal, label = ((sum(q for q, _ in seq_lens), prefix),), False, "peervllmcascpre"
     else:  # each request against its own keys past the prefix, causal
         requests, causal, label = tuple((q, k - prefix) for q, k in seq_lens), True, "peervllmcascsuf"
-    return AttentionCase(
-        requests,
-        num_heads=num_heads[0],
-        num_kv_heads=num_heads[1],
-        head_dim=head_size,
-        dtype=dtype,
-        kv_layout="NHD",
-        block_size=block_size,
-        causal=causal,
-        softcap=soft_cap,
-        batch_name=label,
+    return _paged_case(
+        requests, num_heads, head_size, dtype, block_size, causal=causal, batch_name=label, softcap=soft_cap
     )
 
 
@@ -138,20 +139,11 @@ def _mla_case(torch_dtype: str, varlen: bool, h_q: int, mean_sk: int, s_q: int) 
     else:
         lens = [mean_sk] * MLA_BATCH
     fp8 = torch_dtype == "fp8_e4m3"
-    return AttentionCase(
-        tuple((s_q, k) for k in lens),
-        num_heads=h_q,
-        num_kv_heads=1,
-        head_dim=64,
-        head_dim_v=512,
-        qv=True,
-        dtype="bf16" if fp8 else torch_dtype,
-        kv_layout="NHD",
-        block_size=64,
-        causal=True,
-        batch_name="peervllmmla",
-        **_quant("fp8_e4m3" if fp8 else None, None),
-    )
+    dtype = "bf16" if fp8 else torch_dtype
+    return _paged_case(
+        tuple((s_q, k) for k in lens), (h_q, 1), 64, dtype, block_size=64, causal=True, batch_name="peervllmmla",
+        head_dim_v=512, qv=True, **_quant("fp8_e4m3" if fp8 else None, None),
+    )  # fmt: skip
 
 
 def mla_points() -> Iterator[Point]:

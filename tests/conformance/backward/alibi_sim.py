@@ -1,15 +1,15 @@
 """A simulated SDPA-CUDA 16-bit backward with ALiBi, and planted ALiBi bugs on top of it.
 
-:class:`SdpaBiasKernelSim` is what a correct fused SDPA kernel computes from what the sdpa-cuda adapter gives it:
-the ALiBi bias of :func:`attnfast._torch_common.score_bias`, each row shifted by its top and rounded to the case
-dtype by :func:`attnfast.sdpa.bias_for_kernel` (SDPA's fused backends take a bias only in the query dtype), the
-forward and the backward in float64 flash-style (P recomputed from the saved LSE, ``D = rowsum(dO * O)`` from the
-output rounded to the case dtype, dK and dV summed over a GQA group), P and dS rounded to the case dtype before the
-matmuls that read them, the output and the gradients rounded to it.  A sink is the adapter's extra zero key whose
-bias is the sink logit; like sdpa-cuda the simulation learns no sinks (``dsinks`` None).  It declares
+:class:`SdpaBiasKernelSim` is what a correct fused SDPA kernel computes from what the sdpa-cuda adapter gives it: the
+ALiBi bias of :func:`attnfast._torch_common.score_bias`, each row shifted by its top and rounded to the case dtype by
+:func:`attnfast.sdpa.bias_for_kernel` (SDPA's fused backends take a bias only in the query dtype), the forward and the
+backward in float64 flash-style (P recomputed from the saved LSE, ``D = rowsum(dO * O)`` from the output rounded to the
+case dtype, dK and dV summed over a GQA group), P and dS rounded to the case dtype before the matmuls that read them,
+the output and the gradients rounded to it (the frame: :mod:`planted_sim`).  A sink is the adapter's extra zero key
+whose bias is the sink logit; like sdpa-cuda the simulation learns no sinks (``dsinks`` None).  It declares
 :meth:`~attnfast.base.Backend.alibi_bias_dtype` as sdpa-cuda does.  On the H100's failing cases of
-``scripts/investigate_bwd_triage.py --only sdpa-cuda-wide`` the bias rounding alone reproduces the kernel's max dQ
-and dK errors (``reports/h100-2026-11-27-bwd/README.md``).
+``scripts/investigate_bwd_triage.py --only sdpa-cuda-wide`` the bias rounding alone reproduces the kernel's max dQ and
+dK errors (``reports/h100-2026-11-27-bwd/README.md``).
 
 Each subclass in :data:`ALIBI_BUGS` plants one mistake in the backward only (the forward is the correct one): the
 slopes of the next head, ALiBi on one side only (keys right of the diagonal unpenalised), the slopes kept in bf16,
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import ClassVar
 
 import torch
 
@@ -29,7 +28,7 @@ from attnfast.base import GradOutput
 from attnfast.sdpa import bias_for_kernel
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs
-from tests.conformance.backward.grad_fakes import FlashStyleBackend
+from tests.conformance.backward.planted_sim import F64, PlantedSim
 
 __all__ = [
     "ALIBI_BUGS",
@@ -41,54 +40,37 @@ __all__ = [
     "SlopesNextHeadBackend",
 ]
 
-F64 = torch.float64
 
-
-class SdpaBiasKernelSim(FlashStyleBackend):
+class SdpaBiasKernelSim(PlantedSim):
     """A correct fused SDPA 16-bit backward given sdpa-cuda's rounded ALiBi bias (module docstring).  Must pass."""
 
     name = "fake-bwd-sdpa-bias-sim"
     description = "test fake: a fused SDPA 16-bit backward fed the adapter's rounded ALiBi bias (float64)"
-    accepts: ClassVar[frozenset[str]] = frozenset({"backward"})
 
     def alibi_bias_dtype(self, case: AttentionCase) -> torch.dtype | None:
         return None if case.torch_dtype == torch.float32 else case.torch_dtype
 
-    # hooks the planted bugs override
+    # the hook the planted bugs override beside PlantedSim's
     def bwd_bias(self, case: AttentionCase, inputs: CaseInputs, sq: int, sk: int) -> torch.Tensor:
         """The fp32 bias (h or 1, sq, sk [+ 1]) the backward recomputes P with (before ``bias_for_kernel``)."""
         return score_bias(case, inputs, sq, sk)
 
-    def bwd_scale(self, scale: float) -> float:
-        return scale
-
-    def finish_dk(self, dk: torch.Tensor) -> torch.Tensor:
-        return dk
-
     def grads(self, case: AttentionCase, inputs: CaseInputs) -> GradOutput:
         if not case.alibi or inputs.dout is None or case.softcap is not None:
             raise ValueError(f"{self.name} simulates ALiBi backward cases without a soft-cap only, got {case.id}")
-        dt = case.torch_dtype
-        rnd = lambda x: x.to(dt).to(F64)  # noqa: E731
-        q, k, v, do = (x.to(F64) for x in (inputs.q, inputs.k, inputs.v, inputs.dout))
-        h, hk = case.num_heads, case.num_kv_heads
-        group = h // hk
-        scale = case.scale if case.scale is not None else 1.0 / math.sqrt(case.head_dim)
-        out = torch.zeros(case.total_q, h, case.dv, dtype=F64)
-        lse_all = torch.full((h, case.total_q), -math.inf, dtype=F64)
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        cu_q, cu_k = inputs.cu_seqlens_q.tolist(), inputs.cu_seqlens_k.tolist()
+        batch = self.start(case, inputs)
+        dt, hk, group, scale = batch.dt, batch.hk, batch.group, batch.scale
         for b, (sq, sk) in enumerate(case.requests):
-            q0, k0 = cu_q[b], cu_k[b]
+            q0, k0 = batch.cu_q[b], batch.cu_k[b]
             if sq == 0 or (sk == 0 and not case.sinks):
                 continue
-            ks, vs = k[k0 : k0 + sk], v[k0 : k0 + sk]
+            ks, vs = batch.k[k0 : k0 + sk], batch.v[k0 : k0 + sk]
             if case.sinks:  # the adapter's sink key: zeros, its bias the sink logit
                 ks, vs = (
                     torch.cat([ks, ks.new_zeros(1, hk, ks.shape[-1])]),
                     torch.cat([vs, vs.new_zeros(1, hk, vs.shape[-1])]),
                 )
-            qh = q[q0 : q0 + sq].permute(1, 0, 2)  # (h, sq, d)
+            qh = batch.q[q0 : q0 + sq].permute(1, 0, 2)  # (h, sq, d)
             kh = ks.repeat_interleave(group, 1).permute(1, 0, 2)
             vh = vs.repeat_interleave(group, 1).permute(1, 0, 2)
 
@@ -100,19 +82,10 @@ class SdpaBiasKernelSim(FlashStyleBackend):
             lse = torch.logsumexp(s, dim=-1)
             safe = torch.where(torch.isneginf(lse), torch.zeros_like(lse), lse)
             o = torch.matmul(torch.exp(s - safe[..., None]), vh)  # (h, sq, dv)
-            out[q0 : q0 + sq] = o.permute(1, 0, 2)
-            lse_all[:, q0 : q0 + sq] = lse
             bscale = self.bwd_scale(scale)
             p = torch.exp(scores(self.bwd_bias(case, inputs, sq, sk), bscale) - safe[..., None])
-            doh = do[q0 : q0 + sq].permute(1, 0, 2)
-            delta = (doh * rnd(o)).sum(-1, keepdim=True)
-            ds = rnd(p * (torch.matmul(doh, vh.transpose(-1, -2)) - delta))
-            p = rnd(p)
-            dq[q0 : q0 + sq] = (torch.matmul(ds, kh) * bscale).permute(1, 0, 2)
-            dk[k0 : k0 + sk] += self.sum_group(torch.matmul(ds.transpose(-1, -2), qh) * bscale, hk)[:sk]
-            dv[k0 : k0 + sk] += self.sum_group(torch.matmul(p.transpose(-1, -2), doh), hk)[:sk]
-        dk = self.finish_dk(dk)
-        return GradOutput(out.to(dt), lse_all.float(), dq.to(dt), dk.to(dt), dv.to(dt), None)
+            self.sequence_backward(batch, b, sk, (qh, kh, vh), o, lse, p, bscale)
+        return self.finish(batch)
 
 
 class SlopesNextHeadBackend(SdpaBiasKernelSim):
@@ -156,19 +129,15 @@ class KeyDkZeroedBackend(SdpaBiasKernelSim):
 
     name = "fake-bwd-alibi-key-dk-zero"
 
-    def finish_dk(self, dk: torch.Tensor) -> torch.Tensor:
-        dk = dk.clone()
-        dk[int(dk.abs().sum((1, 2)).argmax())] = 0.0
-        return dk
+    def zeroed_key(self, dk: torch.Tensor) -> int | None:
+        return int(dk.abs().sum((1, 2)).argmax())
 
 
 class ScaleFp16UlpBackend(SdpaBiasKernelSim):
     """The backward's softmax scale one fp16 ulp high (``x (1 + 2^-10)``), as a scale kept in half precision."""
 
     name = "fake-bwd-alibi-scale-fp16-ulp"
-
-    def bwd_scale(self, scale: float) -> float:
-        return scale * (1.0 + 2.0**-10)
+    scale_factor = 1.0 + 2.0**-10
 
 
 #: The planted ALiBi bugs -> whether the verdict must catch them (bf16 slopes: a rounding of the bias's own size).
