@@ -10,8 +10,9 @@ Lazy: nothing starts until a slot needs a *new* worker (its first start is its o
 nothing).  Then :meth:`Spares.take` (a :class:`~conformance.running.worker_client.WorkerClient`'s ``spares`` hook)
 fills that placement up to ``per_placement`` spares, hands the slot a ready one (else the one that started
 first, once it is ready: never later than a fresh start), and starts its replacement at once.  A spare that died
-while it waited, or could not start, is discarded (the next one is tried; with none, the slot starts its own, as
-without spares, and a worker that cannot start is reported as before).  ``per_placement`` 0: no spares.
+while it waited, or could not start, is discarded (the next one is tried; with none, or after ``per_placement + 1``
+spares that could not start in one take, the slot starts its own, as without spares, and a worker that cannot
+start is reported as before: a machine where no worker starts never loops on spares).  ``per_placement`` 0: no spares.
 
 Shutdown: :meth:`Spares.close` kills every spare, waiting or starting, and refuses any later take (a slot then
 starts no worker either: the run is ending); the runner calls it at the end of a run, on Ctrl-C and on errors.
@@ -112,6 +113,7 @@ class Spares:
         if self.per_placement <= 0:
             return None
         key = _placement(slot)
+        failed = 0
         while True:
             with self._lock:
                 if self._closed:
@@ -142,6 +144,9 @@ class Spares:
                     return pick.client
                 self.discarded += 1
             pick.client.kill()
+            failed += 1
+            if failed > self.per_placement:  # no spare of this placement starts: the slot's own start says why
+                return None
 
     def close(self) -> None:
         """Kill every spare (waiting, starting or awaited by a slot); later takes raise.  Idempotent."""

@@ -175,6 +175,25 @@ def test_a_spare_that_cannot_start_is_skipped_for_the_next(made) -> None:
     spares.close()
 
 
+def test_when_no_spare_can_start_the_slot_starts_its_own(made) -> None:
+    """A machine where no worker starts (every spare fails its start): a take gives up after ``per_placement + 1``
+    failed spares and returns None, so the slot's own start reports why; it never loops starting spares."""
+
+    def factory(**kw: Any) -> FakeClient:
+        client = FakeClient(**kw)
+        client.fail = True
+        return client
+
+    spares = Spares(2, factory=factory)  # type: ignore[arg-type]
+    done: list[WorkerClient | None] = []
+    taker = threading.Thread(target=lambda: done.append(spares.take(slot())), daemon=True)
+    taker.start()
+    taker.join(10)
+    assert done == [None], "take() kept starting spares that cannot start"
+    assert spares.stats()["discarded"] >= 3
+    spares.close()
+
+
 def test_close_kills_every_spare_and_later_takes_refuse(made) -> None:
     spares = Spares(2, factory=FakeClient)  # type: ignore[arg-type]
     s = slot()
