@@ -44,31 +44,25 @@ class Field:
     nullable: bool = False
 
 
+@lru_cache(maxsize=4096)  # several derived fields of one record ask for the same request's bounds
 def _visible_bounds(case: AttentionCase, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """Half-open visible key bounds ``[lo, hi)`` of every query row of request ``b`` (the rule of attnref.mask,
-    SEMANTICS.md section 2; cp totals as conformance.cases.inputs builds them)."""
+    """Half-open visible key bounds ``[lo, hi)`` of every query row of request ``b``: the reference's rule
+    (:func:`attnref.row_bounds`, SEMANTICS.md section 2) with the case's options and, under context parallelism, the
+    per-sequence totals its inputs carry (:func:`conformance.cases.inputs.cp_case_totals`).  Cached: the arrays
+    returned are shared, and read-only."""
+    import torch
+
+    from attnref import ContextParallel, row_bounds
+    from conformance.cases.inputs import cp_case_totals
+    from conformance.verdict.reference import case_options
+
     sq, sk = case.requests[b]
-    # no mutate: numpy's default integer is int64 on 64-bit Linux and macOS (and on Windows from numpy 2), where
-    # the dtype changes nothing; it keeps the bounds int64 under numpy 1 on Windows
-    rows = np.arange(sq, dtype=np.int64)  # pragma: no mutate
+    options = case_options(case)
     if case.cp_world > 1:
-        w, r = case.cp_world, case.cp_rank
-        total = max(0, sk * w + r - b % w)
-        # hi grows with the row up to the last row's (total - r - 1) // w + 1, which is sk (total - r = sk w - b mod w;
-        # at most 0 when sk = 0): the rank holds sk keys exactly (inputs.cp_local_len), so no upper bound is needed
-        hi = np.maximum((rows + total - sq - r) // w + 1, 0)
-        return np.zeros_like(hi), hi
-    pos = rows + (sk - sq)
-    left, right = case.window
-    if case.causal:
-        right = 0
-    lo = np.zeros_like(pos) if left is None else pos - left
-    hi = np.full_like(pos, sk) if right is None else pos + right + 1
-    if case.chunk is not None:
-        start = pos - np.mod(pos, case.chunk)
-        lo, hi = np.maximum(lo, start), np.minimum(hi, start + case.chunk)
-    # lo <= pos <= sk - 1 (pos < 0 when sk = 0): lo needs no upper bound
-    return np.maximum(lo, 0), np.clip(hi, 0, sk)
+        options = options.with_(cp=ContextParallel(case.cp_world, case.cp_rank, cp_case_totals(case)[b]))
+    lo, hi = (t.numpy() for t in row_bounds(torch.arange(sq), sq, sk, options))
+    lo.flags.writeable = hi.flags.writeable = False
+    return lo, hi
 
 
 def _rows_without_keys(case: AttentionCase) -> int:
