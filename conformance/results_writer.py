@@ -27,13 +27,14 @@ def is_gzip(path: Path | str) -> bool:
         with open(path, "rb") as fh:
             head = fh.read(2)
     except FileNotFoundError:
-        head = b""
+        return path.name.endswith(".gz")
     return head == _GZIP_MAGIC if head else path.name.endswith(".gz")
 
 
 def record_line(record: CheckResult | Header) -> str:
-    """One record as its JSON line (newline included): the line format of every results file."""
-    return json.dumps(record.to_json(), sort_keys=True, allow_nan=True) + "\n"
+    """One record as its JSON line (newline included): the line format of every results file.  Non-finite
+    statistics are written as JSON's ``NaN`` / ``Infinity`` (``json.dumps``' default), never refused."""
+    return json.dumps(record.to_json(), sort_keys=True) + "\n"
 
 
 class Appender:
@@ -58,7 +59,7 @@ class Appender:
 
     def sync(self, fsync: bool = True) -> None:
         if self._batch:
-            data = "".join(self._batch).encode("utf-8")
+            data = "".join(self._batch).encode()  # UTF-8
             self._batch.clear()
             if self.gzip:
                 data = gzip.compress(data, compresslevel=_GZIP_LEVEL, mtime=0)
