@@ -302,3 +302,13 @@ def test_errors_are_compared_only_where_both_records_have_numbers() -> None:
     new = [rec("a"), rec("b", "error", ratio=None), rec("c")]
     cmp = compare_results(old, new)
     assert (cmp.common, cmp.compared_errors, cmp.numerics_changed) == (3, 1, [])
+
+
+@pytest.mark.parametrize("variant", [{}, [], "fa2", 0, None])
+def test_a_variant_that_is_no_nonempty_object_is_no_variant(variant) -> None:
+    """An empty or non-object ``extra["variant"]`` (a hand-edited file, an older record) names no variant: a pair
+    whose other side names one is no variant change."""
+    old = [dataclasses.replace(rec("a"), extra={"variant": variant})]
+    new = [dataclasses.replace(rec("a"), extra={"variant": {"entry": "x"}})]
+    assert compare_results(old, new).variant_changes == []
+    assert compare_results(new, old).variant_changes == []
