@@ -151,42 +151,14 @@ def cp_totals(inputs: CaseInputs, case: AttentionCase | None = None) -> list[int
     return totals
 
 
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-#: Stale cache slots hold the case's draws times this (large and finite, as stale data in a real engine).
-STALE_SCALE = 100
-
-
-def _stale_cache(x: torch.Tensor, dtype: torch.dtype, hnd: bool) -> torch.Tensor:
-    """A paged cache's stale contents: the fp32 draws ``x (num_blocks, block_size, hk, d)`` times
-    :data:`STALE_SCALE` in the cache's stored ``dtype`` (fp8: clamped to the format's largest; int8: rounded and
-    clamped to +-127), laid out ``(num_blocks, hk, block_size, d)`` when ``hnd``.  ``x`` is scaled in place; the
-    conversion and the transpose are one copy."""
-    x.mul_(STALE_SCALE)
-    if dtype in _FP8:
+def _stale_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cache contents (real values exact, stale ones large) in the cache's stored ``dtype``."""
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         limit = torch.finfo(dtype).max
-        x.clamp_(-limit, limit)
-    elif dtype == torch.int8:
-        x.round_().clamp_(-127, 127)
-    if not hnd and dtype == x.dtype:
-        return x
-    out = _empty_cache(*x.shape, dtype=dtype, hnd=hnd)
-    (out.transpose(1, 2) if hnd else out).copy_(x)
-    return out
-
-
-def _empty_cache(*shape: int, dtype: torch.dtype, hnd: bool) -> torch.Tensor:
-    """An uninitialised cache of NHD ``shape`` ``(num_blocks, block_size, hk[, d])``, transposed to HND when
-    ``hnd``, with the strides ``.transpose(1, 2).contiguous()`` of an NHD tensor has (its NHD buffer itself where a
-    size-1 dim makes the transpose contiguous)."""
-    nhd = torch.empty(shape, dtype=dtype)
-    if not hnd:
-        return nhd
-    out = nhd.transpose(1, 2)
-    return out if out.is_contiguous() else torch.empty(shape[0], shape[2], shape[1], *shape[3:], dtype=dtype)
-
-
-def _exclusive_cumsum(lens: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *itertools.accumulate(lens)][:-1], dtype=torch.long)
+        return x.clamp(-limit, limit).to(dtype)
+    if dtype == torch.int8:
+        return x.round().clamp(-127, 127).to(dtype)
+    return x.to(dtype)
 
 
 def _paged_cache(
@@ -199,48 +171,37 @@ def _paged_cache(
     k_scales: torch.Tensor | None = None,
 ):
     """Paged caches of ``k``/``v`` (in their stored dtype), the block table, and the int8 K-scale cache
-    ``(num_blocks, hk, block_size)`` when per-token ``k_scales (total_kv, hk)`` are given.
-
-    Request ``b``'s blocks are the next ``ceil(kv_len / block_size)`` (at least one) of a shuffled order, one spare
-    block last; its first ``keep[b]`` keys are written in token order (token ``t`` to slot ``t % block_size`` of
-    its block ``t // block_size``), every other slot holds stale values drawn from ``gen`` (:func:`_stale_cache`).
-    The caches are built in their stored dtype and layout and the keys written once (in one indexed copy a tensor).
-    """
+    ``(num_blocks, hk, block_size)`` when per-token ``k_scales (total_kv, hk)`` are given."""
     bs = case.block_size
     assert bs is not None
     need = [max(1, -(-n // bs)) for n in case.kv_lens]
     num_blocks = sum(need) + 1  # one spare block that nobody owns
     perm = torch.randperm(num_blocks, generator=gen)
     hk = case.num_kv_heads
-    hnd = case.kv_layout == "HND"
-    kc = _stale_cache(torch.randn(num_blocks, bs, hk, case.head_dim, generator=gen), k.dtype, hnd)
-    vc = _stale_cache(torch.randn(num_blocks, bs, hk, case.dv, generator=gen), v.dtype, hnd)
-    first = _exclusive_cumsum(need)  # each request's first block in perm
-    col = torch.arange(max(need))
-    owned = col < torch.tensor(need)[:, None]
-    # padding entries point at the spare block
-    table = torch.where(owned, perm[(first[:, None] + col).clamp_(max=num_blocks - 1)], perm[-1]).to(torch.int32)
-    written = sum(keep)
-    sc = None  # (num_blocks, hk, block_size), seed 001's layout
-    if k_scales is not None:
-        sc = _empty_cache(num_blocks, bs, hk, dtype=torch.float32, hnd=True).fill_(1.0)
-    if written:
-        req = torch.repeat_interleave(torch.arange(case.batch), torch.tensor(keep))
-        t = torch.arange(written) - _exclusive_cumsum(keep)[req]  # token index within its request
-        blk, off = perm[first[req] + t // bs], t % bs
-        src = None if keep == case.kv_lens else torch.tensor(cu_k[:-1], dtype=torch.long)[req] + t
-        for cache, x in ((kc, k), (vc, v)):
-            rows = x if src is None else x[src]
-            if hnd:
-                cache[blk, :, off] = rows
-            elif cache.dtype in _FP8:  # index_copy_ has no fp8 kernel on the CPU: the same bytes as uint8
-                cache.view(torch.uint8).view(-1, *cache.shape[2:]).index_copy_(
-                    0, blk * bs + off, rows.view(torch.uint8)
-                )
-            else:
-                cache.view(-1, *cache.shape[2:]).index_copy_(0, blk * bs + off, rows)
-        if sc is not None and k_scales is not None:
-            sc[blk, :, off] = k_scales if src is None else k_scales[src]
+    kc = torch.randn(num_blocks, bs, hk, case.head_dim, generator=gen).mul_(100)
+    vc = torch.randn(num_blocks, bs, hk, case.dv, generator=gen).mul_(100)
+    sc = None if k_scales is None else torch.ones(num_blocks, bs, hk)
+    table = torch.zeros(case.batch, max(need), dtype=torch.int32)
+    cursor = 0
+    for b, n in enumerate(case.kv_lens):
+        blocks = perm[cursor : cursor + need[b]]
+        cursor += need[b]
+        table[b, : need[b]] = blocks.to(torch.int32)
+        if need[b] < table.shape[1]:
+            table[b, need[b] :] = int(perm[-1])  # padding entries point at the spare block
+        written = keep[b]
+        if written:  # token t of the request goes to slot t % bs of its block t // bs: one indexed copy a request
+            t = torch.arange(written)
+            slot = blocks[t // bs] * bs + t % bs
+            kc.view(-1, *kc.shape[2:])[slot] = k[cu_k[b] : cu_k[b] + written].float()
+            vc.view(-1, *vc.shape[2:])[slot] = v[cu_k[b] : cu_k[b] + written].float()
+            if sc is not None and k_scales is not None:
+                sc.view(-1, *sc.shape[2:])[slot] = k_scales[cu_k[b] : cu_k[b] + written]
+    kc, vc = _stale_to(kc, k.dtype), _stale_to(vc, v.dtype)
+    if case.kv_layout == "HND":
+        kc, vc = kc.transpose(1, 2).contiguous(), vc.transpose(1, 2).contiguous()
+    if sc is not None:
+        sc = sc.transpose(1, 2).contiguous()  # (num_blocks, hk, block_size), seed 001's layout
     return kc, vc, table, sc
 
 
@@ -252,7 +213,7 @@ def make_inputs(case: AttentionCase, seed: int = 0, device: str | torch.device =
     h, hk, d, dv = case.num_heads, case.num_kv_heads, case.head_dim, case.dv
     q = torch.randn(case.total_q, h, d, generator=gen)
     if case.softcap is not None:
-        q.mul_(case.softcap / 4.0)
+        q = q * (case.softcap / 4.0)
     k = torch.randn(case.total_kv, hk, d, generator=gen)
     v = torch.randn(case.total_kv, hk, dv, generator=gen)
     qv = torch.randn(case.total_q, h, dv, generator=gen) if case.qv else None
