@@ -20,7 +20,7 @@ keeps every record that arrived (fsync'ed) and returns a summary that says it wa
 CUDA out of memory under sharing (:func:`is_cuda_oom`): an ``error`` record whose reason is a CUDA OOM (or cuDNN's
 attention graph failing to execute) from a worker that shares its GPU with others is not written; the pair is
 deferred, its worker restarted, and after the parallel phase the deferred pairs run again with one worker per GPU
-and every other worker closed.  That record is final and carries ``extra["oom_retry"]`` (the first error and how
+and every other worker and spare closed.  That record is final and carries ``extra["oom_retry"]`` (the first error and how
 many workers shared the GPU).  A run killed before the retry has not written those pairs, so ``resume``
 runs them again.  Cases go to workers longest first (:mod:`conformance.running.schedule`, ``--schedule``) and by
 compile affinity (:class:`~conformance.running.pool.WorkFeed`, keys from the first worker's ``keys`` op); before
@@ -364,14 +364,16 @@ def execute(
         task = bar.add_task(label, total=len(plan.todo), counts="")
         phase(list(range(workers)), feed, sharing, writer, bar, task)
         if deferred:
-            # Alone: one worker per GPU (the first placed on it), every other worker closed so that its
-            # CUDA context and allocator cache are gone too.
+            # Alone: one worker per GPU (the first placed on it), every other worker and every spare closed so
+            # that its CUDA context and allocator cache are gone too.
             first: dict[str | None, int] = {}
             for i in range(workers):
                 first.setdefault(placements[i].gpu, i)
             alone = sorted(first.values())
             others = [clients[i] for i in range(workers) if i not in alone]
             _close_all(others)
+            if state.spares is not None:
+                state.spares.drain()  # a spare would share the GPU too; a restart now starts its own worker
             summary.oom_retries = len(deferred)
             retry = _retry_units(deferred)
             bar.update(task, description=f"{label}: {len(deferred)} CUDA OOM(s) again, one worker per GPU")

@@ -14,6 +14,10 @@ while it waited, or could not start, is discarded (the next one is tried; with n
 spares that could not start in one take, the slot starts its own, as without spares, and a worker that cannot
 start is reported as before: a machine where no worker starts never loops on spares).  ``per_placement`` 0: no spares.
 
+Alone: :meth:`Spares.drain` kills every spare and keeps none from then on (a later take returns None: the slot
+starts its own).  The runner drains before its CUDA OOM retry phase, whose workers must each be alone on their
+GPU: a spare holds a CUDA context and allocator cache there as any worker does.
+
 Shutdown: :meth:`Spares.close` kills every spare, waiting or starting, and refuses any later take (a slot then
 starts no worker either: the run is ending); the runner calls it at the end of a run, on Ctrl-C and on errors.
 A spare started by a killed parent exits within a second (the worker's parent watchdog, stdin's EOF).  Spares
@@ -72,6 +76,7 @@ class Spares:
         self._picked: set[_Spare] = set()  # taken off a queue, its start still awaited by a slot
         self._threads: list[threading.Thread] = []
         self._closed = False
+        self._drained = False
         self.started = 0
         self.taken = 0
         self.discarded = 0
@@ -112,6 +117,10 @@ class Spares:
         its own); a replacement spare is started.  :class:`WorkerStartError` once :meth:`close` ran."""
         if self.per_placement <= 0:
             return None
+        if self._drained:
+            if self._closed:
+                raise WorkerStartError("the run is ending: no new worker")
+            return None
         key = _placement(slot)
         failed = 0
         while True:
@@ -147,6 +156,22 @@ class Spares:
             failed += 1
             if failed > self.per_placement:  # no spare of this placement starts: the slot's own start says why
                 return None
+
+    def drain(self) -> None:
+        """Kill every spare and keep none from now on (later takes return None: the slot starts its own
+        worker); unlike :meth:`close`, the run goes on.  Call it with no take in flight (between the runner's
+        phases).  :meth:`stats` still gives the ``per_placement`` asked for."""
+        with self._lock:
+            self._drained = True
+            left = [s for q in self._waiting.values() for s in q]
+            self._waiting.clear()
+            self.unused += len(left)
+            threads, self._threads = self._threads, []
+        for spare in left:
+            spare.client.kill()
+        deadline = time.monotonic() + 10
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         """Kill every spare (waiting, starting or awaited by a slot); later takes raise.  Idempotent."""

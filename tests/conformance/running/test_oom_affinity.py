@@ -34,28 +34,32 @@ HERE = "tests.conformance.running.test_oom_affinity"
 OOM = "ATTNCONF_TEST_OOM"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _siblings() -> int:
+    """Live processes (not zombies) other than this one whose parent is this one's: the pool's other workers
+    and its spares, whether or not they have loaded a backend yet (Linux ``/proc``)."""
+    me, parent = os.getpid(), os.getppid()
+    n = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue  # it exited while being read
+        n += int(ppid) == parent and state not in "ZX"
+    return n
 
 
 class OomOnceBackend(ExactBackend):
     """Exact, but the first attempt at each case raises ``torch.OutOfMemoryError`` (a marker file per case
-    in ``$ATTNCONF_TEST_OOM``), as a kernel would when twelve workers fill one GPU.  Each worker process
-    registers its pid there when it loads the backend; a later attempt notes how many *other* registered
-    worker processes are alive (``others_alive``): zero when it ran alone."""
+    in ``$ATTNCONF_TEST_OOM``), as a kernel would when twelve workers fill one GPU.  A later attempt notes how
+    many *other* live processes the parent has (``others_alive``): workers and spare workers, loaded or still
+    starting; zero when it ran alone."""
 
     name = "test-oom-once"
 
     def __init__(self) -> None:
-        folder = Path(os.environ[OOM]) / "pids"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / str(os.getpid())).touch()
+        Path(os.environ[OOM]).mkdir(parents=True, exist_ok=True)
 
     def prepare(self, case, inputs):
         folder = Path(os.environ[OOM])
@@ -66,13 +70,12 @@ class OomOnceBackend(ExactBackend):
                 "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.18 GiB of which "
                 "1.50 GiB is free. Process 729 has 4.76 GiB memory in use. Process 702 has 8.48 GiB memory in use."
             )
-        others = [int(p.name) for p in (folder / "pids").iterdir() if int(p.name) != os.getpid()]
         run = super().prepare(case, inputs)
 
         def kernel():
             return run()
 
-        kernel.notes = [f"others_alive={sum(_alive(pid) for pid in others)}"]
+        kernel.notes = [f"others_alive={_siblings()}"]
         return kernel
 
 

@@ -206,6 +206,19 @@ def test_close_kills_every_spare_and_later_takes_refuse(made) -> None:
     spares.close()  # idempotent
 
 
+def test_drain_kills_every_spare_and_later_takes_start_their_own(made) -> None:
+    spares = Spares(2, factory=FakeClient)  # type: ignore[arg-type]
+    s = slot()
+    assert spares.take(s) is not None
+    spares.drain()
+    assert len(made) == 3 and made[0].killed is False and all(c.killed for c in made[1:])  # the taken one lives
+    assert spares.take(s) is None and len(made) == 3  # not closed: the slot starts its own; no spare starts
+    assert spares.stats() == {"per_placement": 2, "started": 3, "taken": 1, "discarded": 0, "unused": 2}
+    spares.close()
+    with pytest.raises(WorkerStartError):
+        spares.take(s)
+
+
 def test_close_wakes_a_slot_waiting_for_a_starting_spare(made) -> None:
     def factory(**kw: Any) -> FakeClient:
         client = FakeClient(**kw)
