@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -323,8 +324,11 @@ def test_two_workers_on_two_fake_gpus_give_the_records_of_one(tmp_path: Path, mo
         by_case[r.case_id].add(r.extra["worker"])
     assert all(len(w) == 1 for w in by_case.values())
     assert len(two.phases_s["context_s"]) == 3 and len(two.phases_s["check_s"]) == 6
-    assert len(two.overhead_s) == 6 and min(two.overhead_s) > -0.01  # round trip >= the worker's own time
-    assert all(0 < r.extra["worker_s"] <= r.extra["roundtrip_s"] + 0.01 for r in second)
+    # round trip >= the worker's own time, in the median: a pipelined request's round trip starts when the
+    # parent's reader thread saw the previous reply, which on a loaded machine can be after the worker took it up
+    assert len(two.overhead_s) == 6 and statistics.median(two.overhead_s) > -0.01
+    assert all(r.extra["worker_s"] > 0 for r in second)
+    assert statistics.median(r.extra["roundtrip_s"] - r.extra["worker_s"] for r in second) > -0.01
     # the medians are printed on request (--profile: text(timings=True)) since issue 28 item 3
     assert "by 2 worker(s)" in two.text() and "overhead (round trip - worker time)" in two.text(timings=True)
     assert "overhead (round trip - worker time)" not in two.text()
