@@ -35,18 +35,25 @@ OOM = "ATTNCONF_TEST_OOM"
 
 
 def _siblings() -> int:
-    """Live processes (not zombies) other than this one whose parent is this one's: the pool's other workers
-    and its spares, whether or not they have loaded a backend yet (Linux ``/proc``)."""
+    """Live worker processes (not zombies) of this run other than this one: children of this one's parent that
+    run ``conformance.running.worker`` with this test's ``$ATTNCONF_TEST_OOM``, i.e. the pool's other workers and
+    its spares, whether or not they have loaded a backend yet (Linux ``/proc``; the parent's other children, such
+    as multiprocessing's resource tracker under pytest-xdist, are not the run's)."""
     me, parent = os.getpid(), os.getppid()
+    mark = f"{OOM}={os.environ[OOM]}".encode()
     n = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
             state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if int(ppid) != parent or state in "ZX":
+                continue
+            ours = b"conformance.running.worker" in (entry / "cmdline").read_bytes()
+            ours = ours and mark in (entry / "environ").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue  # it exited while being read
-        n += int(ppid) == parent and state not in "ZX"
+        n += ours
     return n
 
 
