@@ -103,7 +103,7 @@ class ResultsFile:
     #: the last of :attr:`skipped` is a killed writer's cut tail (a last line without its newline that is not
     #: JSON, or a cut last gzip member) that cutting the file to :attr:`keep` removes
     cut_tail: bool = False
-    #: the kept content does not end with a newline: an appender must start with one
+    #: the kept content does not end with a newline: an appender must start with one (never with nothing kept)
     needs_newline: bool = False
     #: result records dropped as duplicates of a later one (``drop_duplicates``)
     dropped_duplicates: int = 0

@@ -148,7 +148,7 @@ def check_resume(path: Path, headers: Sequence[Header], new: dict[str, Any], has
         return
     now = {**_flat(new, RESUME_KEYS), "tol_args": new.get("tol_args")}
     for i, h in enumerate(headers, 1):
-        recorded = getattr(h, "sweep", None)
+        recorded = h.sweep
         then = _flat(recorded, RESUME_KEYS) if recorded else _legacy(h)
         for key, value in then.items():
             if key in now and not _same(value, now[key]):
@@ -223,7 +223,7 @@ def repair_tail(path: Path, scanned: ResultsFile | None = None) -> None:
     with open(path, "r+b") as fh:
         if f.keep < fh.seek(0, os.SEEK_END):
             fh.truncate(f.keep)
-        if f.needs_newline and f.keep > 0:
+        if f.needs_newline:  # only with a kept last line (scan_results): an emptied file stays empty
             fh.seek(0, os.SEEK_END)
             fh.write(gzip.compress(b"\n", mtime=0) if f.gzip else b"\n")
         fh.flush()

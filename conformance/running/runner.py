@@ -20,8 +20,8 @@ keeps every record that arrived (fsync'ed) and returns a summary that says it wa
 CUDA out of memory under sharing (:func:`is_cuda_oom`): an ``error`` record whose reason is a CUDA OOM (or cuDNN's
 attention graph failing to execute) from a worker that shares its GPU with others is not written; the pair is
 deferred, its worker restarted, and after the parallel phase the deferred pairs run again with one worker per GPU
-and every other worker and spare closed.  That record is final and carries ``extra["oom_retry"]`` (the first error and how
-many workers shared the GPU).  A run killed before the retry has not written those pairs, so ``resume``
+and every other worker and spare closed.  That record is final and carries ``extra["oom_retry"]`` (the first error
+and how many workers shared the GPU).  A run killed before the retry has not written those pairs, so ``resume``
 runs them again.  Cases go to workers longest first (:mod:`conformance.running.schedule`, ``--schedule``) and by
 compile affinity (:class:`~conformance.running.pool.WorkFeed`, keys from the first worker's ``keys`` op); before
 the checks, the compile phase (:mod:`conformance.running.compile_phase`) compiles each JIT kernel once over all

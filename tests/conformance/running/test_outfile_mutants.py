@@ -334,3 +334,35 @@ def test_a_gzipped_last_line_without_its_newline_gets_a_member_holding_one(tmp_p
     with Appender(path) as out:
         out.write(_result("b"))
     assert [r.case_id for r in load_results(path).results] == ["a", "b"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(gz=st.booleans(), cut=st.floats(0.0, 1.0))
+def test_a_file_cut_anywhere_is_left_readable_and_empty_when_nothing_is_kept(gz: bool, cut: float) -> None:
+    """Whatever byte a killed writer stopped at, :func:`repair_tail` leaves a file that reads back without a skipped
+    line and ends with a newline, or is empty: a newline is added only to a kept last line (``needs_newline``
+    implies ``keep > 0``), so a file whose first gzip member or first line was cut stays empty."""
+    import tempfile
+
+    lines = [_lines(HEADER), _lines(_result("a")), _lines(_result("b"))[:-1]]  # the last line lacks its newline
+    whole = b"".join(gzip.compress(part, mtime=0) if gz else part for part in lines)
+    with tempfile.TemporaryDirectory(prefix="attnconf-outfile-") as d:
+        path = Path(d) / ("r.jsonl.gz" if gz else "r.jsonl")
+        path.write_bytes(whole[: int(cut * len(whole))])
+        scanned = scan_results(path)
+        assert not scanned.needs_newline or scanned.keep > 0
+        repair_tail(path, scanned)
+        data = path.read_bytes()
+        text = gzip.decompress(data) if gz and data else data
+        assert text == b"" or text.endswith(b"\n")
+        assert data == b"" or scan_results(path).skipped == ()
+
+
+def test_a_gzipped_file_whose_only_member_is_cut_is_emptied(tmp_path: Path) -> None:
+    # repair_tail has no `keep > 0` guard of its own: scan_results never asks for a newline with nothing kept
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(gzip.compress(_lines(HEADER), mtime=0)[:-9])
+    scanned = scan_results(path)
+    assert scanned.keep == 0 and scanned.cut_tail and not scanned.needs_newline
+    repair_tail(path, scanned)
+    assert path.read_bytes() == b""
