@@ -135,6 +135,7 @@ def test_version_side_tells_newer_from_older(tmp_path: Path) -> None:
         ("[failure.when]\nfeatures = ['pagd']\n", "unknown features \\['pagd'\\]"),
         ("[failure.when]\nfeatures = ['paged']\nno_features = ['paged']\n", "both required and excluded"),
         ("[failure.when]\n", "empty 'when' table"),
+        ("when = []\n", "failure\\[0\\]: 'when' is an empty list"),  # no table to OR: mutmut survivor
         ("[[failure.when]]\nhead_dim = 8\n[[failure.when]]\nhead_dimm = 8\n", "when\\[1\\]: unknown field"),
         ('versions = "~> 2"\n[failure.when]\nhead_dim = 8\n', "not a PEP 440 specifier set"),
         ("versions = 2\n[failure.when]\nhead_dim = 8\n", "'versions' must be a PEP 440 specifier string"),
