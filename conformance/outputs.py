@@ -394,16 +394,16 @@ def write_many(outputs: Sequence[Output], *, quiet: bool = False) -> list[Path]:
     for out in outputs:
         check_output(out.path, out.flag)
     temps: list[str] = []
+    committed = 0  # temporary files renamed into place: the rest are removed on a failure
     try:
         for out in outputs:
             temps.append(_write_temp(out))
-        for i, out in enumerate(outputs):
-            _commit(out, temps[i], quiet)
-            temps[i] = ""
+        for out, tmp in zip(outputs, temps):
+            _commit(out, tmp, quiet)
+            committed += 1
     finally:
-        for name in temps:
-            if name:
-                _unlink(name)
+        for name in temps[committed:]:
+            _unlink(name)
     return [Path(out.path) for out in outputs]
 
 

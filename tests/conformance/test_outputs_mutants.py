@@ -355,6 +355,89 @@ def test_a_failed_rename_into_place_is_exit_3_naming_the_flag_and_the_reason(
     assert os.listdir(tmp_path) == []
 
 
+def test_the_temporary_file_is_beside_its_path_and_named_after_it(tmp_path: Path, monkeypatch) -> None:
+    """The data is written to a hidden temporary file in the path's own folder (so that the rename into place never
+    crosses a file system), named ``.<the path's name, at most 80 characters>.<random>.tmp``."""
+    # kills x__write_temp__mutmut_6, _9 (the temporary file in the system's temporary folder) and _10 (81 characters)
+    for name in ("r.jsonl", "n" * 90 + ".md"):
+        path = tmp_path / "sub" / name
+        path.parent.mkdir(exist_ok=True)
+        made: list[str] = []
+        real = outputs.tempfile.mkstemp
+
+        def mkstemp(*args, made=made, real=real, **kwargs):
+            fd, name = real(*args, **kwargs)
+            made.append(name)
+            return fd, name
+
+        seen: list[str] = []
+
+        def data(fh, seen=seen, made=made) -> None:
+            seen.append(made[-1])  # the file being written: the last one made
+            fh.write(b"x")
+
+        monkeypatch.setattr(outputs.tempfile, "mkstemp", mkstemp)
+        outputs.write_bytes(path, data, kind=None)
+        monkeypatch.undo()
+        temp = Path(seen[0])
+        assert temp.parent == path.parent and not temp.exists() and path.read_bytes() == b"x"
+        assert temp.name.startswith(f".{name[:80]}.") and temp.name.endswith(".tmp")
+        assert not temp.name.startswith(f".{name[:81]}.") or len(name) <= 80
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [(OSError(errno.ENOSPC, "No space left on device"), "No space left on device"), (OSError("quota"), "quota")],
+    ids=["strerror", "message-only"],
+)
+@pytest.mark.parametrize("where", ["create", "write"])
+def test_a_temporary_file_that_cannot_be_made_or_written_is_exit_3_naming_the_reason(
+    tmp_path: Path, monkeypatch, error: OSError, reason: str, where: str
+) -> None:
+    """Creating or writing the temporary file fails (a full disk, a quota): one line with the option, the path,
+    ``cannot write`` and the system's reason (its strerror, else the error's text); nothing is left behind."""
+    # kills x__write_temp__mutmut_13 (OutputError(None)), _14 and _34 (strerror `and` exc: the errno and the text)
+    path = tmp_path / "x.json"
+
+    def fail(*args, **kwargs):
+        raise error
+
+    if where == "create":  # the second mkstemp: the first is check_output's probe of the folder
+        real, calls = outputs.tempfile.mkstemp, []
+
+        def mkstemp(*args, **kwargs):
+            calls.append(1)
+            return real(*args, **kwargs) if len(calls) == 1 else fail()
+
+        monkeypatch.setattr(outputs.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(OutputError) as exc:
+        outputs.write_bytes(path, fail if where == "write" else b"{}", kind=None, flag="--json")
+    assert str(exc.value) == f"--json {path}: cannot write: {reason}"
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_failed_rename_removes_every_temporary_file_not_yet_in_place(tmp_path: Path, monkeypatch, failing) -> None:
+    """Of several outputs written together, those renamed before a failure stay; every temporary file not yet
+    renamed is removed, the failing one's included."""
+    # kills write_many's count of committed files off by one either way (a temporary file left, or one removed
+    # after its rename: a missing output)
+    real = os.replace
+    calls: list[str] = []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) - 1 == failing:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    outs = [outputs.Output(tmp_path / f"{n}.md", b"x", None, "--md") for n in ("a", "b", "c")]
+    with pytest.raises(OutputError):
+        outputs.write_many(outs)
+    assert sorted(os.listdir(tmp_path)) == ["a.md", "b.md", "c.md"][:failing]
+
+
 # ------------------------------------------------------------------------------------------------- marker
 
 
