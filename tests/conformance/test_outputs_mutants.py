@@ -385,6 +385,26 @@ def test_the_temporary_file_is_beside_its_path_and_named_after_it(tmp_path: Path
         assert not temp.name.startswith(f".{name[:81]}.") or len(name) <= 80
 
 
+def test_the_writability_probe_is_a_hidden_file_in_the_paths_own_folder(tmp_path: Path, monkeypatch) -> None:
+    """Before anything is written, ``check_output`` creates and removes ``.attnconf-probe.*`` in the path's folder (the
+    folder the output goes to, not the system's temporary one: the one test that holds for root too)."""
+    # kills x__probe__mutmut_2, _4 (another name) and _3, _5 (the system's temporary folder)
+    made: list[str] = []
+    real = outputs.tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        fd, name = real(*args, **kwargs)
+        made.append(name)
+        return fd, name
+
+    monkeypatch.setattr(outputs.tempfile, "mkstemp", mkstemp)
+    path = tmp_path / "sub" / "r.json"
+    path.parent.mkdir()
+    outputs.check_output(path, "--json")
+    assert len(made) == 1 and Path(made[0]).parent == path.parent
+    assert Path(made[0]).name.startswith(".attnconf-probe.") and os.listdir(path.parent) == []
+
+
 @pytest.mark.parametrize(
     ("error", "reason"),
     [(OSError(errno.ENOSPC, "No space left on device"), "No space left on device"), (OSError("quota"), "quota")],
