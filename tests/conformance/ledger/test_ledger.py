@@ -291,7 +291,9 @@ def test_a_ledger_directory_that_cannot_be_used_is_refused_in_one_line_naming_th
     (bad / "kern.toml").write_text("[[failure]]\n")
     for directory, flag, reason in (
         (missing, None, "no such directory"),
+        (missing, "--ledgers", "no such directory"),  # the flag given is named: a mutmut survivor
         (afile, "--ledgers", "not a directory"),
+        (afile, None, "not a directory"),
     ):
         with pytest.raises(LedgerDirError) as err:
             load_ledger_dir(directory) if flag is None else load_ledger_dir(directory, flag)
