@@ -221,11 +221,10 @@ class Ledger:
             by_backend.setdefault(e.backend, []).append((i, e))
         for r in results:
             ran.add(r.backend)
-            view = None
+            entries = by_backend.get(r.backend, ())
+            view = case_view(r.case) if entries else None  # cached per case JSON: cheap for glob-only entries too
             matching: list[tuple[LedgerEntry, str]] = []
-            for i, e in by_backend.get(r.backend, ()):
-                if view is None and e.predicate is not None:
-                    view = case_view(r.case)
+            for i, e in entries:
                 if e.matches_view(view, r.case_id):
                     used.add(i)
                     matching.append((e, e.version_side(r.version)))

@@ -302,6 +302,8 @@ def test_a_ledger_directory_that_cannot_be_used_is_refused_in_one_line_naming_th
     with pytest.raises(LedgerDirError, match=rf"^--ledger-dir {bad}: .*kern\.toml") as err:
         load_ledger_dir(bad)
     assert err.value.path == str(bad) and "kern.toml" in err.value.reason
+    with pytest.raises(LedgerDirError, match=rf"^--ledgers {bad}: .*kern\.toml"):
+        load_ledger_dir(bad, "--ledgers")  # the flag given is named: a mutmut survivor
     assert str(LedgerDirError("d", "why")) == "--ledger-dir d: why"
 
 
