@@ -233,7 +233,7 @@ class Ledger:
                 entry = next((e for e in in_range if e.lists(r)), None)
                 if entry is None:
                     verdict.unexpected.append(r)
-                    if in_range and not (r.reason or "").startswith(HARNESS_ERROR):
+                    if in_range and not str(r.reason).startswith(HARNESS_ERROR):  # a None reason reads "None"
                         verdict.unlisted.append((r, in_range[0]))
                 else:
                     verdict.known.append((r, entry))
