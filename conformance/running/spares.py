@@ -117,16 +117,14 @@ class Spares:
         its own); a replacement spare is started.  :class:`WorkerStartError` once :meth:`close` ran."""
         if self.per_placement <= 0:
             return None
-        if self._drained:
-            if self._closed:
-                raise WorkerStartError("the run is ending: no new worker")
-            return None
         key = _placement(slot)
         failed = 0
         while True:
             with self._lock:
                 if self._closed:
                     raise WorkerStartError("the run is ending: no new worker")
+                if self._drained:
+                    return None
                 queue = self._waiting.setdefault(key, collections.deque())
                 dead = [s for s in queue if s.done.is_set() and not (s.ok and s.client.alive)]
                 for s in dead:
@@ -159,24 +157,23 @@ class Spares:
 
     def drain(self) -> None:
         """Kill every spare and keep none from now on (later takes return None: the slot starts its own
-        worker); unlike :meth:`close`, the run goes on.  Call it with no take in flight (between the runner's
-        phases).  :meth:`stats` still gives the ``per_placement`` asked for."""
-        with self._lock:
-            self._drained = True
-            left = [s for q in self._waiting.values() for s in q]
-            self._waiting.clear()
-            self.unused += len(left)
-            threads, self._threads = self._threads, []
-        for spare in left:
-            spare.client.kill()
-        deadline = time.monotonic() + 10
-        for thread in threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        worker); unlike :meth:`close`, the run goes on.  Meant for a moment with no take in flight (between the
+        runner's phases): a take awaiting a spare then finds it dead and returns None.  :meth:`stats` still gives
+        the ``per_placement`` asked for."""
+        self._stop(close=False)
 
     def close(self) -> None:
         """Kill every spare (waiting, starting or awaited by a slot); later takes raise.  Idempotent."""
+        self._stop(close=True)
+
+    def _stop(self, *, close: bool) -> None:
+        """Kill every spare, waiting, starting or awaited by a slot, and mark the pool closed (``close``) or
+        drained; waits up to 10 s for the start threads."""
         with self._lock:
-            self._closed = True
+            if close:
+                self._closed = True
+            else:
+                self._drained = True
             left = [s for q in self._waiting.values() for s in q]
             self._waiting.clear()
             self.unused += len(left)

@@ -244,6 +244,24 @@ def test_close_wakes_a_slot_waiting_for_a_starting_spare(made) -> None:
     assert made and all(c.killed for c in made)
 
 
+def test_drain_hands_a_slot_waiting_for_a_starting_spare_none(made) -> None:
+    def factory(**kw: Any) -> FakeClient:
+        client = FakeClient(**kw)
+        client.gate.clear()  # every spare starts slowly
+        return client
+
+    spares = Spares(1, factory=factory)  # type: ignore[arg-type]
+    got: list[object] = []
+    thread = threading.Thread(target=lambda: got.append(spares.take(slot())))
+    thread.start()
+    time.sleep(0.2)
+    assert thread.is_alive()  # waiting for the spare's start
+    spares.drain()
+    thread.join(5)
+    assert not thread.is_alive() and got == [None]  # the slot starts its own; the run goes on
+    assert made and all(c.killed for c in made)
+
+
 def test_auto_is_two_and_none_when_timed() -> None:
     assert spares_for(None, timed=False) == DEFAULT_SPARES == 2
     assert spares_for(None, timed=True) == 0
