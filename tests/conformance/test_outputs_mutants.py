@@ -355,40 +355,9 @@ def test_a_failed_rename_into_place_is_exit_3_naming_the_flag_and_the_reason(
     assert os.listdir(tmp_path) == []
 
 
-def test_the_temporary_file_is_beside_its_path_and_named_after_it(tmp_path: Path, monkeypatch) -> None:
-    """The data is written to a hidden temporary file in the path's own folder (so that the rename into place never
-    crosses a file system), named ``.<the path's name, at most 80 characters>.<random>.tmp``."""
-    # kills x__write_temp__mutmut_6, _9 (the temporary file in the system's temporary folder) and _10 (81 characters)
-    for name in ("r.jsonl", "n" * 90 + ".md"):
-        path = tmp_path / "sub" / name
-        path.parent.mkdir(exist_ok=True)
-        made: list[str] = []
-        real = outputs.tempfile.mkstemp
-
-        def mkstemp(*args, made=made, real=real, **kwargs):
-            fd, name = real(*args, **kwargs)
-            made.append(name)
-            return fd, name
-
-        seen: list[str] = []
-
-        def data(fh, seen=seen, made=made) -> None:
-            seen.append(made[-1])  # the file being written: the last one made
-            fh.write(b"x")
-
-        monkeypatch.setattr(outputs.tempfile, "mkstemp", mkstemp)
-        outputs.write_bytes(path, data, kind=None)
-        monkeypatch.undo()
-        temp = Path(seen[0])
-        assert temp.parent == path.parent and not temp.exists() and path.read_bytes() == b"x"
-        assert temp.name.startswith(f".{name[:80]}.") and temp.name.endswith(".tmp")
-        assert not temp.name.startswith(f".{name[:81]}.") or len(name) <= 80
-
-
-def test_the_writability_probe_is_a_hidden_file_in_the_paths_own_folder(tmp_path: Path, monkeypatch) -> None:
-    """Before anything is written, ``check_output`` creates and removes ``.attnconf-probe.*`` in the path's folder (the
-    folder the output goes to, not the system's temporary one: the one test that holds for root too)."""
-    # kills x__probe__mutmut_2, _4 (another name) and _3, _5 (the system's temporary folder)
+@pytest.fixture
+def made_temps(monkeypatch) -> list[str]:
+    """The names of the files ``outputs`` creates with ``tempfile.mkstemp`` from now on, in order."""
     made: list[str] = []
     real = outputs.tempfile.mkstemp
 
@@ -398,6 +367,34 @@ def test_the_writability_probe_is_a_hidden_file_in_the_paths_own_folder(tmp_path
         return fd, name
 
     monkeypatch.setattr(outputs.tempfile, "mkstemp", mkstemp)
+    return made
+
+
+def test_the_temporary_file_is_beside_its_path_and_named_after_it(tmp_path: Path, made_temps: list[str]) -> None:
+    """The data is written to a hidden temporary file in the path's own folder (so that the rename into place never
+    crosses a file system), named ``.<the path's name, at most 80 characters>.<random>.tmp``."""
+    # kills x__write_temp__mutmut_6, _9 (the temporary file in the system's temporary folder) and _10 (81 characters)
+    for name in ("r.jsonl", "n" * 90 + ".md"):
+        path = tmp_path / "sub" / name
+        path.parent.mkdir(exist_ok=True)
+        seen: list[str] = []
+
+        def data(fh, seen=seen) -> None:
+            seen.append(made_temps[-1])  # the file being written: the last one made
+            fh.write(b"x")
+
+        outputs.write_bytes(path, data, kind=None)
+        temp = Path(seen[0])
+        assert temp.parent == path.parent and not temp.exists() and path.read_bytes() == b"x"
+        assert temp.name.startswith(f".{name[:80]}.") and temp.name.endswith(".tmp")
+        assert not temp.name.startswith(f".{name[:81]}.") or len(name) <= 80
+
+
+def test_the_writability_probe_is_a_hidden_file_in_the_paths_own_folder(tmp_path: Path, made_temps: list[str]) -> None:
+    """Before anything is written, ``check_output`` creates and removes ``.attnconf-probe.*`` in the path's folder (the
+    folder the output goes to, not the system's temporary one: the one test that holds for root too)."""
+    # kills x__probe__mutmut_2, _4 (another name) and _3, _5 (the system's temporary folder)
+    made = made_temps
     path = tmp_path / "sub" / "r.json"
     path.parent.mkdir()
     outputs.check_output(path, "--json")
