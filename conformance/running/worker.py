@@ -139,9 +139,15 @@ class _Worker:
                 errors[spec] = f"{type(exc).__name__}: {exc}"
         from attnfast.base import Backend
 
-        # The backends that JIT-compile per compile key (they override Backend.compile_key): the parent
-        # asks for their keys (op "keys") to send cases of one kernel to one worker.
-        jit = [s for s in infos if type(self.backend(s)).compile_key is not Backend.compile_key]
+        # The backends that JIT-compile per compile key (they override Backend.compile_key) and are available
+        # here: the parent asks for their keys (op "keys") to send cases of one kernel to one worker and to
+        # compile each key once first.  An unavailable one compiles nothing (its pairs are all refused), and
+        # its compile tasks would each fail and replace a worker (1,403 of them for FA4 not installed: minutes).
+        jit = [
+            s
+            for s in infos
+            if infos[s].get("available") == "yes" and type(self.backend(s)).compile_key is not Backend.compile_key
+        ]
         return {
             "ok": True,
             "env": host_env(req.get("device", "cpu")),

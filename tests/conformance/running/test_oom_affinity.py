@@ -322,6 +322,42 @@ def test_worker_computes_compile_keys_for_the_parent(tmp_path: Path) -> None:
         client.close()
 
 
+class UnavailableKeyedBackend(KeyedBackend):
+    """KeyedBackend that is not installed here."""
+
+    name = "test-keyed-absent"
+
+    def is_available(self):
+        from attnfast.base import Support
+
+        return Support(False, "planted: not installed")
+
+
+def test_an_unavailable_jit_backend_gets_no_compile_phase(tmp_path: Path) -> None:
+    # On a GPU machine without FA4, `--backend fa4` made the compile phase try its 1,403 keys, each failing and
+    # replacing a worker: 7.5 minutes before the first check.  An unavailable backend has no keys to compile.
+    absent, keyed = f"{HERE}:UnavailableKeyedBackend", f"{HERE}:KeyedBackend"
+    client = WorkerClient()
+    try:
+        described = client.request({"op": "describe", "backends": [absent, keyed], "device": "cpu"}, timeout=60)
+        assert described.data["backends"][absent]["available"] == "no"
+        assert described.data["jit"] == [keyed]
+    finally:
+        client.close()
+    cases = tiny_cases(3) + tiny_cases(3, head_dim=64)
+    config = RunConfig(
+        backends=(absent, "tests.conformance.fakes:ExactBackend"),
+        case_json=case_json(tmp_path, cases),
+        out=tmp_path / "r.jsonl",
+        progress=False,
+        jobs=2,
+    )
+    summary = run(config)
+    assert summary.compile is None  # no compile phase at all
+    _, records = read_records(tmp_path / "r.jsonl")
+    assert Counter(r.status for r in records if r.backend == "test-keyed-absent") == Counter({"unsupported": 6})
+
+
 def test_a_pool_sweep_with_compile_keys_gives_the_records_of_one(tmp_path: Path) -> None:
     cases = tiny_cases(4) + tiny_cases(4, head_dim=64)
     config = RunConfig(
