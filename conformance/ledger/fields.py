@@ -91,9 +91,26 @@ def _fa2_seqlen_k(case: AttentionCase) -> int:
     return cols * bs
 
 
+def _calls(case: AttentionCase) -> list[AttentionCase]:
+    """The kernel calls a case makes: its own, or for an invariance case each of its variants'
+    (:func:`conformance.graphs.invariance.variants`: request 0 alone, beside shorter requests, ...), whose requests
+    differ from the case's.  A field describing what one call does (rows without keys, say) holds when some call
+    does: the verdict judges every call's output (a batch invariance's "beside shorter requests" cuts the
+    neighbours' keys, down to none)."""
+    if not case.invariance:
+        return [case]
+    from conformance.graphs.invariance import variants
+
+    return [v.case for v in variants(case)]
+
+
 def _keyless_query_tile(case: AttentionCase) -> int:
-    """The largest T of 128, 64, ..., 1 such that some request has an aligned tile of T query rows (cut at the
-    request's end) in which no row sees a key; 0 when every row sees one."""
+    """The largest T of 128, 64, ..., 1 such that some request of some call (:func:`_calls`) has an aligned tile of T
+    query rows (cut at the request's end) in which no row sees a key; 0 when every row sees one."""
+    return max(_call_keyless_query_tile(call) for call in _calls(case))
+
+
+def _call_keyless_query_tile(case: AttentionCase) -> int:
     best = 0
     for b in range(case.batch):
         lo, hi = _visible_bounds(case, b)
@@ -108,6 +125,12 @@ def _keyless_query_tile(case: AttentionCase) -> int:
 
 
 def _fa3_keyless_m_block(case: AttentionCase) -> bool:
+    """Whether, in some call of the case (:func:`_calls`), some query tile of the FA3 fork's forward sees no key at
+    all (:func:`_call_fa3_keyless_m_block`)."""
+    return any(_call_fa3_keyless_m_block(call) for call in _calls(case))
+
+
+def _call_fa3_keyless_m_block(case: AttentionCase) -> bool:
     """Whether some query tile of the FA3 fork's forward sees no key at all: ``kBlockM`` rows of one request (the
     fork's tile for the call, :func:`attnfast.decisions.fa3_vllm_fwd_tile`: 192 at head dims 64 and 96, 64 for a
     one-MMA-warpgroup call, else 128), or with a GQA group of g heads packed into the tile (PackGQA) rows
@@ -336,7 +359,8 @@ FIELDS: dict[str, Field] = {
     "rows_with_keys": Field("int", "query rows that see at least one key", lambda c: c.total_q - _rows_without_keys(c)),
     "keyless_query_tile": Field(
         "int",
-        "largest T in 128, 64, ..., 1 with an aligned T-row query tile of one request (cut at its end) seeing no key",
+        "largest T in 128, 64, ..., 1 with an aligned T-row query tile of one request (cut at its end) seeing no key, "
+        "in some call (an invariance case's variants included)",
         _keyless_query_tile,
     ),
     "invariance_max_q_len_varies": Field(
@@ -364,7 +388,8 @@ FIELDS: dict[str, Field] = {
     "fa3_keyless_m_block": Field(
         "bool",
         "some query tile of the FA3 fork's forward (its kBlockM rows for the call: 192 at head dims 64/96, 64 for "
-        "a one-MMA-warpgroup call, else 128; packed GQA rows with a group) sees no key",
+        "a one-MMA-warpgroup call, else 128; packed GQA rows with a group) sees no key, in some call (an invariance "
+        "case's variants included)",
         _fa3_keyless_m_block,
     ),
     "fa3_window_unmasked_rows": Field(

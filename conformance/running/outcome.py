@@ -131,6 +131,8 @@ class RunSummary:
     wall_s: float = 0.0
     #: pairs whose CUDA OOM under a shared GPU was deferred and run again alone
     oom_retries: int = 0
+    #: pairs whose inputs, reference or baseline met a broken CUDA context (a harness CUDA fault), run again alone
+    harness_retries: int = 0
     #: the final record of every selected pair there is one of (a resumed file's earlier ones included)
     results: list[CheckResult] = field(default_factory=list)
     #: Ctrl-C ended the run: the records that arrived are in the file, the pairs in flight are not
@@ -234,6 +236,7 @@ class RunSummary:
                 else ""
             )
             + (f"; CUDA OOM retried alone: {self.oom_retries}" if self.oom_retries else "")
+            + (f"; retried alone after a broken CUDA context: {self.harness_retries}" if self.harness_retries else "")
         )
         lines.append(
             f"{len(self.results)} (case, backend) pair(s): "

@@ -181,7 +181,7 @@ def reply_record(reply: Reply, case: AttentionCase, spec: str, info: dict[str, s
     if reply.kind == "ok":
         status, reason = (
             Status.ERROR,
-            "harness error (inputs or reference), not the kernel: " + str(reply.data.get("error")),
+            HARNESS_ERROR + str(reply.data.get("error")),
         )
         if reply.data.get("traceback"):
             reason += "\n" + reply.data["traceback"]
@@ -248,6 +248,24 @@ _CUDA_OOM = re.compile(
 def is_cuda_oom(record: CheckResult) -> bool:
     """Whether ``record`` is an ``error`` whose reason is a CUDA out-of-memory error (kernel or harness)."""
     return record.status is Status.ERROR and bool(_CUDA_OOM.search(record.reason or ""))
+
+
+#: how :func:`reply_record` starts the reason of an error the worker raised outside the kernel call
+HARNESS_ERROR = "harness error (inputs or reference), not the kernel: "
+
+
+def is_harness_cuda_fault(record: CheckResult) -> bool:
+    """Whether ``record`` is an ``error`` raised before the backend's kernel ran (its case's inputs, reference or
+    baseline) by a CUDA error other than an OOM: pure PyTorch ops on the case's own tensors, so the worker's CUDA
+    context was already broken by an earlier call in that process (a kernel that faulted asynchronously or wrote
+    into memory it was not given), not by this pair."""
+    reason = record.reason or ""
+    return (
+        record.status is Status.ERROR
+        and reason.startswith(HARNESS_ERROR)
+        and "CUDA error" in reason
+        and not _CUDA_OOM.search(reason)
+    )
 
 
 def _counts_text(counts: Counter) -> str:

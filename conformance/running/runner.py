@@ -69,6 +69,7 @@ from conformance.running.pairs import (
     check_backend_names,
     describe_backends,
     is_cuda_oom,
+    is_harness_cuda_fault,
     reply_record,
 )
 from conformance.running.compile_phase import CompileStats, compile_first
@@ -261,11 +262,14 @@ def execute(
     summary.workers = workers
     state.n_before = len(summary.results)
 
-    #: (case id, backend name) -> its pair; deferred CUDA OOMs and their first error, for the retry phase
+    #: (case id, backend name) -> its pair; deferred pairs (CUDA OOMs, harness CUDA faults) and the extra their
+    #: final record carries (its key, the first error), for the retry phase
     pair_of = {(p.case.id, infos[p.spec]["name"]): p for u in units for p in u}
     deferred: list[_Pair] = []
-    retried: dict[tuple[str, str], dict[str, Any]] = {}
+    retried: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
     sharing = Counter(p.gpu for p in placements[:workers])  # workers per GPU (None: the one device)
+    #: per worker slot, the pair its current process ran last (None: a fresh process), to name what broke a context
+    last_pair: dict[int, str | None] = {}
 
     def judge(pair: _Pair, reply: Reply, worker: int) -> tuple[CheckResult, bool]:
         t0 = time.perf_counter()
@@ -274,7 +278,10 @@ def execute(
         if placements[worker].gpu is not None:
             extra["gpu"] = placements[worker].gpu
         if (pair.case.id, pair.spec) in retried:
-            extra["oom_retry"] = retried[pair.case.id, pair.spec]
+            name, first = retried[pair.case.id, pair.spec]
+            extra[name] = first
+        if is_harness_cuda_fault(record):
+            extra["context_broken_after"] = last_pair.get(worker)
         # An ERROR on CUDA may have poisoned the worker's context, and one that ran out of memory holds a
         # large allocator cache: it is replaced before its next request; so is one whose kernel wrote into
         # memory it was not given (check_backend's guard: ``wrote_outside``), which may have hit more than the
@@ -282,16 +289,28 @@ def execute(
         restart = (record.status is Status.ERROR and (config.device.startswith("cuda") or is_cuda_oom(record))) or (
             "wrote_outside" in record.extra
         )
+        last_pair[worker] = None if restart else f"{pair.case.id} {record.backend}"
         clock.judged(extra, reply, time.perf_counter() - t0)
         return replace(record, extra=extra), restart
 
     def deliver(outcome: Outcome, writer: _Writer, shared: Counter) -> bool:
-        """Write a finished record, or defer a CUDA OOM of a worker that shared its GPU (False)."""
+        """Write a finished record, or defer it (False): a CUDA OOM of a worker that shared its GPU, or a harness
+        CUDA fault (the worker's context broken before this pair's kernel ran), each once."""
         record = outcome.record
         n = shared[placements[outcome.worker].gpu]
-        if n > 1 and is_cuda_oom(record):
-            pair = pair_of[record.case_id, record.backend]
-            retried[pair.case.id, pair.spec] = {"first_error": short_reason(record.reason), "workers_sharing": n}
+        pair = pair_of[record.case_id, record.backend]
+        first = (pair.case.id, pair.spec) not in retried
+        if first and n > 1 and is_cuda_oom(record):
+            retried[pair.case.id, pair.spec] = (
+                "oom_retry", {"first_error": short_reason(record.reason), "workers_sharing": n}
+            )  # fmt: skip
+            deferred.append(pair)
+            return False
+        if first and is_harness_cuda_fault(record):
+            retried[pair.case.id, pair.spec] = (
+                "harness_retry",
+                {"first_error": short_reason(record.reason), "after": record.extra.get("context_broken_after")},
+            )
             deferred.append(pair)
             return False
         clock.written(record.extra)
@@ -374,9 +393,10 @@ def execute(
             _close_all(others)
             if state.spares is not None:
                 state.spares.drain()  # a spare would share the GPU too; a restart now starts its own worker
-            summary.oom_retries = len(deferred)
+            summary.oom_retries = sum(retried[p.case.id, p.spec][0] == "oom_retry" for p in deferred)
+            summary.harness_retries = len(deferred) - summary.oom_retries
             retry = _retry_units(deferred)
-            bar.update(task, description=f"{label}: {len(deferred)} CUDA OOM(s) again, one worker per GPU")
+            bar.update(task, description=f"{label}: {len(deferred)} pair(s) again, one worker per GPU")
             phase(alone, WorkFeed(retry), Counter(placements[i].gpu for i in alone), writer, bar, task)
 
 

@@ -25,6 +25,7 @@ from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, Status
 from conformance.results_file import read_records
 from conformance.running import runner
+from conformance.running.pairs import HARNESS_ERROR
 from conformance.running.pool import WorkFeed
 from conformance.running.runner import RunConfig, is_cuda_oom, run
 from conformance.running.worker import WorkerClient
@@ -174,6 +175,85 @@ def test_a_cuda_oom_under_sharing_is_run_again_alone(tmp_path: Path, monkeypatch
     assert summary.written == 6 and summary.counts["pass"] == 6 and summary.counts["error"] == 0
     assert "CUDA OOM retried alone: 3" in summary.text()
     assert summary.worker_starts >= 2 + 1  # a worker that ran out of memory is replaced
+
+
+class BrokenContextOnceBackend(ExactBackend):
+    """Exact; loading it makes the worker's context build (inputs, reference, baseline) raise a CUDA error the first
+    time each case is built (a marker file per case in ``$ATTNCONF_TEST_OOM``), as a context broken by an earlier
+    kernel's fault does.  A later attempt notes the other live worker processes (``others_alive``)."""
+
+    name = "test-broken-context"
+
+    def __init__(self) -> None:
+        from conformance.verdict import check
+
+        folder = Path(os.environ[OOM])
+        folder.mkdir(parents=True, exist_ok=True)
+        build = check.prepare_context
+
+        def broken_once(case, **kw):
+            marker = folder / f"built-{case.requests[0][0]}"
+            if not marker.exists():
+                marker.touch()
+                raise RuntimeError("CUDA error: an illegal instruction was encountered")
+            return build(case, **kw)
+
+        check.prepare_context = broken_once
+
+    def prepare(self, case, inputs):
+        run = super().prepare(case, inputs)
+
+        def kernel():
+            return run()
+
+        kernel.notes = [f"others_alive={_siblings()}"]
+        return kernel
+
+
+def test_a_pair_whose_context_was_broken_is_run_again_alone(tmp_path: Path, monkeypatch) -> None:
+    # A harness error from a CUDA error (the inputs or reference of a case, before its kernel ran) is the worker's
+    # broken context, not the pair's: the pair runs again once, alone, and its record names the first error and the
+    # pair its worker ran before.  On the H100 (reports/h100-2026-11-27-warm6, warm6-nospare) FA2's keyless paged case
+    # got "harness error ...: an illegal instruction" this way, a verdict lost.
+    monkeypatch.setenv(OOM, str(tmp_path / "ctx"))
+    config = RunConfig(
+        backends=(f"{HERE}:BrokenContextOnceBackend", "tests.conformance.fakes:ExactBackend"),
+        case_json=case_json(tmp_path, tiny_cases(4)),
+        out=tmp_path / "r.jsonl",
+        progress=False,
+        jobs=2,
+    )
+    summary = run(config)
+    _, records = read_records(tmp_path / "r.jsonl")
+    assert Counter((r.backend, r.status) for r in records) == {
+        ("test-broken-context", Status.PASS): 4,
+        ("fake-exact", Status.PASS): 4,
+    }  # one record per pair, every one judged
+    retried = [r for r in records if "harness_retry" in r.extra]
+    assert {r.backend for r in retried} == {"test-broken-context"} and len(retried) == 4  # each case's first pair
+    for r in retried:
+        first = r.extra["harness_retry"]
+        assert first["first_error"].startswith(HARNESS_ERROR + "RuntimeError: CUDA error")
+        assert first["after"] is None or first["after"].endswith(" fake-exact")  # the slot's previous pair, if any
+        assert r.extra["notes"] == ["others_alive=0"]  # run again alone
+    assert any(r.extra["harness_retry"]["after"] for r in retried)  # a worker that had run a pair names it
+    assert summary.exit_code == 0 and summary.harness_retries == 4 and summary.oom_retries == 0
+    assert "retried alone after a broken CUDA context: 4" in summary.text()
+
+
+def test_a_harness_cuda_fault_is_told_from_an_oom_and_a_kernel_error() -> None:
+    from conformance.running.pairs import is_harness_cuda_fault
+
+    illegal = "AcceleratorError: CUDA error: an illegal instruction"
+
+    def rec(status: Status, reason: str) -> CheckResult:
+        return CheckResult(case_id="c", backend="b", family="f", status=status, case={}, reason=reason)
+
+    assert is_harness_cuda_fault(rec(Status.ERROR, HARNESS_ERROR + illegal))
+    assert not is_harness_cuda_fault(rec(Status.ERROR, illegal))  # the kernel's own error
+    assert not is_harness_cuda_fault(rec(Status.ERROR, HARNESS_ERROR + "OutOfMemoryError: CUDA out of memory."))
+    assert not is_harness_cuda_fault(rec(Status.ERROR, HARNESS_ERROR + "ValueError: bad case"))  # a harness bug
+    assert not is_harness_cuda_fault(rec(Status.FAIL, HARNESS_ERROR + "CUDA error: x"))
 
 
 @pytest.mark.slow
