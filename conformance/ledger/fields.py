@@ -15,6 +15,9 @@ prints the list.  Three kinds:
   :mod:`attnfast.fa3_vllm_window`).
 
 A value is ``None`` where it does not apply (``block_size`` of a contiguous case, ``scale`` left to the kernel).
+A field describing what one kernel call does holds when some call of the case does (an invariance case's variants).
+
+Size: one concept, the ledger's field table: a row and, for a derived value, its getter per field.
 """
 
 from __future__ import annotations

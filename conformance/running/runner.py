@@ -17,20 +17,20 @@ tolerance).  Without ``resume`` an existing file is moved to the first free numb
 (``<name>.1.jsonl``, ``<name>.2.jsonl``, ...): no run deletes earlier results.  Ctrl-C stops the workers,
 keeps every record that arrived (fsync'ed) and returns a summary that says it was interrupted (exit 130).
 
-CUDA out of memory under sharing (:func:`is_cuda_oom`): an ``error`` record whose reason is a CUDA OOM (or cuDNN's
-attention graph failing to execute) from a worker that shares its GPU with others is not written; the pair is
-deferred, its worker restarted, and after the parallel phase the deferred pairs run again with one worker per GPU
-and every other worker and spare closed.  That record is final and carries ``extra["oom_retry"]`` (the first error
-and how many workers shared the GPU).  A run killed before the retry has not written those pairs, so ``resume``
-runs them again.  Cases go to workers longest first (:mod:`conformance.running.schedule`, ``--schedule``) and by
-compile affinity (:class:`~conformance.running.pool.WorkFeed`, keys from the first worker's ``keys`` op); before
+Pairs run again (:func:`is_cuda_oom`, :func:`~conformance.running.pairs.is_harness_cuda_fault`): an ``error`` that is
+a CUDA OOM (or cuDNN's attention graph failing to execute) of a worker sharing its GPU, or a CUDA error raised before
+the pair's kernel ran (a context an earlier call broke), is not written; the pair is deferred once, its worker
+restarted, and after the parallel phase the deferred pairs run again with one worker per GPU and every other worker
+and spare closed.  That record is final and carries ``extra["oom_retry"]`` (the first error, the workers sharing the
+GPU) or ``extra["harness_retry"]`` (the first error, the pair that process ran before).  A run killed before the
+retry has not written those pairs, so ``resume`` runs them again.  Cases go to workers longest first
+(:mod:`conformance.running.schedule`) and by compile affinity (:class:`~conformance.running.pool.WorkFeed`); before
 the checks, the compile phase (:mod:`conformance.running.compile_phase`) compiles each JIT kernel once over all
-workers, and ``--compile-only`` (``attnconf warmup``) stops there, writing no results file.  Each record carries
-its time split (``extra["t"]``, :mod:`conformance.running.profile`); the summary holds the run's profile.
+workers (``attnconf warmup`` stops there).  Each record carries its time split (:mod:`conformance.running.profile`).
+Size: one concept, the sweep's execution; what stands alone is a module (pool, spares, compile phase, outfile).
 
-Exit status of a run: :attr:`conformance.running.outcome.RunSummary.exit_code` (unexpected problems, by the
-known-failure ledger; ``--strict``; 4 when a selected backend judged no case, unless ``--allow-unjudged``; 130
-when interrupted).
+Exit status: :attr:`conformance.running.outcome.RunSummary.exit_code` (unexpected problems by the ledger; ``--strict``;
+4 when a selected backend judged no case, unless ``--allow-unjudged``; 130 when interrupted).
 
 A run is four parts, each a function with its contract: :func:`~conformance.running.plan.select_run` (the selection,
 checked before any worker starts) and :func:`~conformance.running.plan.plan_pairs` (the (case, backend) pairs still to

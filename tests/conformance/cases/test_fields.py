@@ -61,7 +61,8 @@ LEDGER_OWN_BEFORE = [
     ("batch_name", "str", False),
     ("graph_replays", "int", False),
 ]
-LEDGER_HELP_BEFORE = (70, "853e8316fb2dc3326237aba66665a03e10a36474daa4c8ffd21d67e6c41c1f42")
+#: (2026-11-27, eleventh session: the two keyless-tile fields' help says they read every call of an invariance case)
+LEDGER_HELP_BEFORE = (70, "e4892c1f3344047e86fae2c1ae2f418e96244b7c7f8f2f4782e590617d0f3031")
 #: The fields with a part of their own in the id, in the order of the parts (after the id's head), before the table.
 ID_PARTS_BEFORE = (
     "causal window chunk softcap alibi sinks scale append num_splits quant descale qv v_padded scheduler_metadata "
