@@ -542,3 +542,49 @@ def test_where_the_status_file_does_not_state_the_umask_0o022_is_assumed(
     out = tmp_path / "out"
     out.mkdir()
     assert _mode(write_bytes(out / "out.md", b"x", kind="k")) == 0o644
+
+
+def test_a_symlink_loop_is_a_usage_error_and_another_stat_failure_exit_3(tmp_path: Path, monkeypatch) -> None:
+    """``os.stat`` failing on the output path: a symbolic link loop is the user's path (exit 2, one line); any other
+    reason (a permission, an I/O error) is exit 3 naming the system's reason."""
+    # kills x__refuse_special__mutmut_5 (ELOOP test inverted) and _6 (the loop's message None)
+    loop = tmp_path / "a"
+    loop.symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(loop)
+    with pytest.raises(UsageError) as exc:
+        outputs.check_output(loop, "--out")
+    assert str(exc.value) == f"--out {loop}: too many levels of symbolic links"
+    path = tmp_path / "x.jsonl"
+    real_stat = os.stat
+
+    def denied(p, *args, **kwargs):
+        if Path(p) == path:
+            raise OSError(errno.EACCES, "Permission denied")
+        return real_stat(p, *args, **kwargs)
+
+    monkeypatch.setattr(outputs.os, "stat", denied)
+    with pytest.raises(OutputError) as err:
+        outputs.check_output(path, "--out")
+    assert str(err.value) == f"--out {path}: cannot be examined: Permission denied"
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [(OSError(errno.EACCES, "Permission denied"), "Permission denied"), (OSError("quota"), "quota")],
+    ids=["strerror", "message-only"],
+)
+def test_a_folder_the_probe_cannot_write_into_is_exit_3_naming_the_reason(
+    tmp_path: Path, monkeypatch, error: OSError, reason: str
+) -> None:
+    """The writability probe (a file made and removed in the output's folder, the test that holds for root too)
+    failing: one line with the option, the path, the folder and the system's reason (its strerror, else its text)."""
+    # kills x__probe__mutmut_8 (OutputError(None)) and _9 (strerror `and` exc)
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(outputs.tempfile, "mkstemp", fail)
+    path = tmp_path / "x.json"
+    with pytest.raises(OutputError) as exc:
+        outputs.check_output(path, "--json")
+    assert str(exc.value) == f"--json {path}: its directory {tmp_path} is not writable ({reason})"
