@@ -588,3 +588,14 @@ def test_a_folder_the_probe_cannot_write_into_is_exit_3_naming_the_reason(
     with pytest.raises(OutputError) as exc:
         outputs.check_output(path, "--json")
     assert str(exc.value) == f"--json {path}: its directory {tmp_path} is not writable ({reason})"
+
+
+@pytest.mark.parametrize("name", ["..", "/"])
+def test_a_path_that_names_a_folder_by_its_form_is_refused_for_that(tmp_path: Path, name: str) -> None:
+    """A path whose last part is ``..`` (or none, ``/``) names a directory by its form: refused as such (exit 2),
+    before anything looks at what exists there."""
+    # kills x_check_output__mutmut_4 (`or` -> `and`: `..` then reached the stat and got another message)
+    path = tmp_path / name if name == ".." else Path(name)
+    with pytest.raises(UsageError) as exc:
+        outputs.check_output(path, "--out")
+    assert str(exc.value) == f"--out {path}: names a directory, not a file; give a file path"
