@@ -147,7 +147,7 @@ def check_output(path: Path | str, flag: str, inputs: Iterable[Path | str] = (),
     :class:`OutputError` (exit 3) when its directory cannot be created or is not writable, or the file itself is
     read-only.  ``make_parent``: create the directory (as the command would)."""
     path = Path(path)
-    if not path.name or path.name in (".", ".."):
+    if path.name in ("", ".."):  # pathlib never leaves "." as a name ("x/." is "x", "." has none)
         raise UsageError(f"{flag} {path}: names a directory, not a file; give a file path")
     for source in inputs:
         if same_file(path, source):
