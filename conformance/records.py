@@ -24,6 +24,7 @@ __all__ = [
     "Header",
     "SCHEMA",
     "NONFINITE_PASS",
+    "HARNESS_ERROR",
     "judged_results",
 ]
 
@@ -104,6 +105,11 @@ _ERROR_STATS = ("max_abs", "max_rel", "mean_abs", "error_ratio", "cosine", "lse_
 
 #: What a reader says of a `pass` record whose statistics are not finite (:attr:`CheckResult.effective_status`).
 NONFINITE_PASS = "pass record with non-finite statistics: treated as fail"
+
+#: How the reason of an ``error`` starts when the worker failed outside the kernel call (the case's inputs, reference
+#: or baseline): the runner writes it (:func:`conformance.running.pairs.reply_record`), the ledger, the fuzzer's
+#: shrink and the run-again of a broken CUDA context read it.
+HARNESS_ERROR = "harness error (inputs or reference), not the kernel: "
 
 
 def _real(value: Any) -> bool:

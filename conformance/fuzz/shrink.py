@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from conformance.cases.case import AttentionCase, append_fields
 from conformance.cases.fields import FIELD_SPECS
-from conformance.records import CheckResult, Status
+from conformance.records import HARNESS_ERROR, CheckResult, Status
 
 __all__ = ["ShrinkResult", "candidates", "complexity", "failure_kind", "same_failure", "shrink"]
 
@@ -281,7 +281,7 @@ def failure_kind(result: CheckResult) -> str:
     if status is Status.FAIL:
         return "fail" if result.stats is not None else "fail:" + reason.split(":", 1)[0]
     if status is Status.ERROR:
-        if reason.startswith("harness error"):
+        if reason.startswith(HARNESS_ERROR.strip()):
             return "error:harness"
         return "error:" + reason.split(":", 1)[0].split()[0] if reason else "error"
     if status is Status.CRASH:

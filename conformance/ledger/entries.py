@@ -52,7 +52,7 @@ from packaging.specifiers import SpecifierSet
 from conformance._toml import TOMLDecodeError, load_toml_file
 from conformance.cases.case import AttentionCase
 from conformance.exits import UsageError
-from conformance.records import CheckResult, Status
+from conformance.records import HARNESS_ERROR, CheckResult, Status
 from conformance.ledger.fields import CaseView, case_view
 from conformance.ledger.predicate import Predicate, parse_predicate, parse_version, parse_versions
 from conformance.ledger.predicate import version_side as _version_side
@@ -71,8 +71,6 @@ __all__ = [
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "ledgers"
 _KEYS = {"pattern", "glob_reason", "when", "versions", "reason", "evidence", "statuses", "messages", "flaky", "partial"}
 _PROBLEMS = [s.value for s in Status if s.is_problem]
-#: how a harness error's reason starts (conformance/running/pairs.py): the inputs or reference failed, not the kernel
-HARNESS_ERROR = "harness error"
 
 
 @dataclass(frozen=True)

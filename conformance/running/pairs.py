@@ -18,7 +18,7 @@ from typing import Any
 
 from attnfast.base import info_devices, runs_on
 from conformance.cases.case import AttentionCase
-from conformance.records import CheckResult, Status
+from conformance.records import HARNESS_ERROR, CheckResult, Status
 from conformance.results_writer import Appender
 from conformance.running.outcome import RunSummary
 from conformance.running.pool import Placement, PlacementError, parse_gpus, plan_workers
@@ -248,10 +248,6 @@ _CUDA_OOM = re.compile(
 def is_cuda_oom(record: CheckResult) -> bool:
     """Whether ``record`` is an ``error`` whose reason is a CUDA out-of-memory error (kernel or harness)."""
     return record.status is Status.ERROR and bool(_CUDA_OOM.search(record.reason or ""))
-
-
-#: how :func:`reply_record` starts the reason of an error the worker raised outside the kernel call
-HARNESS_ERROR = "harness error (inputs or reference), not the kernel: "
 
 
 def is_harness_cuda_fault(record: CheckResult) -> bool:

@@ -25,7 +25,7 @@ from conformance.cases.case import AttentionCase
 from conformance.records import CheckResult, Status
 from conformance.results_file import read_records
 from conformance.running import runner
-from conformance.running.pairs import HARNESS_ERROR
+from conformance.records import HARNESS_ERROR
 from conformance.running.pool import WorkFeed
 from conformance.running.runner import RunConfig, is_cuda_oom, run
 from conformance.running.worker import WorkerClient
