@@ -28,6 +28,11 @@ D64_NEIGHBOUR = dict(
     num_heads=14, num_kv_heads=2, head_dim=64, causal=True, num_splits=1, invariance="neighbour", **P16
 )
 
+#: the H100 fuzz campaign's sink case of 2026-11-27 (seed 28): eight 1-token decodes, every row sees its one key
+SINK_DECODES = dict(
+    requests=((1, 1),) * 8, num_heads=50, num_kv_heads=50, head_dim=32, window=(None, 1), softcap=42.5, sinks=True
+)
+
 # (backend, version, the entry's reason starts with, a case of the cause, its neighbour)
 CASES = [
     # FA4 sm_90 non-TMA loader, d80/d96: page 16 matches; page 144 (TMA) or causal (tile 128) does not
@@ -160,26 +165,9 @@ CASES = [
         "fa3-vllm",
         "0.24.0",
         "with s_aux, rows that see no key get LSE -inf instead of the sink value",
-        c(
-            requests=((1, 1),) * 8,
-            num_heads=50,
-            num_kv_heads=50,
-            head_dim=32,
-            window=(None, 1),
-            softcap=42.5,
-            sinks=True,
-            invariance="batch",
-        ),
-        c(
-            requests=((1, 1),) * 8,
-            num_heads=50,
-            num_kv_heads=50,
-            head_dim=32,
-            window=(None, 1),
-            softcap=42.5,
-            sinks=True,
-        ),
-    ),  # fmt: skip
+        c(invariance="batch", **SINK_DECODES),
+        c(**SINK_DECODES),
+    ),
     # FA2's issue 895, through either entry point; the neighbour has sq < sk
     (
         "fa2",

@@ -219,13 +219,15 @@ def test_drain_kills_every_spare_and_later_takes_start_their_own(made) -> None:
         spares.take(s)
 
 
-def test_close_wakes_a_slot_waiting_for_a_starting_spare(made) -> None:
-    def factory(**kw: Any) -> FakeClient:
-        client = FakeClient(**kw)
-        client.gate.clear()  # every spare starts slowly
-        return client
+def slow_start(**kw: Any) -> FakeClient:
+    """A spare whose start does not finish until its gate is set (never, in these tests)."""
+    client = FakeClient(**kw)
+    client.gate.clear()
+    return client
 
-    spares = Spares(1, factory=factory)  # type: ignore[arg-type]
+
+def test_close_wakes_a_slot_waiting_for_a_starting_spare(made) -> None:
+    spares = Spares(1, factory=slow_start)  # type: ignore[arg-type]
     errors: list[BaseException] = []
 
     def take() -> None:
@@ -245,12 +247,7 @@ def test_close_wakes_a_slot_waiting_for_a_starting_spare(made) -> None:
 
 
 def test_drain_hands_a_slot_waiting_for_a_starting_spare_none(made) -> None:
-    def factory(**kw: Any) -> FakeClient:
-        client = FakeClient(**kw)
-        client.gate.clear()  # every spare starts slowly
-        return client
-
-    spares = Spares(1, factory=factory)  # type: ignore[arg-type]
+    spares = Spares(1, factory=slow_start)  # type: ignore[arg-type]
     got: list[object] = []
     thread = threading.Thread(target=lambda: got.append(spares.take(slot())))
     thread.start()
