@@ -298,21 +298,19 @@ def execute(
         CUDA fault (the worker's context broken before this pair's kernel ran), each once."""
         record = outcome.record
         n = shared[placements[outcome.worker].gpu]
-        pair = pair_of[record.case_id, record.backend]
-        first = (pair.case.id, pair.spec) not in retried
-        if first and n > 1 and is_cuda_oom(record):
-            retried[pair.case.id, pair.spec] = (
-                "oom_retry", {"first_error": short_reason(record.reason), "workers_sharing": n}
-            )  # fmt: skip
-            deferred.append(pair)
-            return False
-        if first and is_harness_cuda_fault(record):
-            retried[pair.case.id, pair.spec] = (
-                "harness_retry",
-                {"first_error": short_reason(record.reason), "after": record.extra.get("context_broken_after")},
-            )
-            deferred.append(pair)
-            return False
+        if n > 1 and is_cuda_oom(record):
+            why: tuple[str, dict[str, Any]] | None = ("oom_retry", {"workers_sharing": n})
+        elif is_harness_cuda_fault(record):
+            why = ("harness_retry", {"after": record.extra.get("context_broken_after")})
+        else:
+            why = None
+        if why is not None:
+            pair = pair_of[record.case_id, record.backend]
+            if (pair.case.id, pair.spec) not in retried:  # once: the run again's record is final
+                name, first = why
+                retried[pair.case.id, pair.spec] = (name, {"first_error": short_reason(record.reason), **first})
+                deferred.append(pair)
+                return False
         clock.written(record.extra)
         writer.write(record)
         _account(summary, record, outcome.reply)
