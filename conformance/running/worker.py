@@ -20,7 +20,7 @@ Requests and replies (one JSON object per line):
 * ``{"op": "keys", "backends": [spec...], "cases": [{...}...], "device": d}`` ->
   ``{"ok": true, "keys": [[key or null per backend] per case]}``: each compile key's ``repr``, or null;
 * ``{"op": "load", "backends": [spec...]}`` -> ``{"ok": true, "errors": {...}}``: import the
-  adapters and their kernels now, so a fresh worker's imports do not count against the first case's timeout;
+  adapters now, so a fresh worker's imports do not count against the first case's timeout;
 * ``{"op": "check", "case": {...}, "backend": spec, "seed": n, "device": d, "available": bool, "tol": [...],
   "tol_file": path|null, "time": bool}`` -> ``{"ok": true, "result": CheckResult JSON}``, or
   ``{"ok": false, "error": text}`` when the harness itself (inputs, reference) failed;
@@ -280,21 +280,12 @@ class _Worker:
         return out
 
     def load(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Build each backend and ask it :meth:`~attnfast.base.Backend.is_available`, which imports its kernel
-        package: a fresh worker (a spare above all, :mod:`conformance.running.spares`) pays that import before its
-        first case, not inside it (FA4's ``flash_attn.cute``: seconds per process).  An unavailable kernel is
-        no load error (its pairs are refused); a backend that cannot be built is."""
         errors: dict[str, str] = {}
         for spec in req["backends"]:
             try:
-                backend = self.backend(spec)
+                self.backend(spec)
             except Exception as exc:  # noqa: BLE001
                 errors[spec] = f"{type(exc).__name__}: {exc}"
-                continue
-            try:
-                backend.is_available()
-            except Exception:  # noqa: BLE001, S110 - the parent's describe tells availability; this only warms imports
-                pass
         return {"ok": not errors, "errors": errors}
 
     def handle(self, req: dict[str, Any]) -> dict[str, Any]:

@@ -126,26 +126,3 @@ def test_a_backend_lost_after_the_run_began_is_an_error_not_a_refusal(tmp_path) 
     )
     _, (record,) = read_records(out)
     assert record.status == Status.ERROR and "though it was when the run began" in record.reason
-
-
-def test_loading_a_worker_imports_its_kernels_before_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``load`` (a fresh worker's, a spare's) asks each backend ``is_available``, which imports its kernel package:
-    FA4's ``flash_attn.cute`` import cost seconds inside the first FA4 case of every restarted worker (about 300
-    worker-s over 92 starts of the warm six-kernel ``default`` run, reports/h100-2026-11-27-warm6).  A backend that
-    cannot be built is a load error; one whose availability check raises is not (its pairs are answered then)."""
-    from attnfast.base import OK
-    from tests.conformance import fakes
-
-    asked: list[str] = []
-
-    def available(self):
-        asked.append(type(self).__name__)
-        if type(self).__name__ == "NoisyBackend":
-            raise RuntimeError("planted: the availability check itself fails")
-        return OK
-
-    monkeypatch.setattr(fakes.ExactBackend, "is_available", available)
-    w = worker_mod._Worker()
-    reply = w.load({"backends": [f"{FAKES}:ExactBackend", f"{FAKES}:NoisyBackend", f"{FAKES}:NoSuchBackend"]})
-    assert asked == ["ExactBackend", "NoisyBackend"]
-    assert reply["ok"] is False and list(reply["errors"]) == [f"{FAKES}:NoSuchBackend"]
