@@ -186,6 +186,10 @@ def test_compile_key_names_the_kernel_not_the_lengths():
     assert key(base) != key(C([(33, 33)], causal=True, dtype="fp16"))
     assert key(base) != key(C([(33, 33)], causal=True, num_kv_heads=1))  # pack_gqa follows the ratio
     assert key(base) != key(C([(33, 33)], causal=True, sinks=True))
+    # the soft-cap's value, not only its presence: FA4 hashes the score_mod closure holding it (utils.hash_callable)
+    caps = {v: key(C([(33, 33)], causal=True, softcap=v)) for v in (30.0, 50.0)}
+    assert caps[30.0] != caps[50.0] and base not in caps.values()
+    assert key(C([(5, 900)], causal=True, softcap=30.0)) == caps[30.0]
     # queries beyond one query tile (x the GQA group): FA4's other scheduler, another kernel (max_m_blocks_leq_one)
     assert key(base) != key(C([(200, 200), (1, 70)], causal=True))
     assert key(C([(200, 200)], causal=True)) == key(C([(300, 900)], causal=True))
