@@ -323,7 +323,8 @@ def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:
     ``max_m_blocks_leq_one`` in ``_flash_attn_fwd``), a kernel of its own.  Without this part, the compile
     phase's one case per key left the other kernel to the checks: 1,262 worker-s of FA4 compiles in a warm
     ``default`` run on an H100, ``reports/h100-2026-11-26-speed-3/warm6b``.  A backward case adds its backward
-    kernel (``_flash_attn_bwd.compile_cache``, deterministic or not): with the forward key alone the compile phase
+    kernel (``_flash_attn_bwd.compile_cache``: deterministic or not, and whether the longest request's queries and
+    keys each fit one backward tile, :func:`fa4_sm90_bwd_single_blocks`): with the forward key alone the compile phase
     picked the key's forward case and left every backward kernel to the checks (``reports/h100-2026-11-26-speed-4``:
     backward records of 4-5 s of kernel time after a complete warmup).  Other sequence lengths, block
     tables, the scale and the page size among non-tile sizes are runtime arguments."""
@@ -346,7 +347,30 @@ def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:
         repr(case.softcap) if case.softcap else False,  # the value: FA4 hashes the closure that holds it
         (case.num_splits or 1) > 1,
         fa4_sm90_one_query_tile(case),
-    ) + ((("bwd", case.deterministic),) if case.backward else ())
+    ) + ((("bwd", case.deterministic, *fa4_sm90_bwd_single_blocks(case)),) if case.backward else ())
+
+
+def fa4_sm90_bwd_tile(case: AttentionCase) -> tuple[int, int]:
+    """FA4's backward (query, key) tile on sm_90 (``_tile_size_bwd_sm90`` in ``flash_attn/cute/interface.py``,
+    4.0.0b36): (128, 128) at head dims up to 64, (64, 128) up to 96, (64 or, neither causal nor local, 80, 128) up to
+    128, (64, 96) up to 192, else (64, 48)."""
+    causal, local = fa4_sm90_local(case)
+    d = case.head_dim
+    if d <= 64:
+        return 128, 128
+    if d <= 96:
+        return 64, 128
+    if d <= 128:
+        return (64 if causal or local else 80), 128
+    return (64, 96) if d <= 192 else (64, 48)
+
+
+def fa4_sm90_bwd_single_blocks(case: AttentionCase) -> tuple[bool, bool]:
+    """Whether the longest request's queries, and its keys, fit one backward tile (:func:`fa4_sm90_bwd_tile`):
+    ``single_q_block`` and ``single_k_block`` of ``_flash_attn_bwd``'s compile key (``max_seqlen_q`` and
+    ``max_seqlen_k`` rounded up to the tile, against one tile), each a kernel variant of its own."""
+    m, n = fa4_sm90_bwd_tile(case)
+    return max(case.q_lens) <= m, max(case.kv_lens) <= n
 
 
 def fa4_sm90_one_query_tile(case: AttentionCase) -> bool:

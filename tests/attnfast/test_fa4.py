@@ -206,6 +206,18 @@ def test_compile_key_names_the_kernel_not_the_lengths():
     bwd = C([(33, 33)], causal=True, backward=True)
     assert key(bwd) != key(C([(33, 33)], causal=True)) and key(bwd)[:-1] == key(C([(33, 33)], causal=True))
     assert key(bwd) != key(C([(33, 33)], causal=True, backward=True, deterministic=True))
+    # ... and whether the longest request's queries and keys fit one backward tile (single_q_block, single_k_block
+    # of _flash_attn_bwd's key): at d64 the tile is 128 x 128, at d128 64 (causal) or 80 (not) x 128; MHA here, so
+    # that the forward's one-query-tile part (192 rows at d64) stays the same
+    mha = dict(causal=True, backward=True, num_kv_heads=4)
+    b33 = key(C([(33, 33)], **mha))
+    assert b33 == key(C([(128, 128), (5, 9)], **mha))
+    for other in (key(C([(129, 129)], **mha)), key(C([(33, 129)], **mha))):
+        assert other != b33 and other[:-1] == b33[:-1]  # the same forward kernel, another backward one
+    d128 = {n: key(C([(n, n)], head_dim=128, backward=True, num_kv_heads=4)) for n in (64, 80, 81)}
+    assert d128[64] == d128[80] != d128[81]
+    d128c = {n: key(C([(n, n)], head_dim=128, backward=True, num_kv_heads=4, causal=True)) for n in (64, 65)}
+    assert d128c[64] != d128c[65]
 
 
 def test_paged_arguments():
