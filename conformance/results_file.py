@@ -164,9 +164,14 @@ def load_results(
     says so), and records of an unknown ``type`` are counted, not refused.
     """
     path = Path(path)
-    if not path.exists():
+    try:
+        exists = path.exists()  # Python < 3.12 raises here for a name too long (ENAMETOOLONG)
+        is_dir = exists and path.is_dir()
+    except OSError as exc:
+        raise ResultsFileError(path, f"cannot be read: {exc.strerror or exc}") from None
+    if not exists:
         raise ResultsFileError(path, "no such file")
-    if path.is_dir():
+    if is_dir:
         raise ResultsFileError(path, "is a directory, not a results file")
     try:
         scanned = scan_results(path)

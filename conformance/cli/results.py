@@ -362,9 +362,14 @@ def merge(args: argparse.Namespace) -> int:
     from conformance.outputs import Output, check_outputs, with_marker, write_many
     from conformance.reporting.shards import MergeError, merge_shards, merged_output, render_markdown
 
-    missing = [str(p) for p in args.shards if not p.is_file()]
-    if missing:
-        print(f"attnconf merge: no such file: {', '.join(missing)}", file=sys.stderr)
+    for shard in args.shards:
+        try:
+            if shard.is_file():
+                continue
+            reason = "no such file"
+        except OSError as exc:  # Python < 3.12: a name too long raises in is_file()
+            reason = f"cannot be read: {exc.strerror or exc}"
+        print(f"attnconf merge: {shard}: {reason}", file=sys.stderr)
         return 2
     check_outputs([(args.out, "--out"), (args.summary, "--summary")], args.shards)
     with hold(args.out, "--out"):  # no other merge or run writes --out meanwhile

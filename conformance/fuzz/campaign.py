@@ -217,7 +217,11 @@ def check_campaign_paths(config: FuzzConfig) -> None:
     an unwritable directory or read-only file: exit 3); a ``--db`` that exists and is not a directory: exit 2."""
     inputs = [p for p in (config.tol_file, config.db) if p]
     check_output(config.out, "--out", inputs)
-    if config.db is not None and config.db.exists() and not config.db.is_dir():
+    try:
+        not_dir = config.db is not None and config.db.exists() and not config.db.is_dir()
+    except OSError as exc:  # Python < 3.12: a name too long raises in exists()
+        raise OutputError(f"--db {config.db}: cannot be examined: {exc.strerror or exc}") from None
+    if not_dir:
         raise UsageError(f"--db {config.db}: is not a directory (the example database is a directory)")
 
 

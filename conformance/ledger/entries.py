@@ -384,9 +384,14 @@ def load_ledger_dir(directory: Path | str | None, flag: str = "--ledger-dir") ->
     if directory is None:
         return load_ledger()
     path = Path(directory)
-    if not path.exists():
+    try:
+        exists = path.exists()  # Python < 3.12 raises here for a name too long (ENAMETOOLONG)
+        is_dir = exists and path.is_dir()
+    except OSError as exc:
+        raise LedgerDirError(directory, f"cannot be read: {exc.strerror or exc}", flag) from None
+    if not exists:
         raise LedgerDirError(directory, "no such directory", flag)
-    if not path.is_dir():
+    if not is_dir:
         raise LedgerDirError(directory, "not a directory", flag)
     try:
         return load_ledger(path)

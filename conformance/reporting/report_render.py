@@ -123,7 +123,11 @@ def check_report_dir(
     for other, other_flag in others:
         if other is not None and str(other) != "-" and same_file(other, out_dir):
             raise UsageError(f"{other_flag} {other}: is also {flag} (the report directory); give it a file path")
-    if out_dir.exists() and not out_dir.is_dir():
+    try:
+        elsewhere = out_dir.exists() and not out_dir.is_dir()  # Python < 3.12 raises for a name too long
+    except OSError as exc:
+        raise OutputError(f"{flag} {out_dir}: cannot be examined: {exc.strerror or exc}") from None
+    if elsewhere:
         raise UsageError(f"{flag} {out_dir}: exists and is not a directory (the report is written into a directory)")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ import gzip
 import io
 import json
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,39 @@ def test_the_notes_count_unknown_records_and_dropped_duplicates_in_words(n, tmp_
         f"{n} record{s} of a type this version does not know ignored",
         f"{n} duplicated (case, backend) record{s} dropped (--drop-duplicates: the last record of each pair kept)",
     ]
+
+
+def test_a_directory_and_a_file_that_cannot_be_read_are_named_with_the_reason(tmp_path):
+    """Each refusal names the file (``path``) and says why (``reason``), in one line."""
+    # kills x_load_results__mutmut_14..19 (the directory's message) and _23..27 (a read error's message)
+    with pytest.raises(ResultsFileError) as info:
+        load_results(tmp_path)
+    assert str(info.value) == f"{tmp_path}: is a directory, not a results file" and info.value.path == str(tmp_path)
+    mem = Path("/proc/self/mem")  # exists, is no directory, and every read of its first page fails (EIO)
+    if not mem.exists():
+        pytest.skip("no /proc/self/mem here")
+    with pytest.raises(ResultsFileError) as info:
+        load_results(mem)
+    assert info.value.path == str(mem) and info.value.reason == "cannot be read: Input/output error"
+
+
+def test_a_complete_gzip_file_of_no_record_is_no_results_file_not_a_cut_one(tmp_path):
+    # kills x_load_results__mutmut_32 ("gzip or cut tail" took every gzip file of no record for a cut one)
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(gzip.compress(b"not a record\n"))
+    with pytest.raises(ResultsFileError, match=r"holds no records: .*\(not a results file of attnconf run\)$"):
+        load_results(path)
+
+
+def test_a_fuzz_campaign_may_repeat_a_pair(tmp_path):
+    """A campaign shrinks several failures to one minimal case, so its records (``extra["fuzz"]``) repeat pairs;
+    any other file that records a pair twice is refused."""
+    # kills x_record_key__mutmut_2 and _3 (the "fuzz" key misspelled)
+    header = Header(suite="fuzz", backends={}, env={})
+    fuzz = replace(_result("a"), extra={"fuzz": {"draw": 1}})
+    path = tmp_path / "f.jsonl"
+    path.write_text("".join(record_line(r) for r in (header, fuzz, fuzz)))
+    assert len(load_results(path).results) == 2
+    path.write_text("".join(record_line(r) for r in (header, _result("a"), _result("a"))))
+    with pytest.raises(ResultsFileError, match="twice"):
+        load_results(path)
