@@ -196,3 +196,8 @@ def test_a_fuzz_campaign_may_repeat_a_pair(tmp_path):
     path.write_text("".join(record_line(r) for r in (header, _result("a"), _result("a"))))
     with pytest.raises(ResultsFileError, match="twice"):
         load_results(path)
+    # a campaign's record does not end the search: a pair recorded twice after it is still refused
+    # (kills x_refuse_duplicates__mutmut_13, continue -> break)
+    path.write_text("".join(record_line(r) for r in (header, fuzz, _result("b"), _result("b"))))
+    with pytest.raises(ResultsFileError, match=r"the first b on kern-x \(lines 3 and 4\)"):
+        load_results(path)
