@@ -201,3 +201,17 @@ def test_a_fuzz_campaign_may_repeat_a_pair(tmp_path):
     path.write_text("".join(record_line(r) for r in (header, fuzz, _result("b"), _result("b"))))
     with pytest.raises(ResultsFileError, match=r"the first b on kern-x \(lines 3 and 4\)"):
         load_results(path)
+
+
+@pytest.mark.parametrize(
+    "key, value, reason",
+    [("env", [], "env must be a JSON object"), ("argv", {}, "argv must be a JSON array")],
+)
+def test_a_header_field_of_the_wrong_json_type_is_named_with_the_type_it_needs(tmp_path, key, value, reason):
+    # kills x__bad_header__mutmut_10..15 (the object / array wording)
+    header = json.loads(record_line(Header(suite="smoke", backends={}, env={}, argv=["run"])))
+    header[key] = value
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(header) + "\n" + record_line(_result("a")))
+    (skipped,) = results_file.scan_results(path).skipped
+    assert skipped.reason == f"a header record this version cannot read ({reason})"
