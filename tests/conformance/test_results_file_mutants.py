@@ -205,13 +205,37 @@ def test_a_fuzz_campaign_may_repeat_a_pair(tmp_path):
 
 @pytest.mark.parametrize(
     "key, value, reason",
-    [("env", [], "env must be a JSON object"), ("argv", {}, "argv must be a JSON array")],
+    [
+        ("env", [], "env must be a JSON object"),
+        ("argv", {}, "argv must be a JSON array"),
+        ("backends", {"fa2": 3}, "backends must map names to objects"),
+    ],
 )
 def test_a_header_field_of_the_wrong_json_type_is_named_with_the_type_it_needs(tmp_path, key, value, reason):
-    # kills x__bad_header__mutmut_10..15 (the object / array wording)
+    # kills x__bad_header__mutmut_10..16 (the object / array wording), 19 and 20 (the backends' wording)
     header = json.loads(record_line(Header(suite="smoke", backends={}, env={}, argv=["run"])))
     header[key] = value
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps(header) + "\n" + record_line(_result("a")))
     (skipped,) = results_file.scan_results(path).skipped
     assert skipped.reason == f"a header record this version cannot read ({reason})"
+
+
+def test_records_that_state_no_schema_are_schema_0(tmp_path):
+    # kills x_scan_results__mutmut_11 (the newest schema seen starting at 1)
+    lines = [json.loads(record_line(r)) for r in (Header(suite="smoke", backends={}, env={}), _result("a"))]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({k: v for k, v in line.items() if k != "schema"}) + "\n" for line in lines))
+    f = load_results(path)
+    assert f.schema == 0 and not f.newer
+
+
+def test_a_cut_member_after_an_empty_one_is_reported_from_its_first_line(tmp_path):
+    """A gzip file whose first member is empty (a writer that flushed nothing) and whose next one is cut: the cut
+    member's lines are one skipped line, numbered from the member's first line."""
+    # kills x_scan_results__mutmut_13 (the start mark's member index +1: the cut member would be said to start at 0)
+    text = record_line(Header(suite="smoke", backends={}, env={})) + record_line(_result("a"))
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(gzip.compress(b"") + gzip.compress(text.encode())[:-12])
+    (skipped,) = results_file.scan_results(path).skipped
+    assert skipped.line == 1 and skipped.reason.startswith("the last gzip member is cut short")
