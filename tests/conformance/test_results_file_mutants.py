@@ -239,3 +239,13 @@ def test_a_cut_member_after_an_empty_one_is_reported_from_its_first_line(tmp_pat
     path.write_bytes(gzip.compress(b"") + gzip.compress(text.encode())[:-12])
     (skipped,) = results_file.scan_results(path).skipped
     assert skipped.line == 1 and skipped.reason.startswith("the last gzip member is cut short")
+
+
+def test_a_last_line_cut_inside_a_utf8_character_is_named_as_such_at_its_line(tmp_path):
+    # kills x_scan_results__mutmut_67 (its line number) and _71 (its wording)
+    text = record_line(Header(suite="smoke", backends={}, env={})) + record_line(_result("a"))
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(text.encode() + '{"type": "result", "case_id": "é'.encode()[:-1])  # cut inside the é
+    f = results_file.scan_results(path)
+    assert [(s.line, s.reason) for s in f.skipped] == [(3, "not UTF-8 text (the last line, cut short)")]
+    assert f.cut_tail and len(f.results) == 1
