@@ -249,3 +249,26 @@ def test_a_last_line_cut_inside_a_utf8_character_is_named_as_such_at_its_line(tm
     f = results_file.scan_results(path)
     assert [(s.line, s.reason) for s in f.skipped] == [(3, "not UTF-8 text (the last line, cut short)")]
     assert f.cut_tail and len(f.results) == 1
+
+
+def test_json_that_is_no_record_is_skipped_at_its_line_and_reading_goes_on(tmp_path):
+    # kills x_scan_results__mutmut_117 (the wording for JSON that is not a record)
+    head = record_line(Header(suite="smoke", backends={}, env={}))
+    path = tmp_path / "r.jsonl"
+    path.write_text(head + '{"no": "type"}\n' + record_line(_result("a")))
+    f = results_file.scan_results(path)
+    assert [(s.line, s.reason) for s in f.skipped] == [(2, "not a record (a JSON object with a 'type' field)")]
+    assert [r.case_id for r in f.results] == ["a"] and f.result_lines == (3,)
+
+
+def test_a_line_that_is_not_utf8_in_a_cut_last_member_is_part_of_the_cut_tail(tmp_path):
+    """The cut member is read to its cut (so that the cut is seen): its lines, the bad one included, are the one
+    skipped line of the cut tail, not a refusal of the file."""
+    # kills x_scan_results__mutmut_86 (reading stopped at the bad line: the cut never seen, the file refused)
+    whole = record_line(Header(suite="smoke", backends={}, env={})) + record_line(_result("a"))
+    tail = b'{"x": "\xff"}\n' + record_line(_result("b")).encode() * 40
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(gzip.compress(whole.encode()) + gzip.compress(tail)[:-12])
+    f = results_file.scan_results(path)
+    assert [r.case_id for r in f.results] == ["a"] and f.cut_tail
+    assert [s.line for s in f.skipped] == [3] and f.skipped[0].reason.startswith("the last gzip member is cut short")
