@@ -313,11 +313,9 @@ def fa4_compile_key(case: AttentionCase) -> tuple[Any, ...]:
     dims (of the padded-V call the kernel sees), query heads per KV head (pack_gqa follows it), the mask
     after FA4's window normalisation (causal with an unbounded left side is causal; any other window is
     local), which window sides stay bounded, paged (``page_table`` and ``seqused_k``, else ``cu_seqlens_k``),
-    whether the page size is FA4's sm_90 key tile (TMA loader) or not, sinks, the soft-cap *value* (FA4 turns it into a
-    score_mod whose closure holds it, and keys its cache on ``utils.hash_callable`` of that closure, so each value
-    is a kernel of its own: with a yes/no here, `default`'s soft-caps 30 and 50 left 36 kernels to the first warm run
-    after ``attnconf warmup``, 361 worker-s of FA4 compiles in its checks, reports/h100-2026-11-28-fa4key), split KV,
-    and whether every
+    whether the page size is FA4's sm_90 key tile (TMA loader) or not, sinks, the soft-cap's *value* (FA4 turns it
+    into a score_mod and keys its cache on ``utils.hash_callable`` of that closure, value included: one kernel per
+    value; ``docs/concepts/performance.md``, "The first warm run after attnconf warmup"), split KV, and whether every
     request's queries (times the GQA group when pack_gqa packs them) fit one sm_90 query tile (192 rows at head
     dims up to 96, else 128): FA4 then compiles its static persistent scheduler (``is_static_persistent`` from
     ``max_m_blocks_leq_one`` in ``_flash_attn_fwd``), a kernel of its own.  Without this part, the compile
