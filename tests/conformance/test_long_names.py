@@ -15,16 +15,6 @@ from conformance.cli import main
 EXACT = "tests.conformance.fakes:ExactBackend"
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("long")
-    (d / "ledgers").mkdir()
-    out = d / "r.jsonl"
-    argv = ["run", "--suite", "smoke", "--limit", "1", "--backend", EXACT, "--jobs", "1", "--no-progress"]
-    assert main([*argv, "--ledger-dir", str(d / "ledgers"), "--out", str(out)]) == 0
-    return out
-
-
 def _commands(long: str, res: str, tmp: Path) -> list[tuple[list[str], int, str]]:
     run = ["run", "--suite", "smoke", "--limit", "1", "--backend", EXACT, "--jobs", "1", "--no-progress"]
     return [
@@ -45,10 +35,10 @@ def _commands(long: str, res: str, tmp: Path) -> list[tuple[list[str], int, str]
 
 
 def test_a_name_too_long_is_one_line_and_an_exit_code_for_every_path_option(
-    results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    smoke_results_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     long = str(tmp_path / ("x" * 300))
-    for argv, code, names in _commands(long, str(results), tmp_path):
+    for argv, code, names in _commands(long, str(smoke_results_file), tmp_path):
         assert main(argv) == code, argv
         err = capsys.readouterr().err.strip()
         assert "Traceback" not in err and len(err.splitlines()) == 1, (argv, err)

@@ -49,21 +49,11 @@ class Workspace:
     tol: Path  # an empty --tol-file: an input of run and fuzz
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("data")
-    (d / "ledgers").mkdir()
-    out = d / "r.jsonl"
-    argv = ["run", "--suite", "smoke", "--case", CASE_ID, "--backend", EXACT, "--jobs", "1", "--no-progress"]
-    assert main([*argv, "--ledger-dir", str(d / "ledgers"), "--out", str(out)]) == 0
-    return out
-
-
 @pytest.fixture
-def ws(results: Path, tmp_path: Path) -> Workspace:
+def ws(smoke_results_file: Path, tmp_path: Path) -> Workspace:
     old = tmp_path / "old.jsonl"
-    shutil.copy(results, old)
-    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    shutil.copy(smoke_results_file, old)
+    lines = [json.loads(line) for line in smoke_results_file.read_text().splitlines()]
     first = next(r for r in lines if r["type"] == "result")
     first.update(status="fail", reason="planted")
     new = tmp_path / "new.jsonl"
