@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from attnfast.base import REFUSES_PREFIX, refused_features
+from conformance.running.pool import usable_cpus
 
 __all__ = ["REFUSES_PREFIX", "backend_info", "git_commit", "host_env", "refused_features", "resolve_backend"]
 
@@ -106,6 +107,7 @@ def host_env(device: str = "cpu") -> dict[str, Any]:
         "torch": torch.__version__,
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count() or 0,
+        "usable_cpus": usable_cpus(),  # the run's CPU affinity (taskset, cpuset): what --jobs auto counted
         "device": device,
         "git_commit": git_commit(),
     }

@@ -11,10 +11,11 @@ that poisons its context touches no other worker.  With more than one worker eac
 ``OMP_NUM_THREADS`` (and ``MKL_NUM_THREADS``, ``TORCHINDUCTOR_COMPILE_THREADS``) = its share of the
 cores, unless the caller's environment already sets them.
 
-Default ``--jobs`` (:func:`default_jobs`): on ``cpu``, one worker per core (at most 16), each with one
-thread: the harness's tensors are small, and one process per core beats threads within one; on
-``cuda``, one worker per core but one (the parent's), at most 16 per GPU, at least one per GPU; with
-``--time``, one per GPU (or one on ``cpu``) so timed kernels do not share a device.
+Default ``--jobs`` (:func:`default_jobs`), over the cores the run may use (:func:`usable_cpus`: the CPU
+affinity, so ``taskset -c 0-15`` on a 64-core machine counts 16): on ``cpu``, one worker per core (at
+most 16), each with one thread: the harness's tensors are small, and one process per core beats threads
+within one; on ``cuda``, one worker per core but one (the parent's), at most 16 per GPU, at least one
+per GPU; with ``--time``, one per GPU (or one on ``cpu``) so timed kernels do not share a device.
 
 GPU discovery (:func:`visible_gpus`) is injectable: ``$ATTNCONF_FAKE_GPUS=N`` pretends N GPUs are
 visible (placement only: the kernels still run on ``--device``), which is how placement is tested on a
@@ -58,6 +59,7 @@ __all__ = [
     "parse_jobs",
     "plan_workers",
     "serve",
+    "usable_cpus",
     "visible_gpus",
 ]
 
@@ -151,6 +153,16 @@ def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
         return []
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on: its CPU affinity (``taskset``, a container's cpuset, a batch
+    scheduler's binding), not the machine's count, which ``os.cpu_count()`` gives whatever the binding.
+    Workers inherit the parent's affinity, so this is what a run's workers share."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # no affinity call on this platform (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def default_jobs(device: str, gpus: int, cpus: int, timed: bool = False) -> int:
     """Workers a machine sustains (see the module docstring for the rule)."""
     if not device.startswith("cuda"):
@@ -208,7 +220,7 @@ def plan_workers(
     (not given: every visible GPU when ``device`` is ``cuda``, the first ``jobs`` of them when there are
     fewer workers than GPUs; none for ``cuda:N`` and ``cpu``)."""
     environ = os.environ if environ is None else environ
-    cpus = cpus or os.cpu_count() or 1
+    cpus = cpus or usable_cpus()
     fake = FAKE_GPUS_ENV in environ
     tokens: list[str] | None = None
     if gpus_given:

@@ -38,6 +38,7 @@ from conformance.running.pool import (
     PlacementError,
     WorkFeed,
     default_jobs,
+    usable_cpus,
     fa4_cache_dir,
     parse_gpus,
     parse_jobs,
@@ -188,6 +189,19 @@ def test_default_jobs_rule() -> None:
     assert [p.gpu for p in plan] == ["0", "1"] * 7 + ["0"]
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity call on this platform")
+def test_default_jobs_count_the_cores_the_run_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``taskset`` (a container's cpuset, a batch scheduler's binding) the machine's core count is not the
+    run's: 15 workers of 4 threads on 16 bound cores of a 64-core machine would oversubscribe them 4x."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert usable_cpus() == 16
+    plan = plan_workers("cuda", None, None, gpus_given=True, discover=lambda: ["0"], environ={})
+    assert len(plan) == 15 and {p.threads for p in plan} == {1}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: (_ for _ in ()).throw(OSError("no affinity")))
+    assert usable_cpus() == 64  # no affinity to read: the machine's count
+
+
 # ---------------------------------------------------------------------------------------- the worker loop
 
 
@@ -312,7 +326,7 @@ def test_two_workers_on_two_fake_gpus_give_the_records_of_one(tmp_path: Path, mo
     assert headers[0].env["run"]["jobs"] == 2 and headers[0].env["run"]["gpus"] == ["0", "1"]
     assert [w["gpu"] for w in headers[0].env["run"]["workers"]] == ["0", "1"]
     probes = [r for r in second if r.backend == "test-probe"]
-    threads = str(max(1, (os.cpu_count() or 1) // 2))
+    threads = str(max(1, usable_cpus() // 2))
     assert {r.extra["worker"] for r in probes} == {0, 1}  # the barrier made both work
     for r in probes:
         seen = notes(r)
