@@ -27,7 +27,15 @@ from typing import Any
 from attnfast.base import REFUSES_PREFIX, refused_features
 from conformance.running.pool import usable_cpus
 
-__all__ = ["REFUSES_PREFIX", "backend_info", "git_commit", "host_env", "refused_features", "resolve_backend"]
+__all__ = [
+    "REFUSES_PREFIX",
+    "backend_info",
+    "cuda_jit_cache",
+    "git_commit",
+    "host_env",
+    "refused_features",
+    "resolve_backend",
+]
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -69,6 +77,39 @@ def _cpu_model() -> str:
     return platform.processor() or "n/a"
 
 
+#: files of the CUDA JIT cache counted at most (a bound on the header's cost; ``files`` then reads ``">= N"``)
+_JIT_CACHE_SCAN = 200_000
+
+
+def cuda_jit_cache(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The CUDA driver's JIT cache as this process sees it: its folder (``$CUDA_CACHE_PATH``, else
+    ``~/.nv/ComputeCache``), whether it is off (``$CUDA_CACHE_DISABLE=1``), ``$CUDA_CACHE_MAXSIZE`` when set, and
+    the files and bytes in it now.  cuDNN's attention kernels (sdpa-cuda) are compiled through it: a run on a machine
+    whose cache is empty spends about twice the kernel time of the next run (docs/concepts/performance.md), so a
+    header that says how full the cache was explains a wall."""
+    environ = dict(os.environ) if environ is None else environ
+    folder = Path(environ.get("CUDA_CACHE_PATH") or Path.home() / ".nv" / "ComputeCache")
+    info: dict[str, Any] = {"path": str(folder), "disabled": environ.get("CUDA_CACHE_DISABLE", "0") == "1"}
+    if environ.get("CUDA_CACHE_MAXSIZE"):
+        info["maxsize"] = environ["CUDA_CACHE_MAXSIZE"]
+    files = size = 0
+    try:
+        for root, _dirs, names in os.walk(folder):
+            for name in names:
+                files += 1
+                try:
+                    size += os.lstat(os.path.join(root, name)).st_size
+                except OSError:
+                    pass
+            if files >= _JIT_CACHE_SCAN:
+                break
+    except OSError:
+        pass
+    info["files"] = files if files < _JIT_CACHE_SCAN else f">= {_JIT_CACHE_SCAN}"
+    info["bytes"] = size
+    return info
+
+
 def _gpu_env(device: str) -> dict[str, Any]:
     import torch
 
@@ -82,6 +123,7 @@ def _gpu_env(device: str) -> dict[str, Any]:
         gpu_count=torch.cuda.device_count(),
         gpu_memory_gib=round(props.total_memory / 2**30, 1),
         compute_capability=f"{props.major}.{props.minor}",
+        cuda_jit_cache=cuda_jit_cache(),
     )
     smi = _run(["nvidia-smi", f"--id={index}", "--query-gpu=driver_version", "--format=csv,noheader"])
     if smi:
