@@ -23,16 +23,52 @@ from conformance.verdict.tolerance import ResolvedTolerance, Tolerance, is_resol
 
 __all__ = [
     "CHECKS",
+    "STATISTICS_CHECKS",
     "BaselineErrors",
     "baseline_errors",
     "compare",
     "compare_details",
     "compare_pending",
     "cosine_similarity",
+    "failed_by_statistics",
 ]
 
 #: Fixed order of the sub-checks in ``failed_checks`` and in the failure text.
 CHECKS = ("nonfinite", "max_error", "mean_error", "cosine", "lse", "masked_rows")
+#: The sub-checks a record's own statistics decide, with the tolerance it was judged by (:func:`failed_by_statistics`);
+#: ``lse`` and ``masked_rows`` need the rows, which a record does not keep.
+STATISTICS_CHECKS = ("nonfinite", "max_error", "mean_error", "cosine")
+
+
+def _failing(
+    nonfinite: int, mismatch_frac: float, mean_abs: float, baseline_mean: float, cosine: float, tol: Any
+) -> tuple[str, ...]:
+    """The :data:`STATISTICS_CHECKS` these numbers fail under ``tol`` (its ``max_mismatch_frac``, ``mean_factor``,
+    ``mean_atol`` and ``min_cosine``), in that order: one place for the rule the comparison and a re-judged record
+    share."""
+    failed = []
+    if nonfinite:
+        failed.append("nonfinite")
+    if mismatch_frac > tol.max_mismatch_frac:
+        failed.append("max_error")
+    if not mean_abs <= tol.mean_factor * baseline_mean + tol.mean_atol:  # a NaN mean fails
+        failed.append("mean_error")
+    if (
+        cosine < tol.min_cosine
+    ):  # NaN (an all-zero reference, or a non-finite output: judged by nonfinite) compares False
+        failed.append("cosine")
+    return tuple(failed)
+
+
+def failed_by_statistics(stats: ErrorStats, tol: Tolerance) -> tuple[str, ...]:
+    """Which of :data:`STATISTICS_CHECKS` ``stats`` fail under ``tol``, as the comparison decided them when it made
+    the statistics: a record judged again from its ``stats`` and ``extra["tolerance"]`` alone (no tensor, no GPU)
+    gets back the part of its ``failed_checks`` that those checks make.  ``tol`` needs ``max_mismatch_frac``,
+    ``mean_factor``, ``mean_atol`` and ``min_cosine`` set (``ValueError`` otherwise)."""
+    unset = [n for n in ("max_mismatch_frac", "mean_factor", "mean_atol", "min_cosine") if getattr(tol, n) is None]
+    if unset:
+        raise ValueError(f"tol must set {', '.join(unset)} to judge statistics")
+    return _failing(stats.nonfinite, stats.mismatch_frac, stats.mean_abs, stats.baseline_mean_abs, stats.cosine, tol)
 
 
 def compare(
@@ -213,14 +249,15 @@ def compare_pending(
         cosine = _cosine(dot, r_norm, o_norm) if not nonfinite else math.nan  # pragma: no mutate
         mean_allowed = tol.mean_factor * b_mean + tol.mean_atol
         base_nonfinite = {"out": known.out_nonfinite, "lse": 0}
+        failing = _failing(nonfinite, mismatch_frac, mean_abs, b_mean, cosine, tol)
 
         details: dict[str, str] = {}
-        if nonfinite:
+        if "nonfinite" in failing:
             first = int(torch.nonzero((~finite & torch.isfinite(r)).flatten())[0])
             details["nonfinite"] = (
                 f"nonfinite: {nonfinite} NaN/Inf outputs where the reference is finite, first at {where_out(first)}"
             )
-        if mismatch_frac > tol.max_mismatch_frac:
+        if "max_error" in failing:
             w = worst_flat
             rel = f" + rtol {tol.rtol:g} x |ref| {float(r.flatten()[w].abs()):.1e}" if tol.rtol else ""
             const = f"atol_rel {tol.atol_rel:.3g} x |ref| {ref_w:.1e}" if atol_w < tol.atol else f"atol {tol.atol:.1e}"
@@ -230,13 +267,13 @@ def compare_pending(
                 f"({tol.factor:g} x baseline {b_max:.1e} + {const}{rel}); error ratio {error_ratio:.2f}; "
                 f"{over} of {n} elements over ({mismatch_frac:.2%}, allowed {tol.max_mismatch_frac:.2%})"
             )
-        if not mean_abs <= mean_allowed:
+        if "mean_error" in failing:
             details["mean_error"] = (
                 f"mean_error: mean|out-ref| {mean_abs:.1e} > allowed {mean_allowed:.1e} "
                 f"({tol.mean_factor:g} x baseline mean {b_mean:.1e} + mean_atol {tol.mean_atol:.1e}); "
                 f"ratio {mean_abs / mean_allowed:.2f}"
             )
-        if cosine < tol.min_cosine:  # NaN (skipped) compares False
+        if "cosine" in failing:
             details["cosine"] = f"cosine: similarity {cosine:.6f} < min_cosine {tol.min_cosine:g}"
 
         masked_notes: list[str] = []
