@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.inputs import CaseInputs, cp_totals
+from conformance.cases.inputs import CaseInputs, cp_totals, host_ints
 
 from .base import KernelOutput
 
@@ -267,14 +267,14 @@ def sequences(case: AttentionCase, inputs: CaseInputs) -> list[SeqTensors]:
     """
     out: list[SeqTensors] = []
     quant, dt = inputs.quant, case.torch_dtype
-    cu_q = [int(x) for x in inputs.cu_seqlens_q.tolist()]
+    cu_q = host_ints(inputs.cu_seqlens_q)
     dev = inputs.q.device
     hnd = case.kv_layout == "HND"
     k_cache, v_cache = inputs.k_cache, inputs.v_cache
     if case.paged and case.append:
         assert k_cache is not None and v_cache is not None
         k_cache, v_cache = k_cache.clone(), v_cache.clone()
-    cu_k = [int(x) for x in inputs.cu_seqlens_k.tolist()]
+    cu_k = host_ints(inputs.cu_seqlens_k)
     totals = cp_totals(inputs, case)
     new_lens = case.new_kv_lens
     cu_new = [0, *itertools.accumulate(new_lens)]

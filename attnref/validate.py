@@ -6,6 +6,8 @@ constraint and the offending value, so a user can fix a call without reading thi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 __all__ = [
@@ -26,7 +28,7 @@ def _fail(msg: str) -> None:
     raise ValueError(msg)
 
 
-def as_int_list(name: str, t: torch.Tensor | list[int] | tuple[int, ...]) -> list[int]:
+def as_int_list(name: str, t: torch.Tensor | Sequence[int]) -> list[int]:
     """A 1-D integer tensor (or sequence) as a Python list, checked to be integral."""
     if isinstance(t, torch.Tensor):
         if t.dim() != 1:
@@ -89,7 +91,7 @@ def check_qv(qv: torch.Tensor | None, q: torch.Tensor, dv: int) -> None:
         _fail(f"qv must be on q's device {q.device}, got {qv.device}")
 
 
-def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, exact: bool = True) -> list[int]:
+def check_cu_seqlens(name: str, cu: torch.Tensor | Sequence[int], total: int, exact: bool = True) -> list[int]:
     """``cu`` starts at 0, never decreases, and ends at ``total`` (or at most ``total`` if not exact)."""
     values = as_int_list(name, cu)
     if len(values) < 1:

@@ -7,6 +7,8 @@ laid out as a padded ``(b, sk_max)`` batch flattened to ``(b * sk_max, hk, d)``.
 """
 
 from __future__ import annotations
+from collections.abc import Sequence
+
 
 import torch
 
@@ -35,7 +37,7 @@ def sequence_slopes(alibi_slopes: torch.Tensor | None, b: int) -> torch.Tensor |
 def sequence_spans(
     total_k: int,
     batch: int,
-    cu_seqlens_k: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | Sequence[int] | None,
     seqused_k: torch.Tensor | None,
 ) -> list[tuple[int, int]]:
     """Validated (start, length) of each sequence's keys in a packed key tensor."""
@@ -103,8 +105,8 @@ def attention_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor | None = None,
+    cu_seqlens_q: torch.Tensor | Sequence[int],
+    cu_seqlens_k: torch.Tensor | Sequence[int] | None = None,
     *,
     seqused_k: torch.Tensor | None = None,
     options: AttnOptions = AttnOptions(),
@@ -119,7 +121,8 @@ def attention_varlen(
 
     Args:
         q: (total_q, h, d).  k: (total_k, hk, d).  v: (total_k, hk, dv).
-        cu_seqlens_q: (b + 1,) integer offsets of each sequence's queries.
+        cu_seqlens_q: (b + 1,) integer offsets of each sequence's queries (a tensor, or the ints themselves: a
+            caller that knows them on the host saves a read of a device tensor).
         cu_seqlens_k: (b + 1,) offsets of each sequence's keys, or None with ``seqused_k``.
         seqused_k: (b,) number of keys each sequence uses from its start.
         options: causal / window / softcap / scale / chunk.

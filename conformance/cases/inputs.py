@@ -32,12 +32,23 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from conformance.cases.case import AttentionCase
 from conformance.cases.data_inputs import grad_out, shape_data
 from conformance.cases.quant_inputs import QuantTensors, quantize_case, vary_magnitudes
 
-__all__ = ["CaseInputs", "QuantTensors", "alibi_slopes", "cp_case_totals", "cp_local_len", "cp_totals", "make_inputs"]
+__all__ = [
+    "CaseInputs",
+    "QuantTensors",
+    "alibi_slopes",
+    "cp_case_totals",
+    "cp_local_len",
+    "clone_known",
+    "cp_totals",
+    "host_ints",
+    "make_inputs",
+]
 
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
@@ -98,12 +109,32 @@ class CaseInputs:
         return self.q.device
 
     def k_of(self, b: int) -> torch.Tensor:
-        s, e = int(self.cu_seqlens_k[b]), int(self.cu_seqlens_k[b + 1])
-        return self.k[s:e]
+        cu = host_ints(self.cu_seqlens_k)
+        return self.k[cu[b] : cu[b + 1]]
 
     def v_of(self, b: int) -> torch.Tensor:
-        s, e = int(self.cu_seqlens_k[b]), int(self.cu_seqlens_k[b + 1])
-        return self.v[s:e]
+        cu = host_ints(self.cu_seqlens_k)
+        return self.v[cu[b] : cu[b + 1]]
+
+
+#: what :func:`host_ints` knows of a device tensor without reading it: (the tensor's version then, its values)
+_HOST_INTS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def host_ints(t: torch.Tensor) -> list[int]:
+    """The values of a 1-D integer tensor as Python ints, read from the device at most once while the tensor is not
+    written.  A host tensor is read directly.  For a device tensor the values known on the host are used: those
+    :func:`make_inputs` drew before moving it, or those of an earlier read; they are valid while the tensor's
+    version counter (bumped by every in-place write, through any view: a CUDA-graph buffer's lengths written for
+    the next replay) is the one they were taken at, and read again otherwise.  A read of a device tensor waits for
+    the device, behind every process that shares it, which is why the lengths a check slices by come from here."""
+    known = _HOST_INTS.get(t)
+    if known is not None and known[0] == t._version:
+        return list(known[1])
+    values = [int(x) for x in t.tolist()]
+    if t.device.type != "cpu":
+        _HOST_INTS[t] = (t._version, tuple(values))
+    return values
 
 
 def cp_local_len(total: int, world: int, rank: int) -> int:
@@ -139,7 +170,7 @@ def cp_totals(inputs: CaseInputs, case: AttentionCase | None = None) -> list[int
         raise ValueError(
             f"cp_tot_seqused_k must be an integer tensor of shape ({case.batch},), got {tuple(tot.shape)} {tot.dtype}"
         )
-    totals = [int(t) for t in tot.tolist()]
+    totals = host_ints(tot)
     for b, (t, n) in enumerate(zip(totals, case.kv_lens)):
         want = cp_local_len(t, case.cp_world, case.cp_rank) if t >= 0 else -1
         if n != want:
@@ -291,6 +322,27 @@ def copies_async(value: torch.Tensor) -> bool:
     return value.nbytes <= PINNED_MAX_BYTES
 
 
+#: the lengths and offsets of :class:`CaseInputs` whose host values :func:`_to` keeps for :func:`host_ints`
+_LENGTHS = frozenset({"cu_seqlens_q", "cu_seqlens_k", "seqlens_k", "cu_seqlens_k_new", "cp_tot_seqused_k"})
+
+
+def clone_known(t: torch.Tensor) -> torch.Tensor:
+    """``t.clone()``, whose values :func:`host_ints` knows when it knew ``t``'s (a check's fresh copy of the inputs
+    slices by the same lengths without reading them)."""
+    out = t.clone()
+    known = _HOST_INTS.get(t)
+    if known is not None and known[0] == t._version:
+        _HOST_INTS[out] = (out._version, known[1])
+    return out
+
+
+def _host_values(t: torch.Tensor) -> tuple[int, ...] | None:
+    """The values of a host 1-D integer tensor about to be moved, for :func:`host_ints`."""
+    if t.device.type != "cpu" or t.dim() != 1 or t.dtype.is_floating_point or t.dtype == torch.bool:
+        return None
+    return tuple(int(x) for x in t.tolist())
+
+
 def _to(inputs: CaseInputs, device: torch.device) -> CaseInputs:
     """Every tensor of ``inputs`` onto ``device``.  To a CUDA device the small ones are copied from pinned memory
     without a wait each (every wait queues behind the other processes sharing the GPU) and the stream is
@@ -299,10 +351,13 @@ def _to(inputs: CaseInputs, device: torch.device) -> CaseInputs:
     for holder in (inputs, inputs.quant) if inputs.quant is not None else (inputs,):
         for name, value in list(vars(holder).items()):
             if isinstance(value, torch.Tensor):
+                known = _host_values(value) if name in _LENGTHS else None
                 if device.type == "cuda" and value.device.type == "cpu" and copies_async(value):
                     value, pending = value.pin_memory().to(device, non_blocking=True), True
                 else:
                     value = value.to(device)
+                if known is not None:  # on the CPU too: a run that counts device reads there (scripts/count_ops.py)
+                    _HOST_INTS[value] = (value._version, known)
                 setattr(holder, name, value)
     if pending:
         torch.cuda.current_stream(device).synchronize()

@@ -30,7 +30,7 @@ import torch
 from attnref import row_bounds
 
 from conformance.cases.case import AttentionCase
-from conformance.cases.inputs import CaseInputs, cp_totals
+from conformance.cases.inputs import CaseInputs, cp_totals, host_ints
 from conformance.verdict.reference import case_options, strict_fp32
 
 __all__ = ["MAX_TILE_ELEMS", "baseline"]
@@ -58,8 +58,7 @@ def baseline(case: AttentionCase, inputs: CaseInputs) -> tuple[torch.Tensor, tor
     lse = torch.full((h, case.total_q), -math.inf, dtype=torch.float32, device=dev)
     sink = None if inputs.sinks is None else inputs.sinks.to(dev, torch.float32).reshape(h, 1)
     slopes = None if inputs.alibi_slopes is None else inputs.alibi_slopes.to(dev, torch.float32).reshape(h, 1, 1)
-    cu = [int(x) for x in torch.cat([inputs.cu_seqlens_q, inputs.cu_seqlens_k]).tolist()]  # one host read
-    cu_q, cu_k = cu[: len(inputs.cu_seqlens_q)], cu[len(inputs.cu_seqlens_q) :]
+    cu_q, cu_k = host_ints(inputs.cu_seqlens_q), host_ints(inputs.cu_seqlens_k)  # known on the host: no read
 
     with strict_fp32():
         for b, (sq, sk) in enumerate(case.requests):

@@ -28,7 +28,7 @@ from attnref import AttnResult
 
 from conformance.verdict.baseline import baseline
 from conformance.cases.case import AttentionCase
-from conformance.cases.inputs import CaseInputs, make_inputs
+from conformance.cases.inputs import CaseInputs, clone_known, make_inputs
 from conformance.records import CheckResult, ErrorStats, Status, Timing
 from conformance.verdict.compare import CHECKS, BaselineErrors, baseline_errors_pending, compare, compare_pending
 from conformance.verdict.composition import composition_of
@@ -156,7 +156,7 @@ def _wrote_outside(changed: list[str], when: str) -> str:
 
 def _fresh_inputs(inputs: CaseInputs) -> CaseInputs:
     """A copy whose tensors are clones: whatever the kernel writes stays in its own copy."""
-    changes: dict[str, Any] = {k: v.clone() for k, v in vars(inputs).items() if isinstance(v, torch.Tensor)}
+    changes: dict[str, Any] = {k: clone_known(v) for k, v in vars(inputs).items() if isinstance(v, torch.Tensor)}
     if inputs.quant is not None:
         quant: dict[str, Any] = {k: v.clone() for k, v in vars(inputs.quant).items() if isinstance(v, torch.Tensor)}
         changes["quant"] = dataclasses.replace(inputs.quant, **quant)

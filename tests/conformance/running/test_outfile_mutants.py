@@ -336,7 +336,7 @@ def test_a_gzipped_last_line_without_its_newline_gets_a_member_holding_one(tmp_p
     assert [r.case_id for r in load_results(path).results] == ["a", "b"]
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(gz=st.booleans(), cut=st.floats(0.0, 1.0))
 def test_a_file_cut_anywhere_is_left_readable_and_empty_when_nothing_is_kept(gz: bool, cut: float) -> None:
     """Whatever byte a killed writer stopped at, :func:`repair_tail` leaves a file that reads back without a skipped

@@ -84,7 +84,7 @@ def selections(draw: st.DrawFn) -> Selection:
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(selection=selections())
 def test_the_selection_round_trips_through_a_results_file_header(selection: Selection) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,7 +95,7 @@ def test_the_selection_round_trips_through_a_results_file_header(selection: Sele
             assert Selection.from_json(header.selection) == selection
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(selection=selections())
 def test_a_run_config_carries_its_selection(selection: Selection) -> None:
     config = RunConfig.from_selection(selection, out=Path("x.jsonl"), jobs=2)
