@@ -176,6 +176,22 @@ def test_a_directory_and_a_file_that_cannot_be_read_are_named_with_the_reason(tm
     assert info.value.path == str(mem) and info.value.reason == "cannot be read: Input/output error"
 
 
+def test_a_name_the_file_system_refuses_is_named_with_the_reason(tmp_path, monkeypatch):
+    """Python < 3.12's ``Path.exists()`` raises for a name longer than the file system allows (ENAMETOOLONG); the
+    refusal names the file and the reason, in one line (test_long_names.py runs it through the commands)."""
+    # kills x_load_results__mutmut_10..13 (the message of that refusal)
+    import errno
+
+    def too_long(self):
+        raise OSError(errno.ENAMETOOLONG, "File name too long")
+
+    monkeypatch.setattr(Path, "exists", too_long)
+    path = tmp_path / "results.jsonl"
+    with pytest.raises(ResultsFileError) as info:
+        load_results(path)
+    assert info.value.path == str(path) and info.value.reason == "cannot be read: File name too long"
+    assert str(info.value) == f"{path}: cannot be read: File name too long"
+
 def test_a_complete_gzip_file_of_no_record_is_no_results_file_not_a_cut_one(tmp_path):
     # kills x_load_results__mutmut_32 ("gzip or cut tail" took every gzip file of no record for a cut one)
     path = tmp_path / "r.jsonl.gz"
