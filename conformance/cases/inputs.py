@@ -128,9 +128,9 @@ def host_ints(t: torch.Tensor) -> list[int]:
     version counter (bumped by every in-place write, through any view: a CUDA-graph buffer's lengths written for
     the next replay) is the one they were taken at, and read again otherwise.  A read of a device tensor waits for
     the device, behind every process that shares it, which is why the lengths a check slices by come from here."""
-    known = _HOST_INTS.get(t)
-    if known is not None and known[0] == t._version:
-        return list(known[1])
+    known = _known(t)
+    if known is not None:
+        return list(known)
     values = [int(x) for x in t.tolist()]
     if t.device.type != "cpu":
         _HOST_INTS[t] = (t._version, tuple(values))
@@ -330,10 +330,16 @@ def clone_known(t: torch.Tensor) -> torch.Tensor:
     """``t.clone()``, whose values :func:`host_ints` knows when it knew ``t``'s (a check's fresh copy of the inputs
     slices by the same lengths without reading them)."""
     out = t.clone()
-    known = _HOST_INTS.get(t)
-    if known is not None and known[0] == t._version:
-        _HOST_INTS[out] = (out._version, known[1])
+    known = _known(t)
+    if known is not None:
+        _HOST_INTS[out] = (out._version, known)
     return out
+
+
+def _known(t: torch.Tensor) -> tuple[int, ...] | None:
+    """``t``'s values as :func:`host_ints` knows them, or None when it does not or ``t`` was written since."""
+    entry = _HOST_INTS.get(t)
+    return entry[1] if entry is not None and entry[0] == t._version else None
 
 
 def _host_values(t: torch.Tensor) -> tuple[int, ...] | None:
