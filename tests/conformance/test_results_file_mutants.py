@@ -179,7 +179,7 @@ def test_a_directory_and_a_file_that_cannot_be_read_are_named_with_the_reason(tm
 def test_a_name_the_file_system_refuses_is_named_with_the_reason(tmp_path, monkeypatch):
     """Python < 3.12's ``Path.exists()`` raises for a name longer than the file system allows (ENAMETOOLONG); the
     refusal names the file and the reason, in one line (test_long_names.py runs it through the commands)."""
-    # kills x_load_results__mutmut_10..13 (the message of that refusal)
+    # kills x_load_results__mutmut_10..14 (the message of that refusal)
     import errno
 
     def too_long(self):
