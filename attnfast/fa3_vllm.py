@@ -1,50 +1,38 @@
 """vLLM's FA3 fork (``vllm.vllm_flash_attn``, vLLM 0.24.0): the kernel vLLM and the seed engines call on Hopper.
 
-One entry point, ``flash_attn_varlen_func(..., fa_version=3)`` (the fork's argument order differs from
-upstream; every argument is passed by keyword), for every case:
+One entry point, ``flash_attn_varlen_func(..., fa_version=3)``, every argument passed by keyword (the fork's
+argument order differs from upstream), for every case:
 
-* contiguous KV: packed k/v with ``cu_seqlens_k``; paged KV: the caches with ``block_table`` and
-  ``seqused_k`` (the fork takes exactly one of ``cu_seqlens_k`` / ``seqused_k``), any block size; an
-  HND cache is passed as its ``(num_blocks, page, hk, d)`` strided view, as vLLM does for HND;
+* contiguous KV: packed k/v with ``cu_seqlens_k``; paged KV: the caches with ``block_table`` and ``seqused_k``
+  (the fork takes exactly one of the two), any block size; an HND cache as its ``(num_blocks, page, hk, d)``
+  strided view, as vLLM does;
 * ``causal`` travels in the flag, the window in FA2 spelling (``-1`` = unbounded); ``softcap``;
-* sinks through ``s_aux``, which takes bf16 only ("We only support bf16 dtype for S aux", measured):
-  the adapter converts, and the case's sinks are bf16-representable
-  (:func:`conformance.cases.inputs.make_inputs`), so the conversion is exact (a record note says so);
-* fp8 e4m3: the stored q/k/v with ``q/k/v_descale`` of shape ``(batch, hk)``; a per-tensor scale is
-  expanded to that shape the way vLLM does (a ``(1,)`` descale raises "q_descale must have shape
-  (batch_size, num_heads_k)", measured); the output is bf16;
-* MLA absorbed: ``q_v``; with the paged MLA cache, ``k_cache``/``v_cache`` are SGLang's two strided views
-  of the one ``[c_kv | k_rope]`` cache;
-* ``softmax_scale``: the case's, else None, i.e. the fork's default ``q.shape[-1] ** -0.5``; with ``q_v``
-  that is ``1/sqrt(d)`` where upstream FA3, FlashMLA and the reference use ``1/sqrt(d + dv)`` (measured on
-  an H100: the kernel matches ``1/sqrt(64)`` to 1.3e-2 and is 3.3 away from ``1/sqrt(576)``); the
-  ``qv`` cases without a scale therefore fail and ``ledgers/fa3-vllm.toml`` says why;
-* ``num_splits``: the case's, or 0 (the fork's heuristic) when unset;
-* ``scheduler_metadata``: from ``get_scheduler_metadata`` with the call's own shapes, computed in
-  ``prepare`` (vLLM's CUDA-graph path), when the case asks for it;
-* the record's variant: what the kernel decided, read back after the call from that scheduler metadata, or (a call
-  without it) from the metadata ``get_scheduler_metadata`` computes for the same call, the fork's own host heuristic
-  and device planner (:func:`fa3_vllm_decided`: ``fa3_num_splits``, ``fa3_pack_gqa``);
-* ``v_padded``: V (or the V cache) zero-padded to ``head_dim`` and the output stripped back to
-  ``head_dim_v`` (seed ``004``'s path for kernels that need equal head dims;
-  :func:`attnfast._fa_common.prepare_padded_v`);
-* context parallel (``cp_world > 1``): ``cp_world_size``, ``cp_rank`` and ``cp_tot_seqused_k`` (int32
-  ``(batch,)`` on the device, the inputs' totals checked against the call's shard by
-  :func:`conformance.cases.inputs.cp_totals`).  The fork applies them in its causal mask only
-  (``hopper/mask.h``: local key ``j`` is absolute ``j * world + rank``, masked past the row's absolute
-  diagonal or past the total; ``block.h`` bounds the key blocks the same way) and refuses them with a
-  window ("Local attention (sliding window) is not currently supported with context parallelism", in its
-  source at the time of writing; the case model keeps cp causal, without windows).  The rule is read
-  from the source (the fork's main branch since 8f468e7d, "Support CP with query length larger than 1";
-  a ``sync/upstream-main-20260121`` merge, 2cf8a1f4, builds ``Mask`` with the cp fields initialised from
-  themselves, so a build from there would read garbage); the GPU run of the ``cp`` cases is its
-  measurement (``tests/attnfast/test_cp_adapters.py::test_gpu_fa3_vllm_cp_rule_and_merge``).
+* sinks through ``s_aux``, which takes bf16 only: the adapter converts, exactly, since the case's sinks are
+  bf16-representable (:func:`conformance.cases.inputs.make_inputs`), and a record note says so;
+* fp8 e4m3: the stored q/k/v with ``q/k/v_descale`` of shape ``(batch, hk)``, a per-tensor scale expanded to that
+  shape as vLLM does; the output is bf16;
+* MLA absorbed: ``q_v``; the paged MLA cache as SGLang's two strided views (``k_cache``/``v_cache``) of the one
+  ``[c_kv | k_rope]`` cache;
+* ``softmax_scale``: the case's, else None, the fork's default ``q.shape[-1] ** -0.5``: with ``q_v`` not the
+  reference's ``1/sqrt(d + dv)``, so those cases fail and ``ledgers/fa3-vllm.toml`` says why;
+* ``num_splits``: the case's, or 0 (the fork's heuristic) when unset; ``scheduler_metadata``, when the case asks
+  for it: from ``get_scheduler_metadata`` with the call's own shapes, computed in ``prepare`` (vLLM's graph path);
+* the record's variant (:func:`fa3_vllm_decided`: ``fa3_num_splits``, ``fa3_pack_gqa``): what the kernel decided,
+  read back after the call from that scheduler metadata, or from what ``get_scheduler_metadata`` computes for the
+  same call;
+* ``v_padded``: V (or the V cache) zero-padded to ``head_dim``, the output stripped back to ``head_dim_v``
+  (:func:`attnfast._fa_common.prepare_padded_v`);
+* context parallel (``cp_world > 1``): ``cp_world_size``, ``cp_rank`` and ``cp_tot_seqused_k`` (int32 ``(batch,)``
+  on the device, the inputs' totals checked against the call's shard by :func:`conformance.cases.inputs.cp_totals`);
+  the fork applies them in its causal mask only and refuses them with a window, so the case model keeps cp causal.
 
-LSE ``(h, total_q)``: ``-inf`` for rows that saw no key, but ``+inf`` for every row when the batch has no
-key at all (measured), normalised to ``-inf``.
+LSE ``(h, total_q)``: ``-inf`` for rows that saw no key; the ``+inf`` the fork gives every row of a batch without
+any key is normalised to ``-inf``.
 
-Refusals, each measured on an H100 with vLLM 0.24.0's build (``scripts/probe_vllm_kernels.py``) unless it
-says "by the wrapper": see :attr:`FA3VllmBackend.refused` and :func:`fa3_vllm_support`.
+Refusals, each measured on an H100 with vLLM 0.24.0's build (``scripts/probe_vllm_kernels.py``) unless it says
+"by the wrapper": :attr:`FA3VllmBackend.refused` and :func:`fa3_vllm_support`.  The measured messages and values,
+and where the cp rule was read in the fork's source: ``docs/concepts/backends.md`` (*fa3-vllm: what its adapter's
+docstring leaves out*).
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ class LedgerVerdict:
 def builtin_suite_cases() -> Iterator[AttentionCase]:
     """Every case of the harness's own built-in suites, a suite at a time in :data:`~conformance.suites.registry.SUITES`
     order (a case of two suites comes twice), so a caller that stops once it has found what it looks for never builds
-    the rest.  The ``peer-*`` suites (:mod:`conformance.suites.peers`, about 215,000 cases: minutes to build) are left
+    the rest.  The ``peer-*`` suites (:mod:`conformance.suites.peers`: minutes to build) are left
     out: they restate the kernels' own test grids, and a ledger entry names a cause the harness's own suites exercise
     (a failure first seen in a peer grid gets a case of its own in :mod:`conformance.suites.found`), which the tests
     check for every committed entry."""

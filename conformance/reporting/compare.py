@@ -5,32 +5,25 @@ Records are joined by (case id, backend family), so ``fa2`` 2.8.3 in the old fil
 
 * new failures: a non-problem status (pass, unsupported) became fail/error/crash/timeout;
 * fixed: a problem became pass; changed failures: one problem status became another;
-* error-ratio regressions (among pairs that are not new failures): both runs compared outputs
-  and the new ratio exceeds
-  ``ratio_threshold`` times the old one and ``ratio_floor`` (a ratio doubling from 0.01 to 0.02 is
-  noise; from 0.3 to 0.8 it is a kernel getting close to failing).  A NaN ratio is no number to compare, so it
-  fails closed: NaN in NEW where OLD is a number is a regression; NaN in OLD where NEW is a number is listed as
-  a ratio fix; NaN in both is a regression unless both records are failures already (then nothing changed);
+* error-ratio regressions (among pairs that are not new failures): both runs compared outputs and the new ratio
+  exceeds ``ratio_threshold`` times the old one and ``ratio_floor``.  A NaN ratio fails closed: NaN in NEW where
+  OLD is a number is a regression; NaN in both is a regression unless both records are failures already;
 * ratio fixes: an error ratio that was NaN in OLD and is a number in NEW;
-* performance regressions beyond measured noise: new p20 > old p80 x (1 + margin).  With the
-  default ``margin=None`` ("auto") the margin is the median relative p20-p80 spread of the pairs
-  (at least 2 %), so a noisy machine needs a bigger step before anything is flagged;
-  improvements symmetrically (new p80 < old p20 / (1 + margin));
+* performance regressions beyond measured noise: new p20 > old p80 x (1 + margin), with the default
+  ``margin=None`` ("auto") the median relative p20-p80 spread of the pairs (at least 2 %); improvements
+  symmetrically (new p80 < old p20 / (1 + margin));
 * capability changes (supported <-> unsupported) and cases present in only one file;
-* kernel variant changes (not a regression by themselves): pairs whose record names the kernel variant that ran
-  (``extra["variant"]``: SDPA's chosen backend, FA4's compile key, the variant-selecting arguments) in both files
-  and the two differ, each with whether its numbers moved (:func:`numbers_moved`): "same numbers, another
-  kernel", or "the regression came with a new dispatch";
+* kernel variant changes (not a regression by themselves): pairs whose records both name the kernel variant that
+  ran (``extra["variant"]``) and the two differ, each with whether its numbers moved (:func:`numbers_moved`);
 * gradient regressions of backward cases (:mod:`conformance.backward.diff`): each of dQ, dK, dV, d sinks by the
   error-ratio rule above, and gradient numbers one run has and the other lacks (fail closed).
 
 A comparison *regressed* when there is a new failure, an error-ratio, gradient or performance regression, missing
 gradient numbers, or a lost capability; ``attnconf compare`` then exits 1.  It *judged nothing*
 (:attr:`Comparison.unjudged`) for a backend family none of whose compared pairs was judged (not ``unsupported``)
-in both files: every pair unsupported on one side or both, e.g. NEW ran on a machine without the kernel; a gate
-never passes on that, so ``attnconf compare`` exits 4 (``NO_EVIDENCE``) unless ``allow_unjudged``; a regression
-(1) takes precedence.  Pairs judged on both sides while others are unsupported on one side only are capability
-changes (lost: a regression; gained: not).
+in both files; a gate never passes on that, so ``attnconf compare`` exits 4 (``NO_EVIDENCE``) unless
+``allow_unjudged``; a regression (1) takes precedence.  Pairs judged on both sides while others are unsupported on
+one side only are capability changes (lost: a regression; gained: not).
 
 Records are counted by :attr:`conformance.records.CheckResult.effective_status`: a ``pass`` record whose statistics
 are NaN or inf is a ``fail`` (``nonfinite_passes`` counts them per side, and the summary says so).
@@ -39,6 +32,7 @@ are NaN or inf is a ``fail`` (``nonfinite_passes`` counts them per side, and the
 (:mod:`conformance.reporting.compare_inputs`: readable, one suite, one tolerance, NEW holding every pair of
 OLD) and raises :class:`CompareRefused` otherwise (``attnconf compare`` exits 2).  What a comparison leaves out
 by request (``allow_subset``, ``only_new_families``, ``allow_skipped``) is counted in its summary and JSON.
+Why the thresholds are what they are: ``docs/concepts/running.md`` (*compare*, *Thresholds and noise*).
 """
 
 from __future__ import annotations

@@ -1,75 +1,38 @@
 """Tolerances as data: one dtype table, then feature, backend, case and user layers.
 
-Pass rule (``../shared/SEMANTICS.md`` section 7, flash-attention's own tests).  With ``ref`` the
-fp32 reference, ``base`` the same-dtype baseline (:mod:`conformance.verdict.baseline`) and
-``B = max|base - ref|``, the kernel output passes when, elementwise,
-
-    |out - ref| <= factor * B + min(atol, atol_rel * |ref|) + rtol * |ref|
-
-holds everywhere (or on all but ``max_mismatch_frac`` of the elements), and
+Pass rule (``../shared/SEMANTICS.md`` section 7, flash-attention's own tests).  With ``ref`` the fp32 reference,
+``base`` the same-dtype baseline (:mod:`conformance.verdict.baseline`) and ``B = max|base - ref|``, the kernel
+output passes when ``|out - ref| <= factor * B + min(atol, atol_rel * |ref|) + rtol * |ref|`` holds elementwise
+everywhere (or on all but ``max_mismatch_frac`` of the elements), and
 
 * ``mean|out - ref| <= mean_factor * mean|base - ref| + mean_atol``;
 * no NaN/Inf where the reference is finite, in the output or in the LSE, whatever the tolerance
   (an infinite ``atol`` or ``lse_atol`` switches a bound off, never this);
 * cosine similarity of the flattened outputs >= ``min_cosine`` (skipped when ``ref`` is all 0);
 * LSE, on rows whose reference LSE is finite:
-  ``|lse - lse_ref| <= lse_factor * max|lse_base - lse_ref| + lse_atol + lse_rtol * |lse_ref| [+ slack]``, where
-  ``slack`` is the row's ``lse_slack`` when the adapter declares one (``attnfast.base``: the error the kernel's
-  own LSE convention cannot avoid, e.g. FA2's causal ALiBi shift); it is no tolerance field and no override sets it;
+  ``|lse - lse_ref| <= lse_factor * max|lse_base - lse_ref| + lse_atol + lse_rtol * |lse_ref| [+ slack]``, with
+  ``slack`` the row's ``lse_slack`` when the adapter declares one (``attnfast.base``; no override sets it);
 * fully masked rows (reference LSE ``-inf``): kernel LSE exactly ``-inf``; rows whose reference
-  output is exactly 0: ``|out| <= atol`` (their elements' constant term is ``atol`` itself).
+  output is exactly 0: ``|out| <= atol``.
 
-``max|base - ref|`` and ``mean|base - ref|`` (and the LSE's) are taken over the baseline elements
-that are finite: a baseline that overflowed never widens a bound (one inf would otherwise switch the
-max-error check off), and the record counts those elements (:mod:`conformance.verdict.compare`).
+The baseline's errors are taken over its finite elements only (a baseline that overflowed never widens a bound;
+the record counts them: :mod:`conformance.verdict.compare`).  ``atol_rel`` is the case dtype's unit roundoff, so
+the constant term is the element's own rounding capped at ``atol``; ``atol_rel = inf`` keeps ``atol`` (fp32).
 
-Scaling by the baseline rather than fixing atol/rtol is what lets one rule judge bf16 decode and
-fp16 long prefill alike: a kernel may be a few times as far from the exact answer as plain
-low-precision PyTorch is, and no further.  The constant term is the rounding of the element itself in the
-case dtype, ``atol_rel * |ref|`` (``atol_rel`` the unit roundoff: a correctly rounded output is always within it),
-capped at ``atol``, the rounding at 1 (half an ulp in [1, 2)): it covers a baseline that happens to be exact (a
-single key, few elements) without hiding, on a long decode whose outputs are ~0.05, bugs 20 times larger than that
-output's rounding (issue 31 item 8: ``docs/concepts/verdict.md``).  ``atol_rel = inf`` keeps ``atol`` everywhere
-(fp32, whose ``atol`` is the fp32 kernel's distance from the fp64 reference, not a rounding).
+Resolution, later layers winning and a field left ``None`` inheriting: :data:`DTYPE_DEFAULTS` -> feature
+(:data:`FEATURE_RULES`, in table order: ``softcap`` factor and lse_factor 3; ``append``, ``paged``, ``splits``
+mean_factor 1.5) -> backend (:data:`BACKEND_RULES`) -> case (:data:`CASE_RULES`, ``fnmatch`` globs on the case
+id) -> user overrides, in the order given.  The backend and case layers stay empty until a measured need, with its
+evidence, puts an entry there.  A layer that sets ``atol`` without ``atol_rel`` makes that atol fixed.
 
-Defaults (:data:`DTYPE_DEFAULTS`):
-
-=====  ======  =======  ========  ====  ====  =========  ====  =======  =======  ========  ========  ===========
-dtype  factor  atol     atol_rel  rtol  mean  mean_atol  lse   lse_atol lse_rtol min_cos   mismatch  note
-=====  ======  =======  ========  ====  ====  =========  ====  =======  =======  ========  ========  ===========
-bf16   2       3.9e-3   2^-8      0     2     4.9e-4     2     1e-3     1e-5     0.999     0         2^-8
-fp16   2       4.9e-4   2^-11     0     2     6.1e-5     2     1e-4     1e-5     0.99999   0         2^-11
-fp32   2       1e-5     inf       0     2     1e-6       2     1e-5     1e-6     0.999999  0         vs fp64 ref
-=====  ======  =======  ========  ====  ====  =========  ====  =======  =======  ========  ========  ===========
-
-Feature layer (:data:`FEATURE_RULES`, applied in table order when the case has the feature):
-``softcap`` -> factor 3, lse_factor 3 (flash-attention's softcap tests); ``append``, ``paged``,
-``splits`` -> mean_factor 1.5 (flash-attention's kvcache tests add a mean check at 1.5x).
-Backend (:data:`BACKEND_RULES`) and case (:data:`CASE_RULES`, ``fnmatch`` globs on the case id)
-layers are empty until a measured need, with its evidence, puts an entry there.
-
-User overrides come last, in the order given: each is a mapping of tolerance fields plus optional
-scope keys ``dtype``, ``feature``, ``backend``, ``case`` (a glob); it applies only where every scope
-key matches.  Command-line spelling (:func:`parse_override`)::
+An override is a mapping of tolerance fields plus optional scope keys ``dtype``, ``feature``, ``backend``,
+``case`` (a glob), applied only where every scope key matches.  Command line (:func:`parse_override`)::
 
     factor=4    bf16.atol=0.01    feature:paged.mean_factor=2    backend:fa2.factor=3    case:*cap30*.factor=5
 
-A TOML file (:func:`load_toml`) holds the same layers::
-
-    factor = 2.5                  # top-level keys: every case
-    [dtype.bf16]
-    atol = 0.01
-    [feature.softcap]
-    factor = 4
-    [backend.fa2]
-    mean_factor = 2
-    [case."*_cap30*"]
-    factor = 5
-
-Resolution: dtype default -> feature -> backend -> case -> overrides; later layers win and a field
-left ``None`` inherits, except that a layer setting ``atol`` without ``atol_rel`` makes that atol fixed
-(``atol_rel`` inf): ``--tol bf16.atol=0.01`` adds 0.01 to every element's bound, as it did before ``atol_rel``;
-``--tol atol_rel=inf`` alone restores the fixed default atol.
+A TOML file (:func:`load_toml`) holds the same layers: top-level keys for every case, then ``[dtype.bf16]``,
+``[feature.softcap]``, ``[backend.fa2]``, ``[case."*_cap30*"]`` tables.  The default table, a TOML example and why
+the bound scales with the baseline: ``docs/concepts/verdict.md`` (*Tolerance: the default table and the layers*).
 """
 
 from __future__ import annotations

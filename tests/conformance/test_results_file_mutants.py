@@ -192,6 +192,7 @@ def test_a_name_the_file_system_refuses_is_named_with_the_reason(tmp_path, monke
     assert info.value.path == str(path) and info.value.reason == "cannot be read: File name too long"
     assert str(info.value) == f"{path}: cannot be read: File name too long"
 
+
 def test_a_complete_gzip_file_of_no_record_is_no_results_file_not_a_cut_one(tmp_path):
     # kills x_load_results__mutmut_32 ("gzip or cut tail" took every gzip file of no record for a cut one)
     path = tmp_path / "r.jsonl.gz"
