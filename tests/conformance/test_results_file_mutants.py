@@ -289,3 +289,25 @@ def test_a_line_that_is_not_utf8_in_a_cut_last_member_is_part_of_the_cut_tail(tm
     f = results_file.scan_results(path)
     assert [r.case_id for r in f.results] == ["a"] and f.cut_tail
     assert [s.line for s in f.skipped] == [3] and f.skipped[0].reason.startswith("the last gzip member is cut short")
+
+
+def test_a_result_record_this_version_cannot_read_is_skipped_with_why(tmp_path):
+    """A result line whose fields have the wrong JSON types, or that does not parse into a record, is skipped at its
+    line with the reason (the exception's type and message, at most 300 characters); a complete file's
+    ``cut_tail`` is the bool False."""
+    # kills x_scan_results__mutmut_143 (fields of the wrong type accepted), 156 (the exception's type name),
+    # 162 (the reason's 300-character cut) and 164 (cut_tail None for False)
+    head = record_line(Header(suite="smoke", backends={}, env={}))
+    good = json.loads(record_line(_result("a")))
+    wrong_type = {**good, "case_id": 5}
+    bad_status = {**good, "case_id": "b", "status": "x" * 400}
+    path = tmp_path / "r.jsonl"
+    lines = [head, json.dumps(wrong_type) + "\n", json.dumps(bad_status) + "\n", record_line(_result("c"))]
+    path.write_text("".join(lines))
+    f = results_file.scan_results(path)
+    assert [r.case_id for r in f.results] == ["c"] and f.result_lines == (4,)
+    (one, two) = f.skipped
+    assert (one.line, one.reason) == (2, "a result record this version cannot read (case_id must be a string)")
+    assert two.line == 3 and two.reason.startswith("a result record this version cannot read (ValueError: ")
+    assert len(two.reason) == 300
+    assert f.cut_tail is False
