@@ -311,3 +311,26 @@ def test_a_result_record_this_version_cannot_read_is_skipped_with_why(tmp_path):
     assert two.line == 3 and two.reason.startswith("a result record this version cannot read (ValueError: ")
     assert len(two.reason) == 300
     assert f.cut_tail is False
+
+
+def test_a_cut_last_member_drops_what_it_held_and_keeps_what_came_before(tmp_path):
+    """A complete member (a header, a garbled line, two records) then a cut one (a header and two records): the
+    file keeps the first member's header, records and skipped line, and the cut member is one skipped line from its
+    first line; a cut member that gave no line at all is numbered after the last line read."""
+    # kills x_scan_results__mutmut_176 (headers cut at the results' count), 178 (skipped lines cut at the count of
+    # unknown records), 169-171 (the line of a cut member that gave no line) and 166 (needs_newline None)
+    head = record_line(Header(suite="smoke", backends={}, env={}))
+    first = (head + "{garbled\n" + record_line(_result("a")) + record_line(_result("b"))).encode()
+    second = (head + record_line(_result("c")) + record_line(_result("d"))).encode()
+    path = tmp_path / "r.jsonl.gz"
+    path.write_bytes(gzip.compress(first) + gzip.compress(second)[:-12])
+    f = results_file.scan_results(path)
+    assert len(f.headers) == 1 and [r.case_id for r in f.results] == ["a", "b"]
+    assert [s.line for s in f.skipped] == [2, 5] and f.skipped[1].reason.startswith("the last gzip member is cut")
+    early = tmp_path / "early.jsonl.gz"
+    early.write_bytes(gzip.compress(first) + gzip.compress(second)[:12])  # the cut member's header bytes only
+    g = results_file.scan_results(early)
+    assert [s.line for s in g.skipped] == [2, 5] and [r.case_id for r in g.results] == ["a", "b"]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    assert results_file.scan_results(empty).needs_newline is False  # no line to end
