@@ -334,3 +334,34 @@ def test_a_cut_last_member_drops_what_it_held_and_keeps_what_came_before(tmp_pat
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     assert results_file.scan_results(empty).needs_newline is False  # no line to end
+
+
+def test_the_end_of_a_file_says_what_a_resume_must_write_first(tmp_path):
+    """The cut tail's wording and sizes; whether a resume must end the last line first (``needs_newline``, a bool);
+    the not-UTF-8 refusal hints at gzip for a plain file only."""
+    # kills x_scan_results__mutmut_185, 191, 192 (the cut tail's text), 195, 212, 213 (needs_newline), 219, 220 (the
+    # hint)
+    import re
+
+    head = record_line(Header(suite="smoke", backends={}, env={}))
+    text = (head + record_line(_result("a"))).encode()
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(text) + gzip.compress(text)[:-12])
+    f = results_file.scan_results(cut)
+    size = cut.stat().st_size
+    want = (
+        rf"the last gzip member is cut short \(from byte \d+ to the end at byte {size}: a killed writer's last batch\)"
+    )
+    assert re.fullmatch(want, f.skipped[-1].reason) and f.needs_newline is False
+    partial = tmp_path / "partial.jsonl.gz"  # a complete member whose text ends inside a line
+    partial.write_bytes(gzip.compress(text + b'{"type": "res'))
+    g = results_file.scan_results(partial)
+    assert g.skipped[-1].reason.endswith("(the last line, cut short)") and g.needs_newline is True
+    plain = tmp_path / "bad.jsonl"
+    plain.write_bytes(text + b"\xff\xfe\n")
+    with pytest.raises(ResultsFileError, match=r"line 3; a gzipped file starts with 1f 8b\)$"):
+        results_file.scan_results(plain)
+    zipped = tmp_path / "bad.jsonl.gz"
+    zipped.write_bytes(gzip.compress(text + b"\xff\xfe\n"))
+    with pytest.raises(ResultsFileError, match=r"line 3\)$"):
+        results_file.scan_results(zipped)
