@@ -53,9 +53,8 @@ def _failing(
         failed.append("max_error")
     if not mean_abs <= tol.mean_factor * baseline_mean + tol.mean_atol:  # a NaN mean fails
         failed.append("mean_error")
-    if (
-        cosine < tol.min_cosine
-    ):  # NaN (an all-zero reference, or a non-finite output: judged by nonfinite) compares False
+    # a NaN cosine (an all-zero reference; a non-finite output, judged by nonfinite) compares False: not judged here
+    if cosine < tol.min_cosine:
         failed.append("cosine")
     return tuple(failed)
 
