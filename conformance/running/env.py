@@ -150,6 +150,8 @@ def host_env(device: str = "cpu") -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count() or 0,
         "usable_cpus": usable_cpus(),  # the run's CPU affinity (taskset, cpuset): what --jobs auto counted
+        # where this process keeps compiled bytecode (conformance.running.worker_client.bytecode_cache)
+        "python_bytecode": {"prefix": sys.pycache_prefix, "writes": not sys.dont_write_bytecode},
         "device": device,
         "git_commit": git_commit(),
     }
