@@ -157,13 +157,13 @@ def check_output(path: Path | str, flag: str, inputs: Iterable[Path | str] = (),
     if make_parent:
         try:
             parent.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise UsageError(f"{flag} {path}: cannot create its directory: a part of the path is a file") from None
+        except (FileExistsError, NotADirectoryError):  # a link to nothing (a file is refused by the stat above)
+            raise UsageError(
+                f"{flag} {path}: cannot create its directory: a part of the path is a file or a link to nothing"
+            ) from None
         except OSError as exc:
             raise OutputError(f"{flag} {path}: cannot create its directory: {exc.strerror or exc}") from None
-    if parent.exists() and not parent.is_dir():
-        raise UsageError(f"{flag} {path}: {parent} is not a directory")
-    if parent.exists():
+    if parent.exists():  # a file there was refused by the stat above (ENOTDIR)
         if not os.access(parent, os.W_OK | os.X_OK):
             raise OutputError(f"{flag} {path}: its directory {parent} is not writable")
         _probe(parent, path, flag)

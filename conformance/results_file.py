@@ -256,7 +256,8 @@ class _Lines:
     def __init__(self, path: Path, fh: Any, gzipped: bool) -> None:
         self.path, self.fh, self.gzipped = path, fh, gzipped
         self.cut_at: int | None = None
-        self.cut_member = -1
+        # read only once cut_at is set, which sets it too: its first value is never read
+        self.cut_member = -1  # pragma: no mutate
         self.keep = 0
         self.keep_ends_line = True  # the text up to :attr:`keep` ends with a newline (or is empty)
 

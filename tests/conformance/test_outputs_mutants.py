@@ -599,3 +599,62 @@ def test_a_path_that_names_a_folder_by_its_form_is_refused_for_that(tmp_path: Pa
     with pytest.raises(UsageError) as exc:
         outputs.check_output(path, "--out")
     assert str(exc.value) == f"--out {path}: names a directory, not a file; give a file path"
+
+
+def test_a_link_to_nothing_where_the_directory_should_be_is_refused_for_that(tmp_path: Path) -> None:
+    """A part of the output's folder that is a link to nothing: the stat of the output finds no file, the folder
+    cannot be created over the link: exit 2, one line (a plain file there is refused earlier, by the stat)."""
+    # kills x_check_output__mutmut_25 (that refusal's message replaced by None)
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    path = tmp_path / "link" / "out.json"
+    with pytest.raises(UsageError) as exc:
+        outputs.check_output(path, "--json")
+    assert str(exc.value) == (
+        f"--json {path}: cannot create its directory: a part of the path is a file or a link to nothing"
+    )
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [(OSError(errno.EACCES, "Permission denied"), "Permission denied"), (OSError("quota"), "quota")],
+    ids=["strerror", "message-only"],
+)
+def test_a_folder_that_cannot_be_created_is_exit_3_naming_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: OSError, reason: str
+) -> None:
+    """Creating the output's folder failing for another reason than a file in the way (a read-only parent for a
+    user who is not root, a quota): exit 3, one line with the system's reason (its strerror, else its text)."""
+    # kills x_check_output__mutmut_27 (`and` for `or`: the reason became the exception's repr-like text)
+
+    def fail(self: Path, *args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(Path, "mkdir", fail)
+    path = tmp_path / "new" / "out.json"
+    with pytest.raises(OutputError) as exc:
+        outputs.check_output(path, "--json")
+    assert str(exc.value) == f"--json {path}: cannot create its directory: {reason}"
+
+
+def test_a_folder_the_system_says_is_not_writable_is_refused_before_the_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder's write and search permission is asked of the system (``os.access`` with ``W_OK | X_OK``) before
+    the probe; a folder it calls unwritable is exit 3 without a probe file made.  Root passes that question
+    everywhere but on a read-only file system, so it is emulated here."""
+    # kills x_check_output__mutmut_36 (`W_OK & X_OK`, that is 0: only the folder's existence was asked)
+    asked: list[int] = []
+
+    def access(target: object, mode: int) -> bool:
+        asked.append(mode)
+        return not mode & (os.W_OK | os.X_OK)
+
+    monkeypatch.setattr(outputs.os, "access", access)
+    probed: list[object] = []
+    monkeypatch.setattr(outputs, "_probe", lambda *args: probed.append(args))
+    path = tmp_path / "out.json"
+    with pytest.raises(OutputError) as exc:
+        outputs.check_output(path, "--json")
+    assert str(exc.value) == f"--json {path}: its directory {tmp_path} is not writable"
+    assert asked == [os.W_OK | os.X_OK] and probed == []

@@ -5,6 +5,7 @@ record no entry of its backend could match."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,27 @@ def test_no_case_is_parsed_for_a_record_no_entry_of_its_backend_could_match(
     assert [r.case_id for r in verdict.unexpected] == [case.id, "x-000000"]
     assert verdict.stale == []  # the suite's case matched the entry
     assert parsed == [{}, case]  # kern's record and the suite's case: neither the other backend's record nor the id
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [(OSError(errno.ENAMETOOLONG, "File name too long"), "File name too long"), (OSError("quota"), "quota")],
+    ids=["strerror", "message-only"],
+)
+def test_a_ledger_folder_the_file_system_refuses_is_named_with_its_flag_and_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: OSError, reason: str
+) -> None:
+    """Python < 3.12's ``Path.exists()`` raises for a name longer than the file system allows; Python 3.12 returns
+    False, so the branch is emulated: one line with the flag the user gave, the folder and the system's reason."""
+    # kills x_load_ledger_dir__mutmut_9..15 (that refusal's folder, reason, flag; `and` for `or`), which survive on
+    # Python 3.12, where test_long_names.py's real long name no longer reaches the branch
+
+    def refuse(self: Path) -> bool:
+        raise error
+
+    monkeypatch.setattr(Path, "exists", refuse)
+    folder = tmp_path / "ledgers"
+    with pytest.raises(entries_mod.LedgerDirError) as info:
+        entries_mod.load_ledger_dir(folder, "--ledgers")
+    assert str(info.value) == f"--ledgers {folder}: cannot be read: {reason}"
+    assert info.value.path == str(folder) and info.value.reason == f"cannot be read: {reason}"
