@@ -14,8 +14,9 @@ cores, unless the caller's environment already sets them.
 Default ``--jobs`` (:func:`default_jobs`), over the cores the run may use (:func:`usable_cpus`: the CPU
 affinity, so ``taskset -c 0-15`` on a 64-core machine counts 16): on ``cpu``, one worker per core (at
 most 16), each with one thread: the harness's tensors are small, and one process per core beats threads
-within one; on ``cuda``, one worker per core but one (the parent's), at most 16 per GPU, at least one
-per GPU; with ``--time``, one per GPU (or one on ``cpu``) so timed kernels do not share a device.
+within one; on ``cuda``, one worker per core but one (the parent's), at most 16 per GPU and 32 in all
+(:data:`MAX_CUDA_JOBS`), at least one per GPU; with ``--time``, one per GPU (or one on ``cpu``) so timed kernels
+do not share a device.
 
 GPU discovery (:func:`visible_gpus`) is injectable: ``$ATTNCONF_FAKE_GPUS=N`` pretends N GPUs are
 visible (placement only: the kernels still run on ``--device``), which is how placement is tested on a
@@ -72,6 +73,11 @@ PIPELINE_DEPTH = 2
 #: on five kernels on an H100 with 16 cores took 120 s with 15 workers and 173 s with 12 (same machine, one call;
 #: reports/h100-2026-11-26-speed), the GPU's memory shared through :data:`GPU_SHARING_ENV`.
 MAX_JOBS_PER_GPU = 16
+#: At most this many workers in all by default on ``cuda``, however many GPUs and cores: on two 4 x H100 hosts of 64
+#: cores, 63 workers ran ``default`` on five kernels slower than 48 (83.0 s against 72.2 s, one host) and than 32
+#: (73.6 s against 65.9 s, the other): each worker's CPU work grew faster than the workers
+#: (reports/h100x4-2026-11-28-scale, reports/h100x4-2026-11-28-bytecode).
+MAX_CUDA_JOBS = 32
 #: At most this many workers by default on ``cpu`` (each is a Python process with torch loaded: ~0.4 GB).
 MAX_CPU_JOBS = 16
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
@@ -170,7 +176,7 @@ def default_jobs(device: str, gpus: int, cpus: int, timed: bool = False) -> int:
     per_device = max(1, gpus)
     if timed:
         return per_device
-    return max(per_device, min(max(1, cpus - 1), MAX_JOBS_PER_GPU * per_device))
+    return max(per_device, min(max(1, cpus - 1), MAX_JOBS_PER_GPU * per_device, MAX_CUDA_JOBS))
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,8 @@ def add_run_arguments(r: argparse.ArgumentParser) -> None:
         metavar="N|auto",
         help="crash-isolated workers at once, in total, 1 to 1024 (each is a process holding torch; default auto, "
         "counting the cores this process may run on (taskset, a cpuset): on cpu one per core, at most 16; on cuda "
-        "one per core but one, at most 16 per GPU, at least one per GPU; with --time one per GPU, or 1 on cpu)",
+        "one per core but one, at most 16 per GPU and 32 in all, at least one per GPU; with --time one per GPU, "
+        "or 1 on cpu)",
     )
     r.add_argument(
         "--spare-workers",

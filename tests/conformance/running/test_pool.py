@@ -181,7 +181,10 @@ def test_placement_errors(device: str, jobs: int, gpus, message: str) -> None:
 def test_default_jobs_rule() -> None:
     assert default_jobs("cpu", 0, 2) == 2 and default_jobs("cpu", 0, 64) == 16
     assert default_jobs("cuda", 1, 16) == 15 and default_jobs("cuda", 1, 8) == 7  # cores - 1, <= 16 per GPU
-    assert default_jobs("cuda", 1, 64) == 16 and default_jobs("cuda", 4, 64) == 63
+    assert default_jobs("cuda", 1, 64) == 16 and default_jobs("cuda", 4, 64) == 32  # at most 32 on a host
+    assert (
+        default_jobs("cuda", 8, 128) == 32 and default_jobs("cuda", 4, 40) == 32 and default_jobs("cuda", 4, 24) == 23
+    )
     assert default_jobs("cuda", 2, 32) == 31 and default_jobs("cuda", 2, 20) == 19
     assert default_jobs("cuda", 8, 4) == 8  # at least one per GPU
     assert default_jobs("cuda", 2, 32, timed=True) == 2 and default_jobs("cpu", 0, 16, timed=True) == 1
