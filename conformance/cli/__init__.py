@@ -202,6 +202,9 @@ def _dispatch_command(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits 2 on bad flags, 0 on --help
         return int(exc.code or 0)
+    from conformance.running.worker_client import use_bytecode_cache
+
+    use_bytecode_cache()  # before torch is imported: where torch has no .pyc, this process compiles it once too
     from conformance.running.worker import WorkerStartError  # after --help and --version: they need no worker
 
     try:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import IO, Any
 
-__all__ = ["PYCACHE_ENV", "Reply", "WorkerClient", "WorkerStartError", "bytecode_cache"]
+__all__ = ["PYCACHE_ENV", "Reply", "WorkerClient", "WorkerStartError", "bytecode_cache", "use_bytecode_cache"]
 
 #: the folder Python compiles modules into instead of each source's ``__pycache__`` (and reads them from)
 PYCACHE_ENV = "PYTHONPYCACHEPREFIX"
@@ -90,6 +90,19 @@ def bytecode_cache(environ: Mapping[str, str]) -> str | None:
 
     base = cache_dir()
     return None if base is None else str(base / "pycache")
+
+
+def use_bytecode_cache() -> str | None:
+    """This process compiles into the workers' folder too (:func:`bytecode_cache`), so the command's own
+    ``import torch`` fills it before the first worker starts; to be called before anything imports torch (the CLI
+    does, once its command line is parsed).  Returns the folder, or None when nothing changed (no folder needed,
+    or this interpreter already has a ``sys.pycache_prefix``)."""
+    folder = bytecode_cache(os.environ)
+    if folder is None or sys.pycache_prefix is not None:
+        return None
+    sys.pycache_prefix = folder
+    sys.dont_write_bytecode = False  # it writes into that folder only, never beside a source
+    return folder
 
 
 _TAIL_CHARS = 3000

@@ -25,8 +25,10 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from conformance.cases.case import AttentionCase
+if TYPE_CHECKING:
+    from conformance.cases.case import AttentionCase
 
 __all__ = ["CACHE_ENV", "cache_dir", "cached_cases", "source_key"]
 
@@ -63,6 +65,8 @@ def source_key() -> str:
 
 
 def _load(path: Path) -> tuple[AttentionCase, ...] | None:
+    from conformance.cases.case import AttentionCase  # here: cache_dir() is read before torch is imported
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         cases = tuple(AttentionCase.from_json(c) for c in data["cases"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conformance.running import worker_client
-from conformance.running.worker_client import PYCACHE_ENV, WorkerClient, bytecode_cache
+from conformance.running.worker_client import PYCACHE_ENV, WorkerClient, bytecode_cache, use_bytecode_cache
 
 
 @pytest.fixture
@@ -72,6 +72,22 @@ def test_has_bytecode_reads_the_pycache_beside_the_source(tmp_path: Path, monkey
         worker_client._has_bytecode.cache_clear()
 
 
+def test_the_command_compiles_into_the_same_folder(no_torch_bytecode: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's own process adopts the folder before it imports torch, so its ``import torch`` fills it for the
+    workers; a folder already in force in this interpreter is kept."""
+    from conformance.cli import main
+
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert main(["suites"]) == 0
+    assert sys.pycache_prefix == str(no_torch_bytecode) and sys.dont_write_bytecode is False
+    monkeypatch.setattr(sys, "pycache_prefix", "/mine")
+    assert use_bytecode_cache() is None and sys.pycache_prefix == "/mine"
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(worker_client, "_has_bytecode", lambda module: True)
+    assert use_bytecode_cache() is None and sys.pycache_prefix is None
+
+
 @pytest.mark.slow
 def test_a_worker_writes_its_bytecode_there_and_the_header_says_so(
     no_torch_bytecode: Path, monkeypatch: pytest.MonkeyPatch
@@ -86,3 +102,34 @@ def test_a_worker_writes_its_bytecode_there_and_the_header_says_so(
         client.close()
     compiled = list(no_torch_bytecode.rglob("*.pyc"))
     assert any("torch" in p.parts for p in compiled), f"{len(compiled)} files, none of torch's"
+
+
+def test_the_command_adopts_the_folder_before_it_imports_torch(tmp_path: Path) -> None:
+    """In a fresh interpreter (torch not loaded yet): the CLI asks for the folder before its command imports torch,
+    and torch's own modules then compile into it."""
+    import subprocess
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys
+        import conformance.running.worker_client as w
+        w._has_bytecode = lambda module: False  # torch as a CI image installs it
+        real = w.use_bytecode_cache
+        def spy():
+            print("torch imported before:", "torch" in sys.modules)
+            return real()
+        w.use_bytecode_cache = spy
+        from conformance.cli import main
+        code = main(["cases", "--suite", "smoke", "--count"])
+        print("torch imported after:", "torch" in sys.modules, "exit", code)
+        """
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ATTNCONF_CACHE_DIR": str(tmp_path / "cache")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "torch imported before: False" in out.stdout and "torch imported after: True exit 0" in out.stdout, (
+        out.stdout + out.stderr
+    )
+    assert any(p.name.startswith("__init__") for p in (tmp_path / "cache" / "pycache").rglob("torch/__init__*.pyc"))
