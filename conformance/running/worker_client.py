@@ -34,7 +34,15 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import IO, Any
 
-__all__ = ["PYCACHE_ENV", "Reply", "WorkerClient", "WorkerStartError", "bytecode_cache", "use_bytecode_cache"]
+__all__ = [
+    "BYTECODE_PACKAGES",
+    "PYCACHE_ENV",
+    "Reply",
+    "WorkerClient",
+    "WorkerStartError",
+    "bytecode_cache",
+    "use_bytecode_cache",
+]
 
 #: the folder Python compiles modules into instead of each source's ``__pycache__`` (and reads them from)
 PYCACHE_ENV = "PYTHONPYCACHEPREFIX"
@@ -74,17 +82,23 @@ def _has_bytecode(module: str) -> bool:
     return (source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc").exists()
 
 
+#: the packages whose modules make most of a worker's imports: torch, sympy (torch's compiler stack imports it at
+#: the first call of a custom op), flash-attn's Python (FA2, FA4) and the CuTe DSL FA4 compiles with
+BYTECODE_PACKAGES = ("torch", "sympy", "flash_attn", "cutlass")
+
+
 def bytecode_cache(environ: Mapping[str, str]) -> str | None:
     """The folder the workers' Python compiles into, ``<attnconf cache>/pycache``, or None: leave Python as it is.
 
-    Used when torch has no bytecode beside its sources (an install made with ``pip --no-compile`` or by a tool
-    that skips it, and read by an interpreter told not to write any, ``PYTHONDONTWRITEBYTECODE=1``): then each
-    worker compiles some 900 of torch's modules again, 3.8 s of ``import torch`` and 4.7 s more when the first
-    kernel call imports torch's compiler stack (measured on an H100 host, docs/concepts/performance.md).  With the
-    folder, the first worker writes the bytecode and every later one, in this run and the next, reads it.  None
-    when ``$PYTHONPYCACHEPREFIX`` is set (the caller's folder is kept), when torch has its bytecode, or when the
-    attnconf cache is off (``ATTNCONF_CACHE_DIR=off``, :func:`conformance.suites.cache.cache_dir`)."""
-    if environ.get(PYCACHE_ENV) or _has_bytecode("torch"):
+    Used when one of :data:`BYTECODE_PACKAGES` has no bytecode beside its sources (an install made with ``pip
+    --no-compile``, or unpacked, and read by an interpreter told not to write any, ``PYTHONDONTWRITEBYTECODE=1``,
+    or one that cannot write there): then each worker compiles those modules again; for torch alone 3.8 s of
+    ``import torch`` and 4.7 s more when the first kernel call imports its compiler stack (measured on an H100
+    host, docs/concepts/performance.md).  With the folder, the first worker writes the bytecode and every later
+    one, in this run and the next, reads it.  None when ``$PYTHONPYCACHEPREFIX`` is set (the caller's folder is
+    kept), when every one of them has its bytecode (or is not installed), or when the attnconf cache is off
+    (``ATTNCONF_CACHE_DIR=off``, :func:`conformance.suites.cache.cache_dir`)."""
+    if environ.get(PYCACHE_ENV) or all(_has_bytecode(name) for name in BYTECODE_PACKAGES):
         return None
     from conformance.suites.cache import cache_dir
 

@@ -48,6 +48,16 @@ def test_nothing_changes_when_torch_has_its_bytecode_or_the_cache_is_off(
     assert bytecode_cache({}) is None
 
 
+@pytest.mark.parametrize("bare", worker_client.BYTECODE_PACKAGES)
+def test_any_of_the_packages_a_worker_imports_without_bytecode_is_enough(
+    no_torch_bytecode: Path, monkeypatch: pytest.MonkeyPatch, bare: str
+) -> None:
+    """FA4's Python and its CuTe DSL unpacked without ``.pyc`` beside a torch that has them: the imports of every
+    worker's first FA4 call would be compiled again, so the folder is used too."""
+    monkeypatch.setattr(worker_client, "_has_bytecode", lambda module: module != bare)
+    assert bytecode_cache({}) == str(no_torch_bytecode)
+
+
 def test_the_worker_is_told_to_write_bytecode(no_torch_bytecode: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     env = WorkerClient()._environment()
