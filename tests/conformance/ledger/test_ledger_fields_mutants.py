@@ -5,9 +5,9 @@ bounds against the reference's rule (attnref.mask, context parallelism included)
 ledger's 64-row tiles, FA3's 128 / group rows) against the keyless rows of each request, the keys a window leaves
 out on the left, FA2's seqlen_k against the call attnfast.fa2 builds, its entry point and window normalisation.
 
-``_own`` runs while ``FIELDS`` is built, at import: mutmut imports the tests before it picks a mutant, so a test can
-tell a mutant of ``_own`` apart only by calling it.  The fields are read through ``FIELDS[name].get`` (what
-:meth:`CaseView.value` calls), not through the cached :func:`case_view`."""
+``_own`` and ``_case_fields`` run while ``FIELDS`` is built, at import: mutmut imports the tests before it picks a
+mutant, so a test can tell a mutant of either apart only by calling it.  The fields are read through
+``FIELDS[name].get`` (what :meth:`CaseView.value` calls), not through the cached :func:`case_view`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from attnref.mask import row_bounds
 from attnref.varlen import cp_sequence_options
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import make_inputs
-from conformance.ledger.fields import FIELDS, _fa2_seqlen_k, _own, _visible_bounds, case_view
+from conformance.ledger.fields import FIELDS, _case_fields, _fa2_seqlen_k, _own, _visible_bounds, case_view
 from conformance.verdict.reference import case_options
 
 
@@ -384,3 +384,19 @@ def test_the_views_of_a_case_and_of_its_json_in_any_key_order_are_one():
     assert case_view(data) is view
     assert case_view(dict(reversed(list(data.items())))) is view
     assert case_view({}) is None and case_view({"requests": "bad"}) is None
+
+
+def test_the_case_fields_built_again_are_the_ledgers_first_ones() -> None:
+    """``_case_fields`` called now (as a mutant of it would be) gives the first fields of ``FIELDS``, built at import:
+    the same names in the same order, kinds, nullability, help texts, and the same value on a case."""
+    # kills x__case_fields__mutmut_1..18, the mutants mutmut cannot see through FIELDS (built before it picks one)
+    built = _case_fields()
+    assert list(built) == list(FIELDS)[: len(built)] and len(built) > 20
+    assert [(f.kind, f.nullable, f.help) for f in built.values()] == [
+        (FIELDS[n].kind, FIELDS[n].nullable, FIELDS[n].help) for n in built
+    ]
+    assert any(f.nullable for f in built.values()) and all(f.help for f in built.values())
+    assert {f.kind for f in built.values()} == {"int", "float", "bool", "str"}
+    assert {"append_uneven", "min_new_kv_len", "max_new_kv_len", "graph_replays"} <= set(built)  # the tuples' scalars
+    c = case(requests=((4, 30), (1, 9)), num_heads=4, num_kv_heads=2, causal=True, kv_layout="NHD", block_size=16)
+    assert {n: f.get(c) for n, f in built.items()} == {n: FIELDS[n].get(c) for n in built}
