@@ -14,7 +14,7 @@ included; ``wait_s`` is what the caller waited for each, ``adopted`` how many ca
 
 A worker's Python keeps the bytecode it compiles (:func:`bytecode_cache`): where torch was installed without
 ``.pyc`` files and the interpreter writes none (``PYTHONDONTWRITEBYTECODE``, usual in CI images), every worker would
-compile torch's sources again, about 9 s of a fresh worker's first seconds on an H100 host.
+compile torch's sources again (docs/concepts/performance.md).
 """
 
 from __future__ import annotations
@@ -92,12 +92,11 @@ def bytecode_cache(environ: Mapping[str, str]) -> str | None:
 
     Used when one of :data:`BYTECODE_PACKAGES` has no bytecode beside its sources (an install made with ``pip
     --no-compile``, or unpacked, and read by an interpreter told not to write any, ``PYTHONDONTWRITEBYTECODE=1``,
-    or one that cannot write there): then each worker compiles those modules again; for torch alone 3.8 s of
-    ``import torch`` and 4.7 s more when the first kernel call imports its compiler stack (measured on an H100
-    host, docs/concepts/performance.md).  With the folder, the first worker writes the bytecode and every later
-    one, in this run and the next, reads it.  None when ``$PYTHONPYCACHEPREFIX`` is set (the caller's folder is
-    kept), when every one of them has its bytecode (or is not installed), or when the attnconf cache is off
-    (``ATTNCONF_CACHE_DIR=off``, :func:`conformance.suites.cache.cache_dir`)."""
+    or one that cannot write there): then each worker compiles those modules again, seconds of every fresh
+    worker (docs/concepts/performance.md has the measurements).  With the folder, the first worker writes the
+    bytecode and every later one, in this run and the next, reads it.  None when ``$PYTHONPYCACHEPREFIX`` is set
+    (the caller's folder is kept), when every one of them has its bytecode (or is not installed), or when the
+    attnconf cache is off (``ATTNCONF_CACHE_DIR=off``, :func:`conformance.suites.cache.cache_dir`)."""
     if environ.get(PYCACHE_ENV) or all(_has_bytecode(name) for name in BYTECODE_PACKAGES):
         return None
     from conformance.suites.cache import cache_dir
