@@ -79,6 +79,8 @@ def _has_bytecode(module: str) -> bool:
     if not origin or not origin.endswith(".py"):
         return True
     source = Path(origin)
+    # not importlib.util.cache_from_source: it follows sys.pycache_prefix, which use_bytecode_cache sets in this
+    # process, and the question is what the install itself holds
     return (source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc").exists()
 
 
