@@ -197,10 +197,10 @@ def _sequences_backward(
     """
     ct = numerics.dtype
     grads = AttnGrads(
-        torch.zeros(q.shape, dtype=ct, device=q.device),
-        torch.zeros(k.shape, dtype=ct, device=q.device),
-        torch.zeros(v.shape, dtype=ct, device=q.device),
-        None if sinks is None else torch.zeros(q.shape[-2], dtype=ct, device=q.device),
+        q.new_zeros(q.shape, dtype=ct),
+        q.new_zeros(k.shape, dtype=ct),
+        q.new_zeros(v.shape, dtype=ct),
+        None if sinks is None else q.new_zeros(q.shape[-2], dtype=ct),
     )
     for qi, ki, b in pieces:
         slopes = sequence_slopes(alibi_slopes, b)

@@ -67,12 +67,13 @@ def alibi_penalty(
     differs from the exact penalty.  None = the exact penalty."""
     ct = slopes.dtype
     pos = rows[:, None] + (sk - sq)
-    penalty = slopes * (pos - cols[None, :]).abs().to(ct)
+    penalty = slopes * (pos - cols[None, :]).abs()  # the int64 distances promote to the slopes' dtype
     if alibi_dtype is None:
         return penalty
     pos = pos[:, 0]
-    nearest = torch.where(pos < lo, lo - pos, torch.where(pos >= hi, pos - hi + 1, torch.zeros_like(pos)))
-    top = -slopes * nearest.clamp_min(0).to(ct)[:, None]  # (..., tq, 1); a row without keys: masked anyway
+    # the distance to the nearest visible key: lo - pos left of [lo, hi), pos - (hi - 1) right of it, else 0
+    nearest = (lo - pos).clamp_min(0) + (pos - hi + 1).clamp_min(0)
+    top = -slopes * nearest[:, None]  # (..., tq, 1); a row without keys: masked anyway
     if sinks is not None:
         top = torch.maximum(top, sinks.to(ct))
     return -((-penalty - top).to(alibi_dtype).to(ct) + top)

@@ -359,6 +359,8 @@ def _valid():
         (lambda p, do: {"dout": do[:, :, :4]}, "^dout must have shape"),
         (lambda p, do: {"dout": do[:2]}, "^dout must have shape"),
         (lambda p, do: {"dout": do.to(torch.int32)}, "^dout must be a floating"),
+        (lambda p, do: {"dout": do.tolist()}, "^dout must be a torch.Tensor, got list$"),
+        (lambda p, do: {"dout": do.to("meta")}, "^dout must be on q's device cpu, got meta$"),
         (lambda p, do: {"options": AttnOptions(causal=True, cp=(2, 0, 8))}, "^options.cp must be None"),
         (lambda p, do: {"qv": torch.zeros(3, 2, 5)}, "^qv must be None"),
         (lambda p, do: {"operand_dtype": torch.int8}, "^operand_dtype must be"),
