@@ -133,7 +133,8 @@ def _first_read(ctx: CaseContext) -> None:
 
 def _guard(ctx: CaseContext, now: dict[str, str] | None = None) -> list[str]:
     """The context's tensors that changed since its fingerprint (sorted names), marking the context corrupted when
-    any did; ``now``: the context's fingerprint taken already (with the kernel output's, in one host read).  The
+    any did; ``now``: the context's fingerprint taken already (in one host read with the kernel output's, whose
+    names the guard ignores).  The
     backends get clones of the inputs and never see the reference or baseline, so a change is a kernel writing
     into memory it was not given (FA2's keyless paged rows did: ``scripts/investigate_fa2_keyless_writes.py``);
     every later verdict on this context would be wrong."""
@@ -360,10 +361,8 @@ def check_backend(
     # One host read for the kernel output's digest, the context's fingerprint (the guard) and the comparison's
     # statistics: the comparison is queued before the guard is judged and used only when it passes (a comparison that
     # cannot even start, on an output of another shape, raises as it would after the guard).
-    named: dict[str, torch.Tensor | None] = {}
-    if isinstance(result, KernelOutput) and isinstance(result.out, torch.Tensor):
-        lse = result.lse if isinstance(result.lse, torch.Tensor) else None
-        named = {"kernel out": result.out, "kernel lse": lse}
+    mistyped = _type_problem(result)
+    named = {} if mistyped else {"kernel out": result.out, "kernel lse": result.lse}
     t0 = time.perf_counter()
     prints_pending = fingerprints_pending({**named, **context_tensors(ctx)})
     plan = plan_error = None
@@ -375,24 +374,20 @@ def check_backend(
     floats, ints = read_host([] if plan is None else plan.values, prints_pending.values)
     prints = prints_pending.finish(ints)
     clock["verdict"] = time.perf_counter() - t0
-    changed = _guard(ctx, {k: v for k, v in prints.items() if not k.startswith("kernel ")})
+    changed = _guard(ctx, prints)
     if changed:
         extra["wrote_outside"] = changed
         return finish(Status.FAIL, _wrote_outside(changed, "during the call"))
-    if not isinstance(result, KernelOutput):
-        got = type(result).__name__
-        return finish(Status.ERROR, f"TypeError: the prepared callable must return KernelOutput, got {got}")
+    if mistyped:
+        return finish(Status.ERROR, mistyped)
     problem = _shape_problem(ctx, result)
     if problem:
         return finish(Status.FAIL, problem)
-    if named:
-        extra["digest"] = digest_of({"out": prints["kernel out"], "lse": prints["kernel lse"]})
-    t0 = time.perf_counter()
+    extra["digest"] = digest_of({"out": prints["kernel out"], "lse": prints["kernel lse"]})
     if plan_error is not None:
         raise plan_error
-    if plan is None:  # an output that is not a tensor: the comparison says what it says of it
-        plan = compare_pending(ctx.ref, ctx.base, result, tol, known=ctx.base_errors)
-        floats = read_host(plan.values, [])[0]
+    assert plan is not None  # well typed and shaped, and compare_pending did not raise: it ran
+    t0 = time.perf_counter()
     stats, details, base_nonfinite = plan.finish(floats)
     clock["verdict"] += time.perf_counter() - t0
     if base_nonfinite:
@@ -420,6 +415,17 @@ def check_backend(
             extra["wrote_outside"] = changed
             return finish(Status.FAIL, _wrote_outside(changed, "while timed"), stats, timing)
     return finish(Status.PASS, "", stats, timing)
+
+
+def _type_problem(result: object) -> str:
+    """Why ``result`` is not a :class:`KernelOutput` of tensors (an ERROR's reason), or ``""``."""
+    if not isinstance(result, KernelOutput):
+        return f"TypeError: the prepared callable must return KernelOutput, got {type(result).__name__}"
+    if not isinstance(result.out, torch.Tensor):
+        return f"TypeError: KernelOutput.out must be a torch.Tensor, got {type(result.out).__name__}"
+    if result.lse is not None and not isinstance(result.lse, torch.Tensor):
+        return f"TypeError: KernelOutput.lse must be a torch.Tensor or None, got {type(result.lse).__name__}"
+    return ""
 
 
 def _shape_problem(ctx: CaseContext, result: KernelOutput) -> str:

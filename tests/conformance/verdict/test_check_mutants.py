@@ -10,7 +10,16 @@
   numerically passing record into FAIL with those reasons (joined by ``" | "``), and several failed sub-checks
   are joined the same way, in ``failed_checks`` order;
 * the timer gets the prepared callable itself; without a timer the record has no timing; a prepared callable
-  returning something else than KernelOutput is an ERROR naming the type it returned.
+  returning something else than KernelOutput, or one whose ``out``/``lse`` are not tensors, is an ERROR naming the
+  type it returned;
+* the phases (inputs, reference, baseline; kernel, verdict, bench) are each the clock between their own ends (a
+  clock that only the timed work moves stands in for the real one);
+* one host read before the first kernel call on a context (its fingerprint and the baseline's errors, kept for
+  every later backend) and one per check after it; a baseline whose errors cannot be computed leaves them unknown
+  and the check still judges;
+* the availability probe is asked once per backend object, a probe that raises is a refusal with its message; a
+  refusal's record carries the context's seed; a kernel's record carries its output's digest;
+* a write outside the outputs names every changed tensor and when it happened.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +43,7 @@ from conformance.graphs.invariance import INVARIANCE
 from conformance.graphs.replay import GRAPH
 from conformance.records import Status, Timing
 from conformance.verdict import check as check_mod
+from conformance.verdict import hostread
 from conformance.verdict.check import check_backend, composition_of, prepare_context
 from tests.conformance.fakes import ExactBackend
 
@@ -204,3 +215,281 @@ def test_a_wrong_return_type_is_an_error_naming_the_type(ctx_cpu) -> None:
     rec = check_backend(fresh(ctx_cpu), _ReturnsTuple())
     assert rec.status is Status.ERROR
     assert rec.reason == "TypeError: the prepared callable must return KernelOutput, got tuple"
+
+
+class _Ndarray(ExactBackend):
+    name = "fake-returns-ndarray"
+
+    def finish(self, case: AttentionCase, out: torch.Tensor, lse: torch.Tensor) -> Any:
+        return KernelOutput(out.float().numpy(), lse.float())  # type: ignore[arg-type]
+
+
+class _ListLse(ExactBackend):
+    name = "fake-returns-list-lse"
+
+    def finish(self, case: AttentionCase, out: torch.Tensor, lse: torch.Tensor) -> Any:
+        return KernelOutput(out.to(case.torch_dtype), lse.float().tolist())  # type: ignore[arg-type]
+
+
+def test_outputs_that_are_not_tensors_are_errors_naming_the_type(ctx_cpu) -> None:
+    rec = check_backend(fresh(ctx_cpu), _Ndarray())
+    assert (
+        rec.status is Status.ERROR and rec.reason == "TypeError: KernelOutput.out must be a torch.Tensor, got ndarray"
+    )
+    rec = check_backend(fresh(ctx_cpu), _ListLse())
+    assert rec.status is Status.ERROR
+    assert rec.reason == "TypeError: KernelOutput.lse must be a torch.Tensor or None, got list"
+
+
+# ---------------------------------------------------------------- phases, on a clock only the timed work moves
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    c = _Clock()
+    monkeypatch.setattr(check_mod, "time", types.SimpleNamespace(perf_counter=lambda: c.now))
+    return c
+
+
+def _advancing(clock: _Clock, seconds: float, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        clock.advance(seconds)
+        return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def test_prepare_context_times_each_phase(clock: _Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(check_mod, "make_inputs", _advancing(clock, 1.0, check_mod.make_inputs))
+    monkeypatch.setattr(check_mod, "reference", _advancing(clock, 2.0, check_mod.reference))
+    monkeypatch.setattr(check_mod, "baseline", _advancing(clock, 4.0, check_mod.baseline))
+    ctx = prepare_context(CASE)
+    assert ctx.phases == {"inputs_s": 1.0, "reference_s": 2.0, "baseline_s": 4.0} and ctx.ref_s == 7.0
+
+
+class _Slow(ExactBackend):
+    """An exact kernel whose call takes ``seconds`` on the test's clock."""
+
+    name = "fake-slow"
+
+    def __init__(self, clock: _Clock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        return _advancing(self.clock, self.seconds, super().prepare(case, inputs))
+
+
+def test_check_backend_times_kernel_verdict_and_bench_apart(
+    ctx_cpu, clock: _Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the comparison's host read takes 0.5 and finishing its statistics 0.25: the verdict is both windows' sum
+    monkeypatch.setattr(check_mod, "read_host", _advancing(clock, 0.5, check_mod.read_host))
+    real_pending = check_mod.compare_pending
+
+    def pending(*args: Any, **kwargs: Any) -> Any:
+        plan = real_pending(*args, **kwargs)
+        return dataclasses.replace(plan, finish=_advancing(clock, 0.25, plan.finish))
+
+    monkeypatch.setattr(check_mod, "compare_pending", pending)
+    ctx = fresh(ctx_cpu)
+    phases: dict[str, float] = {}
+    rec = check_backend(ctx, _Slow(clock, 8.0), phases=phases)
+    assert rec.status is Status.PASS, rec.reason
+    assert phases == {"kernel_s": 8.0, "verdict_s": 0.75, "bench_s": 0.0}
+    assert rec.kernel_s == 8.0
+
+    def timer(fn: Callable[[], KernelOutput]) -> Timing:
+        clock.advance(16.0)
+        return Timing(median_ms=1.0, p20_ms=1.0, p80_ms=1.0, reps=1, method="fake")
+
+    phases = {}
+    rec = check_backend(ctx, _Slow(clock, 2.0), timer=timer, phases=phases)
+    assert phases == {"kernel_s": 2.0, "verdict_s": 0.75, "bench_s": 16.0} and rec.extra["bench_s"] == 16.0
+
+
+class _BrokenPrepare(ExactBackend):
+    name = "fake-broken-prepare"
+
+    def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+        raise RuntimeError("no kernel for this case")
+
+
+def test_an_error_before_the_call_reports_zero_phases(ctx_cpu, clock: _Clock) -> None:
+    phases: dict[str, float] = {}
+    rec = check_backend(fresh(ctx_cpu), _BrokenPrepare(), phases=phases)
+    assert rec.status is Status.ERROR and rec.reason == "RuntimeError: no kernel for this case"
+    assert phases == {"kernel_s": 0.0, "verdict_s": 0.0, "bench_s": 0.0}
+
+
+# ---------------------------------------------------------------- host reads and the baseline's errors
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every host read of the verdict: the check's own and those of pending results read alone (the guard's)."""
+    seen: list[str] = []
+    real = hostread.read_host
+
+    def counting(where: str) -> Callable[..., Any]:
+        def read(*args: Any, **kwargs: Any) -> Any:
+            seen.append(where)
+            return real(*args, **kwargs)
+
+        return read
+
+    monkeypatch.setattr(check_mod, "read_host", counting("check"))
+    monkeypatch.setattr(hostread, "read_host", counting("pending"))
+    return seen
+
+
+def test_one_host_read_before_the_first_call_and_one_per_check(reads: list[str]) -> None:
+    ctx = prepare_context(CASE)
+    assert ctx.fingerprint is None and ctx.base_errors is None
+    assert check_backend(ctx, ExactBackend()).status is Status.PASS
+    assert reads == ["check", "check"]  # the fingerprint with the baseline's errors, then the call's
+    assert ctx.fingerprint is not None and ctx.base_errors is not None
+    assert check_backend(ctx, ExactBackend()).status is Status.PASS
+    assert reads == ["check"] * 3
+
+    def timer(fn: Callable[[], KernelOutput]) -> Timing:
+        fn()
+        return Timing(median_ms=1.0, p20_ms=1.0, p80_ms=1.0, reps=1, method="fake")
+
+    assert check_backend(ctx, ExactBackend(), timer=timer).status is Status.PASS
+    assert reads == ["check"] * 4 + ["pending"]  # the guard after the repetitions
+
+
+def test_every_check_compares_with_the_baseline_errors_read_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[Any, ...]] = []
+    real = check_mod.compare_pending
+
+    def spy(ref: Any, base: Any, result: Any, tol: Any, *, known: Any) -> Any:
+        seen.append((ref, base, result, tol, known))
+        return real(ref, base, result, tol, known=known)
+
+    monkeypatch.setattr(check_mod, "compare_pending", spy)
+    ctx = prepare_context(CASE)
+    for _ in range(2):
+        assert check_backend(ctx, ExactBackend()).status is Status.PASS
+    assert len(seen) == 2
+    for ref, base, result, tol, known in seen:
+        assert ref is ctx.ref and base is ctx.base and known is ctx.base_errors and known is not None
+        assert isinstance(result, KernelOutput) and tol == check_mod.resolve(CASE, "fake-exact", ())
+
+
+def test_baseline_errors_that_cannot_be_computed_leave_the_check_to_judge(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no baseline errors")
+
+    monkeypatch.setattr(check_mod, "baseline_errors_pending", broken)
+    ctx = prepare_context(CASE)
+    assert check_backend(ctx, ExactBackend()).status is Status.PASS
+    assert ctx.fingerprint is not None and ctx.base_errors is None
+    assert check_backend(ctx, _Carrying(shift=1.0)).status is Status.FAIL
+
+
+# ---------------------------------------------------------------- availability, seeds, digests
+class _ProbeRaises(ExactBackend):
+    name = "fake-probe-raises"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def is_available(self) -> Support:
+        self.asked += 1
+        raise ImportError("libfake.so: cannot open shared object file\nsecond line")
+
+
+class _ProbeCounts(ExactBackend):
+    name = "fake-probe-counts"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def is_available(self) -> Support:
+        self.asked += 1
+        return Support(True)
+
+
+def test_the_availability_probe_is_asked_once_and_a_raising_probe_refuses(ctx_cpu) -> None:
+    probe = _ProbeRaises()
+    for _ in range(2):
+        rec = check_backend(fresh(ctx_cpu), probe)
+        assert rec.status is Status.UNSUPPORTED
+        assert (
+            rec.reason
+            == "not available here: is_available() raised ImportError: libfake.so: cannot open shared object file"
+        )
+    assert probe.asked == 1
+    counted = _ProbeCounts()
+    assert all(check_backend(fresh(ctx_cpu), counted).status is Status.PASS for _ in range(3))
+    assert counted.asked == 1
+
+
+def test_a_refusal_carries_the_contexts_seed() -> None:
+    ctx = prepare_context(CASE, seed=7)
+    rec = check_backend(ctx, _RefusesSilently())
+    assert rec.status is Status.UNSUPPORTED and rec.seed == 7
+
+
+class _Lse(ExactBackend):
+    name = "fake-lse-shift"
+
+    def __init__(self, shift: float) -> None:
+        self.shift = shift
+
+    def finish(self, case: AttentionCase, out: torch.Tensor, lse: torch.Tensor) -> KernelOutput:
+        return KernelOutput(out.to(case.torch_dtype), lse.float() + self.shift)
+
+
+def test_the_record_carries_the_digest_of_out_and_lse(ctx_cpu) -> None:
+    from conformance.verdict.fingerprint import digest_of, fingerprints
+
+    ctx = fresh(ctx_cpu)
+    got = ExactBackend().prepare(CASE, ctx.inputs)()
+    want = digest_of(fingerprints({"out": got.out, "lse": got.lse}))
+    rec = check_backend(ctx, ExactBackend())
+    assert rec.extra["digest"] == want
+    shifted = check_backend(fresh(ctx_cpu), _Lse(2.0**-10))  # within tolerance: a pass with another lse
+    assert shifted.status is Status.PASS and shifted.extra["digest"] != want
+
+
+# ---------------------------------------------------------------- writes outside the outputs
+def test_a_write_outside_names_every_changed_tensor_and_when() -> None:
+    ctx = prepare_context(CASE)
+
+    class Stray(ExactBackend):
+        name = "fake-stray-two"
+
+        def prepare(self, case: AttentionCase, inputs: CaseInputs) -> Callable[[], KernelOutput]:
+            run = super().prepare(case, inputs)
+
+            def stray() -> KernelOutput:
+                for t in (ctx.ref.out, ctx.base[1]):
+                    t.view(-1)[0] += 1
+                return run()
+
+            return stray
+
+    rec = check_backend(ctx, Stray())
+    assert rec.status is Status.FAIL and rec.extra["wrote_outside"] == ["base[1]", "ref.out"]
+    assert rec.reason == (
+        "wrote outside its outputs: base[1], ref.out of the case changed during the call (memory the kernel was not "
+        "given; the case's inputs and reference are built again for the next backend)"
+    )
+
+
+def test_a_write_while_timed_is_named_too() -> None:
+    ctx = prepare_context(CASE)
+
+    def timer(fn: Callable[[], KernelOutput]) -> Timing:
+        ctx.ref.lse.view(-1)[0] += 1
+        return Timing(median_ms=1.0, p20_ms=1.0, p80_ms=1.0, reps=1, method="fake")
+
+    rec = check_backend(ctx, ExactBackend(), timer=timer)
+    assert rec.status is Status.FAIL and rec.extra["wrote_outside"] == ["ref.lse"]
+    assert rec.reason.startswith("wrote outside its outputs: ref.lse of the case changed while timed (memory")
