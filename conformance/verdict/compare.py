@@ -153,10 +153,7 @@ def baseline_errors_pending(ref: AttnResult, base) -> Pending[BaselineErrors]:
     base_lse, ref_lse = base[1], ref.lse
     has_lse = isinstance(base_lse, torch.Tensor) and tuple(base_lse.shape) == tuple(ref_lse.shape)
     if has_lse:
-        lb = _as_ref(base_lse, ref_lse)
-        live = torch.isfinite(ref_lse)
-        b_err = (lb - ref_lse).abs()
-        values += [(live & ~torch.isfinite(lb)).sum(), _masked_max_t(b_err, live & torch.isfinite(b_err)), live.sum()]
+        values += _lse_baseline_pending(ref_lse, base_lse)
 
     def finish(v: list[float]) -> BaselineErrors:
         if not has_lse:
@@ -331,15 +328,19 @@ def _atol(r: torch.Tensor, zero_rows: torch.Tensor, tol: ResolvedTolerance) -> t
     return torch.where(zero_rows[..., None], tol.atol, torch.clamp(r.abs() * tol.atol_rel, max=tol.atol))
 
 
-def _lse_baseline(ref_lse: torch.Tensor, base_lse: torch.Tensor) -> dict[str, Any]:
-    """:class:`BaselineErrors`' LSE fields of a baseline LSE that :func:`baseline_errors_pending` left out, in one
-    host read."""
+def _lse_baseline_pending(ref_lse: torch.Tensor, base_lse: torch.Tensor) -> list[torch.Tensor]:
+    """:class:`BaselineErrors`' LSE fields (``lse_nonfinite``, ``lse_max``, ``lse_live``) as 0-d tensors not read
+    yet."""
     lb = _as_ref(base_lse, ref_lse)
     live = torch.isfinite(ref_lse)
     b_err = (lb - ref_lse).abs()
-    nonfinite, b_max, live_rows = _read(
-        (live & ~torch.isfinite(lb)).sum(), _masked_max_t(b_err, live & torch.isfinite(b_err)), live.sum()
-    )
+    return [(live & ~torch.isfinite(lb)).sum(), _masked_max_t(b_err, live & torch.isfinite(b_err)), live.sum()]
+
+
+def _lse_baseline(ref_lse: torch.Tensor, base_lse: torch.Tensor) -> dict[str, Any]:
+    """:class:`BaselineErrors`' LSE fields of a baseline LSE that :func:`baseline_errors_pending` left out, in one
+    host read."""
+    nonfinite, b_max, live_rows = _read(*_lse_baseline_pending(ref_lse, base_lse))
     return {"lse_nonfinite": int(nonfinite), "lse_max": b_max, "lse_live": int(live_rows)}
 
 

@@ -11,7 +11,11 @@ Hand-built tensors of a few elements, with values chosen so every bound is exact
   set, the mean-error ratio, ``masked_rows:`` joining its notes with ``"; "``);
 * the LSE bound grows with ``lse_rtol * |lse|`` on live rows and has no such term on a fully masked row;
 * everything is compared in the reference's dtype: a wider kernel output, baseline or LSE is rounded to it
-  first (what rounds to the reference is exact; what overflows it is non-finite, and is counted as such).
+  first (what rounds to the reference is exact; what overflows it is non-finite, and is counted as such);
+* the baseline's part of the bounds (:class:`BaselineErrors`) leaves non-finite baseline elements out of the
+  largest and summed error and counts them where the reference is finite; its LSE fields count live rows (finite
+  reference) only, and are all None when the baseline has no LSE of the reference's shape;
+* the cosine similarity is 1 for parallel tensors, 0 for orthogonal ones or a zero output, NaN for a zero reference.
 """
 
 from __future__ import annotations
@@ -25,7 +29,13 @@ import torch
 
 from attnfast.base import KernelOutput
 from attnref import AttnResult
-from conformance.verdict.compare import _compare_lse, compare_details
+from conformance.verdict.compare import (
+    BaselineErrors,
+    _compare_lse,
+    baseline_errors,
+    compare_details,
+    cosine_similarity,
+)
 from conformance.verdict.tolerance import Tolerance, is_resolved
 
 TOL = Tolerance(
@@ -252,3 +262,37 @@ def test_a_wider_baseline_is_rounded_to_the_reference_dtype() -> None:
     stats, _, base_nonfinite = compare_details(ref, (base_out, base_lse), exact, tol(lse_atol=0.0))
     assert base_nonfinite == {"out": 1, "lse": 1}
     assert stats.baseline_max_abs == 0.0 and stats.lse_allowed == 0.0  # left out of the bounds
+
+
+def _col(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32).reshape(-1, 1, 1)  # (tokens, heads = 1, dv = 1)
+
+
+def test_baseline_errors_are_exact_and_leave_non_finite_elements_out() -> None:
+    inf = math.inf
+    ref = AttnResult(_col(1.0, 2.0, 3.0, 4.0, math.nan), torch.tensor([[0.0, -inf, 2.0, 5.0, 1.0]]))
+    # out: errors 0.5, 0, nan (counted: the reference is finite), 1.0, and a nan where the reference is nan (not)
+    base_out = _col(1.5, 2.0, math.nan, 3.0, math.nan)
+    # lse: live rows 0, 2, 3, 4 (row 1's reference is -inf); row 2's baseline is inf (counted), row 1 is dead
+    base_lse = torch.tensor([[0.25, 1.0, inf, 4.0, 1.0]])
+    got = baseline_errors(ref, (base_out, base_lse))
+    assert got == BaselineErrors(out_nonfinite=1, out_max=1.0, out_sum=1.5, lse_nonfinite=1, lse_max=1.0, lse_live=4)
+    assert type(got.out_nonfinite) is int and type(got.lse_nonfinite) is int and type(got.lse_live) is int
+    for no_lse in (None, base_lse[:, :4]):  # none, or not of the reference's shape
+        assert baseline_errors(ref, (base_out, no_lse)) == BaselineErrors(out_nonfinite=1, out_max=1.0, out_sum=1.5)
+
+
+def test_the_lse_part_is_the_same_read_alone() -> None:
+    from conformance.verdict.compare import _lse_baseline
+
+    ref_lse, base_lse = torch.tensor([[0.0, -math.inf, 2.0, 5.0]]), torch.tensor([[0.25, 1.0, math.inf, 7.0]])
+    assert _lse_baseline(ref_lse, base_lse) == {"lse_nonfinite": 1, "lse_max": 2.0, "lse_live": 3}
+
+
+def test_cosine_similarity() -> None:
+    r = torch.tensor([1.0, 2.0, -2.0])
+    assert cosine_similarity(2 * r, r) == 1.0
+    assert cosine_similarity(torch.tensor([2.0, -1.0, 0.0]), r) == 0.0
+    assert cosine_similarity(torch.tensor([0.0, 4.0, 3.0]), r) == pytest.approx(2 / 15, abs=0, rel=1e-15)
+    assert cosine_similarity(torch.zeros(3), r) == 0.0
+    assert math.isnan(cosine_similarity(r, torch.zeros(3)))
