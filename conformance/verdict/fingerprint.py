@@ -110,7 +110,7 @@ def _digest_text(parts: list[int], numel: int) -> str:
 def context_tensors(ctx: Any) -> dict[str, torch.Tensor]:
     """Every tensor of the context (a :class:`~conformance.verdict.check.CaseContext`) a backend must not change,
     by a dotted name: the inputs (the backends get clones), the reference and the baseline (nested dataclasses,
-    named tuples, tuples, lists and dicts, two levels deep)."""
+    named tuples, tuples, lists and dicts; a container three steps down is not opened)."""
     found: dict[str, torch.Tensor] = {}
 
     def walk(name: str, x: Any, depth: int) -> None:
