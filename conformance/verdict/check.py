@@ -190,7 +190,7 @@ def _result(
     bench_s: float = 0.0,
     stats: ErrorStats | None = None,
     timing: Timing | None = None,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, Any],
 ) -> CheckResult:
     return CheckResult(
         case_id=case.id,
@@ -208,7 +208,7 @@ def _result(
         elapsed_s=elapsed,
         kernel_s=kernel_s,
         harness_s=elapsed - kernel_s - bench_s,
-        extra=extra if extra is not None else {},
+        extra=extra,
     )
 
 

@@ -59,7 +59,7 @@ def _weights(device: torch.device) -> torch.Tensor:
     w = _WEIGHTS.get(key)
     if w is None:
         w = torch.stack(
-            [torch.ones(_DIGEST_PERIOD, dtype=torch.int64), torch.arange(1, _DIGEST_PERIOD + 1, dtype=torch.int64)]
+            [torch.ones(_DIGEST_PERIOD, dtype=torch.int64), torch.arange(1, _DIGEST_PERIOD + 1)]  # int64 both
         ).to(device)
         _WEIGHTS[key] = w
     return w
@@ -89,7 +89,9 @@ def _digest_parts(t: torch.Tensor) -> tuple[list[torch.Tensor], int]:
             parts.append((piece[None] * weights[:, None, :]).sum(dim=(1, 2)))
             start += rows * period
         else:
-            length = min(period - off, n - start, max(1, _DIGEST_CHUNK))
+            # a stretch is the tail (below a period, from a period's start) or the rest of that tail: it never
+            # crosses a period's end, so its weights are one slice of the period
+            length = min(n - start, max(1, _DIGEST_CHUNK))
             piece = _int64(words[start : start + length])
             parts.append((piece[None] * weights[:, off : off + length]).sum(dim=1))
             start += length

@@ -45,7 +45,7 @@ def read_host(floats: Sequence[torch.Tensor], ints: Sequence[torch.Tensor]) -> t
         by_device.setdefault(f.device, ([], []))[0].append(i)
     for t in ints:
         by_device.setdefault(t.device, ([], []))[1].append(t)
-    float_out: list[float] = [0.0] * len(floats)
+    float_out: dict[int, float] = {}
     int_out: list[int] = []
     int_at: dict[torch.device, list[int]] = {}
     for device, (float_idx, int_ts) in by_device.items():
@@ -54,11 +54,11 @@ def read_host(floats: Sequence[torch.Tensor], ints: Sequence[torch.Tensor]) -> t
             by_dtype.setdefault(floats[i].dtype, []).append(i)
         order = [i for idx in by_dtype.values() for i in idx]
         words: list[torch.Tensor] = []
-        for dtype, idx in by_dtype.items():
+        for idx in by_dtype.values():
             stacked = torch.stack([floats[i] for i in idx])
-            words.append((stacked if dtype == torch.float64 else stacked.to(torch.float64)).view(torch.int64))
-        words += [t.reshape(-1) if t.dtype == torch.int64 else t.reshape(-1).to(torch.int64) for t in int_ts]
-        values = (words[0] if len(words) == 1 else torch.cat(words)).tolist() if words else []
+            words.append(stacked.to(torch.float64).view(torch.int64))  # to() of float64 is the tensor itself
+        words += [t.reshape(-1).to(torch.int64) for t in int_ts]
+        values = torch.cat(words).tolist()  # a device is here for a float or an int tensor: words is not empty
         n = len(order)
         if n:
             for i, x in zip(order, struct.unpack(f"={n}d", struct.pack(f"={n}q", *values[:n]))):
@@ -68,4 +68,4 @@ def read_host(floats: Sequence[torch.Tensor], ints: Sequence[torch.Tensor]) -> t
         rest = int_at[t.device]
         int_out += rest[: t.numel()]
         int_at[t.device] = rest[t.numel() :]
-    return float_out, int_out
+    return [float_out[i] for i in range(len(floats))], int_out

@@ -19,7 +19,11 @@
   and the check still judges;
 * the availability probe is asked once per backend object, a probe that raises is a refusal with its message; a
   refusal's record carries the context's seed; a kernel's record carries its output's digest;
-* a write outside the outputs names every changed tensor and when it happened.
+* a write outside the outputs names every changed tensor and when it happened;
+* a refusal record names the device, the adapter's version and an elapsed time of its own; a backend found
+  unavailable says so (``no reason given`` when its probe gave none), and one that was available when the run began
+  is an ERROR (a lost device), never an UNSUPPORTED;
+* a comparison that cannot start (a malformed ``lse_slack``) raises its own exception out of the check.
 """
 
 from __future__ import annotations
@@ -493,3 +497,52 @@ def test_a_write_while_timed_is_named_too() -> None:
     rec = check_backend(ctx, ExactBackend(), timer=timer)
     assert rec.status is Status.FAIL and rec.extra["wrote_outside"] == ["ref.lse"]
     assert rec.reason.startswith("wrote outside its outputs: ref.lse of the case changed while timed (memory")
+
+
+# ---------------------------------------------------------------- refusals
+class _Unavailable(ExactBackend):
+    name = "fake-unavailable"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def is_available(self) -> Support:
+        return Support(False, self.reason)
+
+
+def test_a_refusal_record_names_device_version_and_its_own_time(clock: _Clock) -> None:
+    rec = check_mod.refusal(CASE, _Unavailable("libfake missing"), "cpu")
+    assert rec is not None and rec.status is Status.UNSUPPORTED
+    assert rec.reason == "not available here: libfake missing"
+    assert (rec.device, rec.version, rec.seed, rec.elapsed_s, rec.kernel_s, rec.harness_s) == (
+        "cpu",
+        check_mod._version(_Unavailable("")),
+        0,
+        0.0,
+        0.0,
+        0.0,
+    )
+    assert rec.version and not rec.version.startswith("unknown")
+    rec = check_mod.refusal(CASE, _Unavailable(""), "cpu")
+    assert rec is not None and rec.reason == "not available here: no reason given"
+
+
+def test_a_backend_lost_since_the_run_began_is_an_error() -> None:
+    rec = check_mod.refusal(CASE, _Unavailable("no CUDA device"), "cuda", 3, was_available=True)
+    assert rec is not None and rec.status is Status.ERROR and rec.seed == 3
+    assert rec.reason == (
+        "not available in this worker, though it was when the run began (a lost device?): no CUDA device"
+    )
+    assert check_mod.refusal(CASE, ExactBackend(), "cpu", was_available=True) is None
+
+
+class _BadSlack(ExactBackend):
+    name = "fake-bad-slack"
+
+    def finish(self, case: AttentionCase, out: torch.Tensor, lse: torch.Tensor) -> KernelOutput:
+        return KernelOutput(out.to(case.torch_dtype), lse.float(), lse_slack=torch.zeros(1, 1))
+
+
+def test_a_comparison_that_cannot_start_raises_its_own_exception(ctx_cpu) -> None:
+    with pytest.raises(ValueError, match="^kernel lse_slack must have the reference LSE's shape"):
+        check_backend(fresh(ctx_cpu), _BadSlack())

@@ -15,6 +15,10 @@ Hand-built tensors of a few elements, with values chosen so every bound is exact
 * the baseline's part of the bounds (:class:`BaselineErrors`) leaves non-finite baseline elements out of the
   largest and summed error and counts them where the reference is finite; its LSE fields count live rows (finite
   reference) only, and are all None when the baseline has no LSE of the reference's shape;
+* ``allowed_max_abs`` takes ``atol`` itself (not the ``atol_rel`` term) where the worst element lies on a fully
+  masked row, and on an empty output;
+* baseline errors given without their LSE part (an older caller's) are completed from the baseline: the same
+  verdict and statistics as with the whole;
 * the cosine similarity is 1 for parallel tensors, 0 for orthogonal ones or a zero output, NaN for a zero reference.
 """
 
@@ -296,3 +300,26 @@ def test_cosine_similarity() -> None:
     assert cosine_similarity(torch.tensor([0.0, 4.0, 3.0]), r) == pytest.approx(2 / 15, abs=0, rel=1e-15)
     assert cosine_similarity(torch.zeros(3), r) == 0.0
     assert math.isnan(cosine_similarity(r, torch.zeros(3)))
+
+
+def test_allowed_max_takes_atol_on_a_masked_worst_row_and_on_an_empty_output() -> None:
+    t = tol(atol_rel=0.25)  # a row cap below atol wherever |ref| < 2
+    ref = AttnResult(torch.tensor([[[0.0, 0.0]], [[1.0, 1.0]]]), torch.tensor([[-math.inf, 1.0]]))
+    kernel = KernelOutput(torch.tensor([[[0.375, 0.0]], [[1.0, 1.0]]]), ref.lse.clone())  # worst on the masked row
+    stats, _, _ = compare_details(ref, (ref.out.clone(), ref.lse.clone()), kernel, t)
+    assert stats.worst == (0, 0, 0) and stats.allowed_max_abs == 0.5
+    empty = AttnResult(torch.zeros(0, 2, 3), torch.zeros(2, 0))
+    stats, _, _ = compare_details(empty, (empty.out, empty.lse), KernelOutput(empty.out, empty.lse), t)
+    assert stats.allowed_max_abs == 0.5
+
+
+def test_baseline_errors_without_their_lse_part_are_completed() -> None:
+    ref, base = ones_case(tokens=3, heads=2)
+    base[1][1, 2] = 10.125  # a baseline LSE error of 0.125 on one row widens the LSE bound
+    kernel = KernelOutput(ref.out + 0.25, ref.lse + 0.5)
+    whole = baseline_errors(ref, base)
+    partial = BaselineErrors(whole.out_nonfinite, whole.out_max, whole.out_sum)
+    assert whole.lse_max == 0.125 and partial.lse_max is None
+    got = compare_details(ref, base, kernel, TOL, known=partial)
+    assert got == compare_details(ref, base, kernel, TOL, known=whole) == compare_details(ref, base, kernel, TOL)
+    assert got[0].lse_allowed == 2 * 0.125 + 0.5

@@ -34,6 +34,21 @@ def test_read_host_is_exact_and_keeps_the_order() -> None:
     assert read_host([], [torch.zeros(0, dtype=torch.int64)]) == ([], [])
 
 
+@pytest.mark.parametrize(
+    "ints, want",
+    [
+        ([torch.tensor([[True, False], [False, True]])], [1, 0, 0, 1]),  # alone on its device: still ints
+        ([torch.tensor([[3, -4, 5]], dtype=torch.int32)], [3, -4, 5]),
+        ([torch.tensor([7], dtype=torch.int8), torch.tensor([[True]]), torch.tensor([[-9, 2**40]])], [7, 1, -9, 2**40]),
+    ],
+)
+def test_read_host_gives_python_ints_of_every_integer_dtype(ints: list[torch.Tensor], want: list[int]) -> None:
+    for floats in ([], [torch.tensor(0.5, dtype=torch.float16)]):
+        got_f, got_i = read_host(floats, ints)
+        assert got_i == want and all(type(x) is int for x in got_i)
+        assert got_f == [0.5] * len(floats)
+
+
 def test_read_host_reads_once(monkeypatch) -> None:
     reads = []
     tolist = torch.Tensor.tolist
