@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shlex
 import types
 from collections.abc import Callable
@@ -496,6 +497,7 @@ def test_a_write_while_timed_is_named_too() -> None:
 
     rec = check_backend(ctx, ExactBackend(), timer=timer)
     assert rec.status is Status.FAIL and rec.extra["wrote_outside"] == ["ref.lse"]
+    assert rec.stats is not None and rec.stats.failed_checks == () and rec.timing is not None  # both kept
     assert rec.reason.startswith("wrote outside its outputs: ref.lse of the case changed while timed (memory")
 
 
@@ -546,3 +548,21 @@ class _BadSlack(ExactBackend):
 def test_a_comparison_that_cannot_start_raises_its_own_exception(ctx_cpu) -> None:
     with pytest.raises(ValueError, match="^kernel lse_slack must have the reference LSE's shape"):
         check_backend(fresh(ctx_cpu), _BadSlack())
+
+
+def test_nonfinite_statistics_are_all_named_and_kept(ctx_cpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = check_mod.compare_pending
+
+    def missed(*args: Any, **kwargs: Any) -> Any:  # a comparison whose sub-checks missed two NaN statistics
+        plan = real(*args, **kwargs)
+
+        def finish(values: list[float]) -> Any:
+            stats, _, base = plan.finish(values)
+            return dataclasses.replace(stats, failed_checks=(), max_abs=math.nan, mean_abs=math.inf), [], base
+
+        return dataclasses.replace(plan, finish=finish)
+
+    monkeypatch.setattr(check_mod, "compare_pending", missed)
+    rec = check_backend(fresh(ctx_cpu), ExactBackend())
+    assert rec.status is Status.FAIL and rec.reason == "nonfinite statistics: max_abs=nan, mean_abs=inf"
+    assert rec.stats is not None and math.isnan(rec.stats.max_abs) and rec.stats.mean_abs == math.inf

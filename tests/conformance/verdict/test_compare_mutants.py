@@ -275,15 +275,15 @@ def _col(*values: float) -> torch.Tensor:
 def test_baseline_errors_are_exact_and_leave_non_finite_elements_out() -> None:
     inf = math.inf
     ref = AttnResult(_col(1.0, 2.0, 3.0, 4.0, math.nan), torch.tensor([[0.0, -inf, 2.0, 5.0, 1.0]]))
-    # out: errors 0.5, 0, nan (counted: the reference is finite), 1.0, and a nan where the reference is nan (not)
-    base_out = _col(1.5, 2.0, math.nan, 3.0, math.nan)
+    # out: errors 0.5, 0, nan (counted: the reference is finite), 2.0, and a nan where the reference is nan (not)
+    base_out = _col(1.5, 2.0, math.nan, 6.0, math.nan)
     # lse: live rows 0, 2, 3, 4 (row 1's reference is -inf); row 2's baseline is inf (counted), row 1 is dead
     base_lse = torch.tensor([[0.25, 1.0, inf, 4.0, 1.0]])
     got = baseline_errors(ref, (base_out, base_lse))
-    assert got == BaselineErrors(out_nonfinite=1, out_max=1.0, out_sum=1.5, lse_nonfinite=1, lse_max=1.0, lse_live=4)
+    assert got == BaselineErrors(out_nonfinite=1, out_max=2.0, out_sum=2.5, lse_nonfinite=1, lse_max=1.0, lse_live=4)
     assert type(got.out_nonfinite) is int and type(got.lse_nonfinite) is int and type(got.lse_live) is int
     for no_lse in (None, base_lse[:, :4]):  # none, or not of the reference's shape
-        assert baseline_errors(ref, (base_out, no_lse)) == BaselineErrors(out_nonfinite=1, out_max=1.0, out_sum=1.5)
+        assert baseline_errors(ref, (base_out, no_lse)) == BaselineErrors(out_nonfinite=1, out_max=2.0, out_sum=2.5)
 
 
 def test_the_lse_part_is_the_same_read_alone() -> None:
