@@ -41,6 +41,6 @@ def composition_of(case: AttentionCase) -> Any:
     or None for a single call."""
     for field, target in COMPOSITIONS.items():
         if getattr(case, field):
-            module, _, function = target.partition(":")
+            module, function = target.split(":")  # "module:function": neither part holds a colon
             return getattr(importlib.import_module(module), function)(case)
     return None
