@@ -134,10 +134,9 @@ def _first_read(ctx: CaseContext) -> None:
 def _guard(ctx: CaseContext, now: dict[str, str] | None = None) -> list[str]:
     """The context's tensors that changed since its fingerprint (sorted names), marking the context corrupted when
     any did; ``now``: the context's fingerprint taken already (in one host read with the kernel output's, whose
-    names the guard ignores).  The
-    backends get clones of the inputs and never see the reference or baseline, so a change is a kernel writing
-    into memory it was not given (FA2's keyless paged rows did: ``scripts/investigate_fa2_keyless_writes.py``);
-    every later verdict on this context would be wrong."""
+    names the guard ignores).  The backends get clones of the inputs and never see the reference or baseline, so a
+    change is a kernel writing into memory it was not given (FA2's keyless paged rows did:
+    ``scripts/investigate_fa2_keyless_writes.py``); every later verdict on this context would be wrong."""
     assert ctx.fingerprint is not None
     if now is None:
         now = context_fingerprint(ctx)
