@@ -332,11 +332,16 @@ def mutation_score(stats: dict) -> tuple[int, int]:
     return stats["killed"] + stats["timeout"], stats["total"] - stats["skipped"]
 
 
-#: mutmut 3.8's exit codes (``mutmut.stats.status_by_exit_code``) of a detected mutant (killed: a test failed or
-#: pytest broke; timeout: its tests ran past mutmut's limit) and of a skipped one; every other code, ``None`` (not
-#: tried) included, is a mutant not detected
-MUTMUT_DETECTED = frozenset({1, 3, 36, -24, 24, 152, 255})
-MUTMUT_SKIPPED = frozenset({34})
+def mutmut_results():
+    """``scripts/mutation/mutmut_results.py``: mutmut's per-mutant results (the score of each module, the mutants not
+    tried yet), one module for this session and for the scripts that run mutants on device hosts without nox;
+    imported when the mutation session runs, so that no other session needs ``scripts/``."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "mutation")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    import mutmut_results
+
+    return mutmut_results
 
 
 def mutated_modules(pyproject: str = "pyproject.toml") -> list[str]:
@@ -411,63 +416,6 @@ def stale_copies(pyproject: str = "pyproject.toml", mutants: str = "mutants") ->
     return sorted(stale)
 
 
-def exit_codes(meta: str) -> dict[str, int | None]:
-    """Mutant name -> mutmut's exit code (``None``: not tried yet) from one of mutmut's ``.meta`` files.
-    ``OSError`` when it cannot be read, ``ValueError`` when it is not mutmut's per-mutant results."""
-    import json
-
-    try:
-        with open(meta, encoding="utf-8") as f:
-            codes = json.load(f)["exit_code_by_key"]
-        if not isinstance(codes, dict):
-            raise TypeError(f"exit_code_by_key is a {type(codes).__name__}")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{meta}: not mutmut's per-mutant results ({exc!r})") from exc
-    return codes
-
-
-def module_score(module: str) -> tuple[int, int, list[str]]:
-    """(detected, counted, names of the mutants not detected) of one module, from the per-mutant results mutmut
-    keeps in ``mutants/<module>.meta``, counted as :func:`mutation_score` counts the whole run.  ``ValueError``
-    when the file is missing (mutmut made no mutants of it: a broken run) or not mutmut's JSON."""
-    meta = os.path.join("mutants", module + ".meta")
-    try:
-        codes = exit_codes(meta)
-    except OSError as exc:
-        raise ValueError(f"{meta}: no results for module {module} ({exc.strerror or exc})") from exc
-    counted = {k: v for k, v in codes.items() if v not in MUTMUT_SKIPPED}
-    missed = sorted(k for k, v in counted.items() if v not in MUTMUT_DETECTED)
-    return len(counted) - len(missed), len(counted), missed
-
-
-def module_scores(modules: list[str]) -> dict[str, tuple[int, int, list[str]]]:
-    """:func:`module_score` of each module."""
-    return {m: module_score(m) for m in modules}
-
-
-def untried_mutants(args: list[str]) -> list[str] | None:
-    """``mutmut run``'s arguments for ``nox -s mutation -- ARGS``: each mutant-name glob (``*``, ``?`` or ``[``)
-    replaced by the names of its mutants that have no result yet in ``mutants/**/*.meta``; other arguments kept.
-    mutmut 3.8 reruns every mutant its command line names, results or not (``__main__.py``: "Rerun mutant if it's
-    explicitly mentioned"), so a glob given again to go on with an interrupted run would start it over.  Before the
-    first run (no ``.meta`` file) the globs are kept; ``None`` when every glob given has nothing left to try.
-    :func:`exit_codes`' errors for a ``.meta`` file it cannot read."""
-    import fnmatch
-    import glob
-
-    globs = [a for a in args if not a.startswith("-") and any(c in a for c in "*?[")]
-    metas = glob.glob(os.path.join("mutants", "**", "*.meta"), recursive=True)
-    if not globs or not metas:
-        return list(args)
-    untried: list[str] = []
-    for meta in metas:
-        untried += [k for k, v in exit_codes(meta).items() if v is None]
-    out: list[str] = []
-    for a in args:
-        out += sorted(k for k in untried if fnmatch.fnmatchcase(k, a)) if a in globs else [a]
-    return out if len(out) > len(args) - len(globs) else None
-
-
 def _mutmut(session: nox.Session, *args: str, **kwargs) -> None:
     if isinstance(session.virtualenv, PassthroughEnv):  # the mutmut installed beside the interpreter running nox
         exe = os.path.join(os.path.dirname(sys.executable), "mutmut")
@@ -484,7 +432,7 @@ def mutation(session: nox.Session) -> None:
     Prints the mutants not killed, the kill rate of each mutated module and of all, and fails when one of them is
     below ``MUTATION_THRESHOLD`` (mutants a run with name globs left untried count as not detected).  Results are kept
     in ``mutants/``: a rerun tries only mutants of changed functions and those not tried yet, with or without name
-    globs (:func:`untried_mutants`; delete the folder for a clean run).  Not run by CI (.ci/run):
+    globs (``mutmut_results().untried_mutants``; delete the folder for a clean run).  Not run by CI (.ci/run):
     docs/guides/mutation-testing.md gives the time it takes.
     """
     import json
@@ -498,7 +446,7 @@ def mutation(session: nox.Session) -> None:
     if stale:
         session.log(f"nox -s mutation: removed {len(stale)} stale copies from mutants/ (e.g. {stale[0]})")
     try:
-        todo = untried_mutants(list(session.posargs))
+        todo = mutmut_results().untried_mutants(list(session.posargs))
     except (OSError, ValueError) as exc:
         session.error(f"nox -s mutation: cannot read which mutants have results: {exc}")
     if todo is None:
@@ -509,7 +457,7 @@ def mutation(session: nox.Session) -> None:
     try:
         with open(MUTMUT_STATS, encoding="utf-8") as f:
             detected, counted = mutation_score(json.load(f))
-        per_module = module_scores(mutated_modules())
+        per_module = mutmut_results().module_scores(mutated_modules())
     except (OSError, ValueError) as exc:
         session.error(f"nox -s mutation: cannot read the kill rate: {exc}")
     _mutmut(session, "results")  # the mutants not killed, by name (`mutmut show NAME` prints the diff)

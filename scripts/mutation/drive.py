@@ -13,21 +13,19 @@
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import json
 import os
 import sys
 
+from mutmut_results import MUTMUT_DETECTED, exit_codes, untried_mutants  # beside this script
+
 MODE = os.environ.get("MODE", "run")
-#: mutmut 3.8's exit codes that count as detected (killed, timed out, killed by a signal)
-DETECTED = {1, 3, 36, -24, 24, 152, 255}
 
 
 def metas():
     for path in sorted(glob.glob("mutants/**/*.meta", recursive=True)):
-        with open(path) as f:
-            yield path[len("mutants/") : -len(".meta")], json.load(f)["exit_code_by_key"]
+        yield path[len("mutants/") : -len(".meta")], exit_codes(path)
 
 
 def list_modules() -> None:
@@ -36,10 +34,10 @@ def list_modules() -> None:
         counts = (
             len(codes),
             sum(v is not None for v in codes.values()),
-            sum(v in DETECTED for v in codes.values()),
+            sum(v in MUTMUT_DETECTED for v in codes.values()),
             sum(v == 0 for v in codes.values()),
         )
-        other = {v for v in codes.values() if v is not None and v not in DETECTED and v != 0}
+        other = {v for v in codes.values() if v is not None and v not in MUTMUT_DETECTED and v != 0}
         print(
             f"{mod:45s} {counts[0]:5d} tried {counts[1]:5d} detected {counts[2]:5d} survived {counts[3]:4d} "
             f"other {sorted(other)}"
@@ -57,8 +55,7 @@ def merge(other: str) -> None:
         here = os.path.join("mutants", os.path.relpath(path, os.path.join(other, "mutants")))
         if not os.path.exists(here):
             continue
-        with open(path) as f:
-            theirs = json.load(f)["exit_code_by_key"]
+        theirs = exit_codes(path)
         with open(here) as f:
             meta = json.load(f)
         mine = meta["exit_code_by_key"]
@@ -89,16 +86,11 @@ def run(args: list[str]) -> None:
     if args and args[0] == "--max-children":
         children, args = int(args[1]), args[2:]
     if MODE == "run" and args:
-        names = [
-            k
-            for _, codes in metas()
-            for k, v in codes.items()
-            if v is None and any(fnmatch.fnmatch(k, g) for g in args)
-        ]
-        print(f"drive: {len(names)} untried mutants of {args}", flush=True)
-        if not names:
+        todo = untried_mutants(args)  # mutmut reruns every mutant it is given by name, results or not
+        print(f"drive: {0 if todo is None else len(todo)} untried mutants of {args}", flush=True)
+        if todo is None:
             return
-        args = names
+        args = todo
     mutmut_main._run(args, children)
 
 

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+from mutmut_results import exit_codes  # beside this script
+
 #: the test folders each mutant prefix runs against (the line-count test breaks on mutmut's trampolines)
 FOLDERS = {
     "attnref.": ["tests/attnref"],
@@ -36,8 +38,7 @@ FOLDERS = {
 def main(globs: list[str]) -> None:
     subprocess.run(["cp", "-a", "tests/.", "mutants/tests/"], check=True)  # the tests as they are now
     for path in sorted(glob.glob("mutants/**/*.meta", recursive=True)):
-        with open(path) as f:
-            codes = json.load(f)["exit_code_by_key"]
+        codes = exit_codes(path)
         todo = [k for k, v in codes.items() if v == 0 and any(fnmatch.fnmatch(k, g) for g in globs)]
         for name in todo:
             folders = next(d for prefix, d in FOLDERS.items() if name.startswith(prefix))

@@ -208,7 +208,7 @@ def test_module_score_counts_as_the_total_does(noxfile, monkeypatch, tmp_path: P
     """Killed and timed out: detected; skipped: not counted; survived, untried (None), no tests: not detected."""
     _project(tmp_path, {"a": _codes("pkg.a", 5, 2, timeout=1, skipped=2, untried=3, no_tests=1)})
     monkeypatch.chdir(tmp_path)
-    detected, counted, missed = noxfile.module_score("pkg/a.py")
+    detected, counted, missed = noxfile.mutmut_results().module_score("pkg/a.py")
     assert (detected, counted) == (6, 12)
     assert missed == sorted(f"pkg.a.x_f__mutmut_{i}" for i in (5, 6, 10, 11, 12, 13))
 
@@ -271,15 +271,25 @@ def test_a_glob_given_again_runs_only_the_mutants_without_a_result(noxfile, monk
     _project(tmp_path, {"a": _codes("pkg.a", 3, 1, untried=2), "b": _codes("pkg.b", 0, untried=4)})
     monkeypatch.chdir(tmp_path)
     args = ["--max-children", "4", "pkg.a.*"]
-    assert noxfile.untried_mutants(args) == ["--max-children", "4", "pkg.a.x_f__mutmut_4", "pkg.a.x_f__mutmut_5"]
-    assert noxfile.untried_mutants(["pkg.a.x_f__mutmut_0"]) == ["pkg.a.x_f__mutmut_0"]  # a name: rerun as asked
-    assert noxfile.untried_mutants([]) == []  # no glob: mutmut itself tries only what has no result
-    assert noxfile.untried_mutants(["pkg.?.x_f__mutmut_[05]"]) == ["pkg.a.x_f__mutmut_5", "pkg.b.x_f__mutmut_0"]
+    assert noxfile.mutmut_results().untried_mutants(args) == [
+        "--max-children",
+        "4",
+        "pkg.a.x_f__mutmut_4",
+        "pkg.a.x_f__mutmut_5",
+    ]
+    assert noxfile.mutmut_results().untried_mutants(["pkg.a.x_f__mutmut_0"]) == [
+        "pkg.a.x_f__mutmut_0"
+    ]  # a name: rerun as asked
+    assert noxfile.mutmut_results().untried_mutants([]) == []  # no glob: mutmut itself tries only what has no result
+    assert noxfile.mutmut_results().untried_mutants(["pkg.?.x_f__mutmut_[05]"]) == [
+        "pkg.a.x_f__mutmut_5",
+        "pkg.b.x_f__mutmut_0",
+    ]
 
 
 def test_before_the_first_run_the_globs_go_to_mutmut_as_given(noxfile, monkeypatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)  # no mutants/ yet: mutmut makes the mutants, then runs those the glob names
-    assert noxfile.untried_mutants(["pkg.a.*"]) == ["pkg.a.*"]
+    assert noxfile.mutmut_results().untried_mutants(["pkg.a.*"]) == ["pkg.a.*"]
 
 
 def test_a_glob_with_nothing_left_to_try_runs_nothing(noxfile, monkeypatch, tmp_path: Path) -> None:
@@ -287,7 +297,7 @@ def test_a_glob_with_nothing_left_to_try_runs_nothing(noxfile, monkeypatch, tmp_
     the scores are read as they stand (``pkg.b`` untried fails the session)."""
     _project(tmp_path, {"a": _codes("pkg.a", 10), "b": _codes("pkg.b", 0, untried=4)})
     monkeypatch.chdir(tmp_path)
-    assert noxfile.untried_mutants(["--max-children", "2", "pkg.a.*"]) is None
+    assert noxfile.mutmut_results().untried_mutants(["--max-children", "2", "pkg.a.*"]) is None
     calls: list[tuple[str, ...]] = []
     monkeypatch.setattr(noxfile, "_install", lambda session, *extras: None)
     monkeypatch.setattr(noxfile, "_mutmut", lambda session, *args, **kwargs: calls.append(args))
@@ -304,7 +314,7 @@ def test_a_garbled_result_file_stops_the_glob_expansion_in_one_line(noxfile, mon
     (tmp_path / "mutants" / "pkg" / "a.py.meta").write_text('{"exit_code_by_key": [1]}')
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"a\.py\.meta: not mutmut's per-mutant results"):
-        noxfile.untried_mutants(["pkg.a.*"])
+        noxfile.mutmut_results().untried_mutants(["pkg.a.*"])
     monkeypatch.setattr(noxfile, "_install", lambda session, *extras: None)
     monkeypatch.setattr(noxfile, "_mutmut", lambda session, *args, **kwargs: None)
     session = _Session()
