@@ -398,30 +398,23 @@ def test_baseline_errors_that_cannot_be_computed_leave_the_check_to_judge(monkey
 
 
 # ---------------------------------------------------------------- availability, seeds, digests
-class _ProbeRaises(ExactBackend):
-    name = "fake-probe-raises"
+class _Probe(ExactBackend):
+    """An exact kernel whose availability probe answers ``answer`` (or raises it), counting how often it is asked."""
 
-    def __init__(self) -> None:
-        self.asked = 0
+    name = "fake-probe"
 
-    def is_available(self) -> Support:
-        self.asked += 1
-        raise ImportError("libfake.so: cannot open shared object file\nsecond line")
-
-
-class _ProbeCounts(ExactBackend):
-    name = "fake-probe-counts"
-
-    def __init__(self) -> None:
-        self.asked = 0
+    def __init__(self, answer: Support | Exception) -> None:
+        self.answer, self.asked = answer, 0
 
     def is_available(self) -> Support:
         self.asked += 1
-        return Support(True)
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
 
 
 def test_the_availability_probe_is_asked_once_and_a_raising_probe_refuses(ctx_cpu) -> None:
-    probe = _ProbeRaises()
+    probe = _Probe(ImportError("libfake.so: cannot open shared object file\nsecond line"))
     for _ in range(2):
         rec = check_backend(fresh(ctx_cpu), probe)
         assert rec.status is Status.UNSUPPORTED
@@ -430,7 +423,7 @@ def test_the_availability_probe_is_asked_once_and_a_raising_probe_refuses(ctx_cp
             == "not available here: is_available() raised ImportError: libfake.so: cannot open shared object file"
         )
     assert probe.asked == 1
-    counted = _ProbeCounts()
+    counted = _Probe(Support(True))
     assert all(check_backend(fresh(ctx_cpu), counted).status is Status.PASS for _ in range(3))
     assert counted.asked == 1
 
