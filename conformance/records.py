@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,10 @@ __all__ = [
     "SCHEMA",
     "NONFINITE_PASS",
     "HARNESS_ERROR",
+    "LOST_DEVICE",
+    "is_cuda_oom",
+    "is_harness_cuda_fault",
+    "is_lost_device",
     "judged_results",
 ]
 
@@ -110,6 +115,22 @@ NONFINITE_PASS = "pass record with non-finite statistics: treated as fail"
 #: or baseline): the runner writes it (:func:`conformance.running.pairs.reply_record`), the ledger, the fuzzer's
 #: shrink and the run-again of a broken CUDA context read it.
 HARNESS_ERROR = "harness error (inputs or reference), not the kernel: "
+
+#: How the reason of an ``error`` starts when a backend that was available when the run began is not in the worker
+#: that got the pair (:func:`conformance.verdict.check.check_backend`): most often the device was lost (after faults,
+#: the GPU refused CUDA to new processes), so the pair was not judged.
+LOST_DEVICE = "not available in this worker, though it was when the run began (a lost device?): "
+
+#: How a CUDA out-of-memory error reads: torch's OutOfMemoryError (``torch.cuda.OutOfMemoryError``), its
+#: older RuntimeError text, the runtime's and driver's error names, cuBLAS/cuDNN allocation failures, and
+#: cuDNN's SDPA graph failing to execute (``mha_graph.execute(...).is_good()``: on the H100 once in three
+#: ``default`` runs with 12 workers on the GPU, for a case that passed alone and in the other two runs).
+_CUDA_OOM = re.compile(
+    r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|cudaErrorMemoryAllocation"
+    r"|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
+    r"|mha_graph\.execute\(.*\)\.is_good\(\)",
+    re.IGNORECASE,
+)
 
 
 def _real(value: Any) -> bool:
@@ -242,3 +263,28 @@ class Header:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Header":
         return _from_dict(cls, data)
+
+
+def is_cuda_oom(record: CheckResult) -> bool:
+    """Whether ``record`` is an ``error`` whose reason is a CUDA out-of-memory error (kernel or harness)."""
+    return record.status is Status.ERROR and bool(_CUDA_OOM.search(record.reason or ""))
+
+
+def is_harness_cuda_fault(record: CheckResult) -> bool:
+    """Whether ``record`` is an ``error`` raised before the backend's kernel ran (its case's inputs, reference or
+    baseline) by a CUDA error other than an OOM: pure PyTorch ops on the case's own tensors, so the worker's CUDA
+    context was already broken by an earlier call in that process (a kernel that faulted asynchronously or wrote
+    into memory it was not given), not by this pair."""
+    reason = record.reason or ""
+    return (
+        record.status is Status.ERROR
+        and reason.startswith(HARNESS_ERROR)
+        and "CUDA error" in reason
+        and not _CUDA_OOM.search(reason)
+    )
+
+
+def is_lost_device(record: CheckResult) -> bool:
+    """Whether ``record`` is an ``error`` of a backend missing from its worker though available when the run
+    began (:data:`LOST_DEVICE`): the pair was not judged."""
+    return record.status is Status.ERROR and (record.reason or "").startswith(LOST_DEVICE)

@@ -11,6 +11,9 @@ An ``error`` record no entry explains whose case the backend's adapter now decla
 adapter's) is *refused now*: the adapter passed a call the kernel
 rejected, and the declared refusal it owed has been added since; such records are listed with that refusal, apart
 from the unexplained (a ``fail``, ``crash`` or ``timeout`` is the kernel's answer and is never refused now).
+A problem that is the *collateral* of an earlier fault of a known cause in the same run (:func:`collateral`: a
+pair left unjudged by a lost device or a broken CUDA context, after a record of an entry that says its calls
+``fault``) is explained by that entry and listed under it apart from the records it explains itself.
 Per backend: the other problems no entry explains, grouped by a short signature (status, layout, the modes that
 select kernel paths, whether some row sees no key, the checks that failed or the error's first words) so that
 failures of one cause fall into one group.  Records are sorted by their effective status
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conformance.records import CheckResult, judged_results
+from conformance.records import CheckResult, is_harness_cuda_fault, is_lost_device, judged_results
 from conformance.results_file import load_results, ResultsFileError
 from conformance.ledger.entries import Ledger, LedgerEntry, builtin_suite_cases
 from conformance.ledger.fields import case_view
@@ -35,7 +38,7 @@ from conformance.ledger.fields import case_view
 if TYPE_CHECKING:
     from attnfast.base import Backend
 
-__all__ = ["Audit", "EntryAudit", "Group", "audit", "signature"]
+__all__ = ["Audit", "EntryAudit", "Group", "audit", "collateral", "signature"]
 
 #: Features that select a kernel path or a mode (batch-shape features such as decode or varlen are left out).
 _MODES = (
@@ -106,6 +109,8 @@ class EntryAudit:
     fixed: list[tuple[str, CheckResult]] = field(default_factory=list)
     #: problems of a case it matches (version in range) in a status or with a message it does not list: (file, record)
     unlisted: list[tuple[str, CheckResult]] = field(default_factory=list)
+    #: problems its faults left unjudged later in the same run (:func:`collateral`): (file, record, its fault's pair)
+    collateral: list[tuple[str, CheckResult, str]] = field(default_factory=list)
 
     def unlisted_groups(self) -> list[tuple[str, str, list[tuple[str, CheckResult]]]]:
         """:attr:`unlisted` by status and the reason's first line (60 characters): (status, message, records),
@@ -141,6 +146,10 @@ class EntryAudit:
                     "reason": _excerpt(r.reason),
                 }
                 for f, r in self.unlisted
+            ],
+            "collateral": [
+                {"file": f, "case_id": r.case_id, "backend": r.backend, "reason": _excerpt(r.reason), "after": after}
+                for f, r, after in self.collateral
             ],
         }
 
@@ -197,6 +206,11 @@ class Audit:
         return sum(len(e.unlisted) for e in self.entries)
 
     @property
+    def collateral_count(self) -> int:
+        """Problems explained as the collateral of a known fault earlier in their run (among the explained)."""
+        return sum(len(e.collateral) for e in self.entries)
+
+    @property
     def unexplained_count(self) -> int:
         """Problems no entry explains: those of the groups and the :attr:`unlisted_count`."""
         return sum(len(g.records) for g in self.unexplained) + self.unlisted_count
@@ -209,6 +223,7 @@ class Audit:
             "explained": self.explained,
             "unexplained": self.unexplained_count,
             "unlisted": self.unlisted_count,
+            "collateral": self.collateral_count,
             "passes_claimed": self.passes_claimed,
             "explained_at_unknown_version": self.unknown_version,
             "skipped_lines": self.skipped,
@@ -276,9 +291,14 @@ def audit(
             per_entry[id(e)].passes_claimed.append((name, r))
         for r, e in verdict.fixed:
             per_entry[id(e)].fixed.append((name, r))
-        refused = set()
+        caused = collateral(verdict.known, verdict.unexpected)
         for r in verdict.unexpected:
-            if (why := refused_now(r)) is not None:
+            if id(r) in caused:
+                entry, after = caused[id(r)]
+                per_entry[id(entry)].collateral.append((name, r, after))
+        refused = set(caused)
+        for r in verdict.unexpected:
+            if id(r) not in caused and (why := refused_now(r)) is not None:
                 refused.add(id(r))
                 out.refused_now.append((name, r, why))
         for r, e in verdict.unlisted:
@@ -286,7 +306,7 @@ def audit(
                 per_entry[id(e)].unlisted.append((name, r))
         unlisted = {id(r) for r, _ in verdict.unlisted}
         for r in verdict.unexpected:
-            if id(r) in unlisted or id(r) in refused:
+            if id(r) in unlisted or id(r) in refused:  # refused: refused now, or collateral
                 continue
             key = (r.backend, signature(r))
             groups.setdefault(key, Group(*key)).records.append((name, r))
@@ -296,9 +316,76 @@ def audit(
                 for e in flaky[:1]:
                     per_entry[id(e)].flaky_passes += 1
         out.problems += len(verdict.known) + len(verdict.unexpected)
-        out.explained += len(verdict.known)
+        out.explained += len(verdict.known) + len(caused)
     out.unexplained = sorted(groups.values(), key=lambda g: (g.backend, -len(g.records), g.signature))
     out.stale = ledger.classify(every, suite_case_ids=builtin_suite_cases if suites else None).stale
+    return out
+
+
+def _at(record: CheckResult) -> float | None:
+    """Seconds into its run at which the parent received ``record`` (``extra.t.at``), when it says."""
+    t = record.extra.get("t")
+    at = t.get("at") if isinstance(t, dict) else None
+    return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+
+
+def collateral(
+    known: list[tuple[CheckResult, LedgerEntry]], unexpected: list[CheckResult]
+) -> dict[int, tuple[LedgerEntry, str]]:
+    """The problems of one run (``known`` with their entries, ``unexpected``) that a known fault left unjudged:
+    ``id(record)`` -> (the entry with ``faults`` whose record came first, that record's "case backend").
+
+    A *fault* is a known record of an entry that says its calls break what runs after them
+    (:attr:`~conformance.ledger.entries.LedgerEntry.faults`).  An unexpected record is its collateral when it is
+
+    - a lost device (:func:`~conformance.records.is_lost_device`: the backend was gone from its worker, the pair
+      not judged) received after a fault on the same GPU (``extra.gpu``; the latest such fault is named); or
+    - a harness CUDA fault (:func:`~conformance.records.is_harness_cuda_fault`: the case's own inputs or reference
+      met a broken context) whose worker's previous pair was a fault: the pair the record names
+      (``extra.context_broken_after``), or, in records older than that field, the latest problem of the same worker
+      slot and GPU before it in the file, when that problem is a fault.
+
+    Records without their time in the run (``extra.t.at``) are never collateral: their order is not known."""
+    faults: dict[int, tuple[float, CheckResult, LedgerEntry]] = {}
+    for r, e in known:
+        at = _at(r)
+        if e.faults and at is not None:
+            faults[id(r)] = (at, r, e)
+    out: dict[int, tuple[LedgerEntry, str]] = {}
+    if not faults:
+        return out
+    problems = [(at, r) for r in [*(r for r, _ in known), *unexpected] if (at := _at(r)) is not None]
+    named = {f"{r.case_id} {r.backend}": (r, e) for _, r, e in faults.values()}
+
+    def pair(r: CheckResult) -> str:
+        return f"{r.case_id} {r.backend}"
+
+    for r in unexpected:
+        at = _at(r)
+        if at is None:
+            continue
+        gpu = r.extra.get("gpu")
+        if is_lost_device(r):
+            before = [(a, f, e) for a, f, e in faults.values() if a < at and f.extra.get("gpu") == gpu]
+            if before:
+                _, f, e = max(before, key=lambda x: x[0])
+                out[id(r)] = (e, pair(f))
+        elif is_harness_cuda_fault(r):
+            after = r.extra.get("context_broken_after")
+            if isinstance(after, str):
+                if after in named:
+                    out[id(r)] = (named[after][1], after)
+                continue
+            worker = r.extra.get("worker")
+            earlier = [
+                (a, p)
+                for a, p in problems
+                if a < at and p.extra.get("worker") == worker and p.extra.get("gpu") == gpu and p is not r
+            ]
+            if worker is not None and earlier:
+                _, last = max(earlier, key=lambda x: x[0])
+                if id(last) in faults:
+                    out[id(r)] = (faults[id(last)][2], pair(last))
     return out
 
 

@@ -2,8 +2,9 @@
 
 ``attnconf ledger audit FILES... [--json] [--ledger-dir DIR] [--strict]`` prints, per entry, the problems it
 explains, the passes it claims, the passes past its version range (fixed) and the problems of its cases in a status
-or with a message it does not list (UNLISTED: unexplained), and per backend the other problems no entry explains,
-grouped by signature.  ``attnconf ledger fields`` lists the predicate fields.
+or with a message it does not list (UNLISTED: unexplained), the pairs its faults left unjudged after them in the
+same run (COLLATERAL: explained, :func:`conformance.ledger.audit.collateral`), and per backend the other problems
+no entry explains, grouped by signature.  ``attnconf ledger fields`` lists the predicate fields.
 
 Exit status: 0; 1 when a non-flaky entry claims a pass (its predicate is too wide, or the bug is fixed), or with
 ``--strict`` when a problem is unexplained (an unlisted one too); 2 for a malformed ledger, or a missing,
@@ -81,6 +82,7 @@ def _fields() -> int:
 
 def _print(result, out) -> None:
     from conformance.ledger.audit import by_backend
+    from conformance.records import is_lost_device
 
     w = out.write
     w(
@@ -92,6 +94,11 @@ def _print(result, out) -> None:
         w(
             f"  {result.unlisted_count} of the unexplained are an entry's cases in a status or with a message the "
             "entry does not list (UNLISTED below: widen the entry with evidence, or it is another cause)\n"
+        )
+    if result.collateral_count:
+        w(
+            f"  {result.collateral_count} of the explained are collateral: pairs a lost device or a broken CUDA "
+            "context left unjudged after a fault of a known cause in their run (COLLATERAL below)\n"
         )
     if result.refused_now:
         w(
@@ -127,6 +134,14 @@ def _print(result, out) -> None:
             )
         for f, r in e.fixed[:3]:
             w(f"      fixed in {r.version}: {r.case_id} ({f})\n")
+        if e.collateral:
+            f, r, after = e.collateral[0]
+            lost = sum(1 for _, x, _ in e.collateral if is_lost_device(x))
+            w(
+                f"      COLLATERAL {len(e.collateral)} records after its faults ({lost} lost device, "
+                f"{len(e.collateral) - lost} broken context)\n"
+                f"           e.g. {r.backend} {r.case_id} after {after} ({f})\n"
+            )
     for e in result.stale:
         w(f"  STALE {e.source}: matches no record and no case of the built-in suites\n")
     if result.refused_now:

@@ -13,6 +13,9 @@
     flaky = false                     # optional: true when the bug does not show on every run
     partial = "why"                   # optional: the bug shows on some cases of the predicate only, by a rule
                                       # inside it nobody knows yet (passes prove nothing; say why)
+    faults = "why"                    # optional: the cause's calls can break what runs after them in the process
+                                      # (a sticky CUDA error, memory written outside the call's tensors) or, back
+                                      # to back, the device (say how it was shown); read by the audit's collateral
     [failure.when]                    # the cause, as conditions on the case (predicate.py)
     head_dim = [80, 96]
     fa4_sm90_paged_loader = "non_tma"
@@ -36,7 +39,9 @@ the range (an upper bound excludes it) is *fixed* ("fixed in <version>"); a fail
 range is unexpected (the entry does not claim it).  A record whose version is not a PEP 440 version (older runs
 wrote 'not installed' for vLLM's fork) is judged on its case alone.  An entry matching no case of a backend that
 ran, nor any case of the built-in suites, is *stale*; an entry whose cases this run simply did not include is
-neither.
+neither.  An entry with ``faults`` explains, in :func:`conformance.ledger.audit.audit` only, the *collateral* of
+its records (:func:`conformance.ledger.audit.collateral`): the pairs a broken context or a lost device left
+unjudged after them.
 """
 
 from __future__ import annotations
@@ -69,7 +74,19 @@ __all__ = [
 ]
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "ledgers"
-_KEYS = {"pattern", "glob_reason", "when", "versions", "reason", "evidence", "statuses", "messages", "flaky", "partial"}
+_KEYS = {
+    "pattern",
+    "glob_reason",
+    "when",
+    "versions",
+    "reason",
+    "evidence",
+    "statuses",
+    "messages",
+    "flaky",
+    "partial",
+    "faults",
+}
 _PROBLEMS = [s.value for s in Status if s.is_problem]
 
 
@@ -96,6 +113,9 @@ class LedgerEntry:
     partial: str = ""
     #: per listed status, the messages one of which the record's reason must contain (a status absent: any reason)
     messages: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: how the cause's calls break what runs after them (a sticky CUDA error, memory written outside the call's
+    #: tensors, a device that refuses new processes after faults back to back), with the evidence; empty: they do not
+    faults: str = ""
 
     @property
     def claims_passes(self) -> bool:
@@ -316,6 +336,9 @@ def _entry(backend: str, raw: Any, source: str, where: str) -> LedgerEntry:
     if partial and predicate is None:
         raise ValueError(f"{where}: 'partial' needs 'when' (the envelope of the cause)")
     messages = _messages(where, raw["messages"], statuses) if "messages" in raw else ()
+    faults = raw.get("faults", "")
+    if "faults" in raw and (not isinstance(faults, str) or not faults.strip()):
+        raise ValueError(f"{where}: 'faults' must say how the cause's calls break later ones, got {faults!r}")
     return LedgerEntry(
         backend,
         patterns,
@@ -329,6 +352,7 @@ def _entry(backend: str, raw: Any, source: str, where: str) -> LedgerEntry:
         glob_reason,
         partial,
         messages,
+        faults,
     )
 
 

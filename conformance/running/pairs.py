@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shlex
 import time
 from collections import Counter
@@ -26,7 +25,7 @@ from conformance.running.selection import Selection
 from conformance.exits import OutputError, UsageError
 from conformance.running.worker import Reply, WorkerClient
 
-__all__ = ["RunConfig", "check_backend_names", "describe_backends", "is_cuda_oom", "reply_record"]
+__all__ = ["RunConfig", "check_backend_names", "describe_backends", "reply_record"]
 
 
 @dataclass(frozen=True)
@@ -232,36 +231,6 @@ _COLORS = {
 
 #: Statuses whose record timed a kernel call (the harness/kernel medians are taken over these).
 _RAN = (Status.PASS, Status.FAIL, Status.ERROR)
-
-#: How a CUDA out-of-memory error reads: torch's OutOfMemoryError (``torch.cuda.OutOfMemoryError``), its
-#: older RuntimeError text, the runtime's and driver's error names, cuBLAS/cuDNN allocation failures, and
-#: cuDNN's SDPA graph failing to execute (``mha_graph.execute(...).is_good()``: on the H100 once in three
-#: ``default`` runs with 12 workers on the GPU, for a case that passed alone and in the other two runs).
-_CUDA_OOM = re.compile(
-    r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|cudaErrorMemoryAllocation"
-    r"|CUDA_ERROR_OUT_OF_MEMORY|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
-    r"|mha_graph\.execute\(.*\)\.is_good\(\)",
-    re.IGNORECASE,
-)
-
-
-def is_cuda_oom(record: CheckResult) -> bool:
-    """Whether ``record`` is an ``error`` whose reason is a CUDA out-of-memory error (kernel or harness)."""
-    return record.status is Status.ERROR and bool(_CUDA_OOM.search(record.reason or ""))
-
-
-def is_harness_cuda_fault(record: CheckResult) -> bool:
-    """Whether ``record`` is an ``error`` raised before the backend's kernel ran (its case's inputs, reference or
-    baseline) by a CUDA error other than an OOM: pure PyTorch ops on the case's own tensors, so the worker's CUDA
-    context was already broken by an earlier call in that process (a kernel that faulted asynchronously or wrote
-    into memory it was not given), not by this pair."""
-    reason = record.reason or ""
-    return (
-        record.status is Status.ERROR
-        and reason.startswith(HARNESS_ERROR)
-        and "CUDA error" in reason
-        and not _CUDA_OOM.search(reason)
-    )
 
 
 def _counts_text(counts: Counter) -> str:

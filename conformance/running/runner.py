@@ -17,7 +17,7 @@ tolerance).  Without ``resume`` an existing file is moved to the first free numb
 (``<name>.1.jsonl``, ``<name>.2.jsonl``, ...): no run deletes earlier results.  Ctrl-C stops the workers,
 keeps every record that arrived (fsync'ed) and returns a summary that says it was interrupted (exit 130).
 
-Pairs run again (:func:`is_cuda_oom`, :func:`~conformance.running.pairs.is_harness_cuda_fault`): an ``error`` that is
+Pairs run again (:func:`is_cuda_oom`, :func:`~conformance.records.is_harness_cuda_fault`): an ``error`` that is
 a CUDA OOM (or cuDNN's attention graph failing to execute) of a worker sharing its GPU, or a CUDA error raised before
 the pair's kernel ran (a context an earlier call broke), is not written; the pair is deferred once, its worker
 restarted, and after the parallel phase the deferred pairs run again with one worker per GPU and every other worker
@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conformance.lock import hold
-from conformance.records import CheckResult, Header, Status
+from conformance.records import CheckResult, Header, Status, is_cuda_oom, is_harness_cuda_fault
 from conformance.results_writer import append_record, Appender
 from conformance.running.outcome import RunSummary, short_reason
 from conformance.running.outfile import check_resume, check_writable, move_aside, read_for_resume, repair_tail
@@ -68,8 +68,6 @@ from conformance.running.pairs import (
     _counts_text,
     check_backend_names,
     describe_backends,
-    is_cuda_oom,
-    is_harness_cuda_fault,
     reply_record,
 )
 from conformance.running.compile_phase import CompileStats, compile_first

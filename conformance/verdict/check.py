@@ -29,7 +29,7 @@ from attnref import AttnResult
 from conformance.verdict.baseline import baseline
 from conformance.cases.case import AttentionCase
 from conformance.cases.inputs import CaseInputs, clone_known, make_inputs
-from conformance.records import CheckResult, ErrorStats, Status, Timing
+from conformance.records import LOST_DEVICE, CheckResult, ErrorStats, Status, Timing
 from conformance.verdict.compare import CHECKS, BaselineErrors, baseline_errors_pending, compare, compare_pending
 from conformance.verdict.composition import composition_of
 from conformance.verdict.fingerprint import context_tensors, context_fingerprint, digest_of, fingerprints_pending
@@ -269,7 +269,7 @@ def refusal(
             why = available.reason or "no reason given"
             if was_available:
                 status = Status.ERROR
-                reason = f"not available in this worker, though it was when the run began (a lost device?): {why}"
+                reason = LOST_DEVICE + why
             else:
                 status, reason = Status.UNSUPPORTED, f"not available here: {why}"
         else:

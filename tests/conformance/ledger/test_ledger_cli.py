@@ -186,6 +186,7 @@ def test_audit_json_states_each_entry_in_full(tmp_path: Path, ledger_dir: Path, 
         "statuses": ["fail"],
         "messages": {},
         "unlisted": [],
+        "collateral": [],
     }
     assert loader["source"].endswith("kern.toml[0]") and flaky["source"].endswith("kern.toml[1]")
     assert (flaky["flaky"], flaky["flaky_passes"], flaky["explained"], flaky["files"]) == (True, 1, 0, {})
@@ -298,6 +299,7 @@ def test_audit_json_states_the_run_and_each_unexplained_group_in_full(tmp_path: 
         "explained": 1,
         "unexplained": 2,
         "unlisted": 0,
+        "collateral": 0,
         "passes_claimed": 0,
         "explained_at_unknown_version": 0,
         "skipped_lines": {},

@@ -242,7 +242,7 @@ def test_a_pair_whose_context_was_broken_is_run_again_alone(tmp_path: Path, monk
 
 
 def test_a_harness_cuda_fault_is_told_from_an_oom_and_a_kernel_error() -> None:
-    from conformance.running.pairs import is_harness_cuda_fault
+    from conformance.records import is_harness_cuda_fault
 
     illegal = "AcceleratorError: CUDA error: an illegal instruction"
 
