@@ -27,6 +27,7 @@ __all__ = [
     "NONFINITE_PASS",
     "HARNESS_ERROR",
     "LOST_DEVICE",
+    "is_cuda_fault",
     "is_cuda_oom",
     "is_harness_cuda_fault",
     "is_lost_device",
@@ -270,18 +271,19 @@ def is_cuda_oom(record: CheckResult) -> bool:
     return record.status is Status.ERROR and bool(_CUDA_OOM.search(record.reason or ""))
 
 
+def is_cuda_fault(record: CheckResult) -> bool:
+    """Whether ``record`` is an ``error`` from a CUDA error other than an OOM, in the harness or in the kernel's step:
+    a sticky error may be the pair's own or one an earlier call of the process left behind."""
+    reason = record.reason or ""
+    return record.status is Status.ERROR and "CUDA error" in reason and not _CUDA_OOM.search(reason)
+
+
 def is_harness_cuda_fault(record: CheckResult) -> bool:
     """Whether ``record`` is an ``error`` raised before the backend's kernel ran (its case's inputs, reference or
-    baseline) by a CUDA error other than an OOM: pure PyTorch ops on the case's own tensors, so the worker's CUDA
-    context was already broken by an earlier call in that process (a kernel that faulted asynchronously or wrote
-    into memory it was not given), not by this pair."""
-    reason = record.reason or ""
-    return (
-        record.status is Status.ERROR
-        and reason.startswith(HARNESS_ERROR)
-        and "CUDA error" in reason
-        and not _CUDA_OOM.search(reason)
-    )
+    baseline) by a CUDA error other than an OOM (:func:`is_cuda_fault`): pure PyTorch ops on the case's own
+    tensors, so the worker's CUDA context was already broken by an earlier call in that process (a kernel that
+    faulted asynchronously or wrote into memory it was not given), not by this pair."""
+    return is_cuda_fault(record) and (record.reason or "").startswith(HARNESS_ERROR)
 
 
 def is_lost_device(record: CheckResult) -> bool:

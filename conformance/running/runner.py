@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conformance.lock import hold
-from conformance.records import CheckResult, Header, Status, is_cuda_oom, is_harness_cuda_fault
+from conformance.records import CheckResult, Header, Status, is_cuda_fault, is_cuda_oom, is_harness_cuda_fault
 from conformance.results_writer import append_record, Appender
 from conformance.running.outcome import RunSummary, short_reason
 from conformance.running.outfile import check_resume, check_writable, move_aside, read_for_resume, repair_tail
@@ -278,7 +278,9 @@ def execute(
         if (pair.case.id, pair.spec) in retried:
             name, first = retried[pair.case.id, pair.spec]
             extra[name] = first
-        if is_harness_cuda_fault(record):
+        # A CUDA error (harness or kernel) names the worker's previous pair (None: a fresh process), where a sticky
+        # error left behind would come from.
+        if is_cuda_fault(record):
             extra["context_broken_after"] = last_pair.get(worker)
         # An ERROR on CUDA may have poisoned the worker's context, and one that ran out of memory holds a
         # large allocator cache: it is replaced before its next request; so is one whose kernel wrote into

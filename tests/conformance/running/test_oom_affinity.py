@@ -254,6 +254,12 @@ def test_a_harness_cuda_fault_is_told_from_an_oom_and_a_kernel_error() -> None:
     assert not is_harness_cuda_fault(rec(Status.ERROR, HARNESS_ERROR + "OutOfMemoryError: CUDA out of memory."))
     assert not is_harness_cuda_fault(rec(Status.ERROR, HARNESS_ERROR + "ValueError: bad case"))  # a harness bug
     assert not is_harness_cuda_fault(rec(Status.FAIL, HARNESS_ERROR + "CUDA error: x"))
+    from conformance.records import is_cuda_fault
+
+    assert is_cuda_fault(rec(Status.ERROR, illegal)) and is_cuda_fault(rec(Status.ERROR, HARNESS_ERROR + illegal))
+    assert not is_cuda_fault(rec(Status.ERROR, "OutOfMemoryError: CUDA out of memory."))
+    assert not is_cuda_fault(rec(Status.ERROR, "ValueError: bad case"))
+    assert not is_cuda_fault(rec(Status.FAIL, illegal))
 
 
 @pytest.mark.slow
@@ -453,3 +459,35 @@ def test_a_pool_sweep_with_compile_keys_gives_the_records_of_one(tmp_path: Path)
     assert Counter((r.case_id, r.backend) for r in records) == Counter(
         {(c.id, b): 1 for c in cases for b in ("test-keyed", "fake-exact")}
     )
+
+
+class KernelCudaErrorBackend(ExactBackend):
+    """Its kernel call raises a CUDA error (not an OOM) on every case, as a sticky error an earlier call left behind
+    does at the next call of the process."""
+
+    name = "test-kernel-cuda-error"
+
+    def prepare(self, case, inputs):
+        def kernel():
+            raise RuntimeError("CUDA error: an illegal instruction was encountered")
+
+        return kernel
+
+
+def test_a_kernel_cuda_error_names_the_workers_previous_pair(tmp_path: Path) -> None:
+    # One worker, cases outer and backends inner: the faulting pair's previous pair is the same case on fake-exact,
+    # and that is what the record names (the ledger audit's collateral reads it); no retry for the kernel's own step.
+    config = RunConfig(
+        backends=("tests.conformance.fakes:ExactBackend", f"{HERE}:KernelCudaErrorBackend"),
+        case_json=case_json(tmp_path, tiny_cases(2)),
+        out=tmp_path / "r.jsonl",
+        progress=False,
+        jobs=1,
+    )
+    summary = run(config)
+    _, records = read_records(tmp_path / "r.jsonl")
+    errors = [r for r in records if r.backend == "test-kernel-cuda-error"]
+    assert [r.status for r in errors] == [Status.ERROR, Status.ERROR]
+    assert [r.extra["context_broken_after"] for r in errors] == [f"{r.case_id} fake-exact" for r in errors]
+    assert all("harness_retry" not in r.extra for r in errors) and summary.harness_retries == 0
+    assert all("context_broken_after" not in r.extra for r in records if r.backend == "fake-exact")
