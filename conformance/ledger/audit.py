@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conformance.records import CheckResult, is_harness_cuda_fault, is_lost_device, judged_results
+from conformance.records import CheckResult, is_cuda_fault, is_lost_device, judged_results
 from conformance.results_file import load_results, ResultsFileError
 from conformance.ledger.entries import Ledger, LedgerEntry, builtin_suite_cases
 from conformance.ledger.fields import case_view
@@ -340,10 +340,11 @@ def collateral(
 
     - a lost device (:func:`~conformance.records.is_lost_device`: the backend was gone from its worker, the pair
       not judged) received after a fault on the same GPU (``extra.gpu``; the latest such fault is named); or
-    - a harness CUDA fault (:func:`~conformance.records.is_harness_cuda_fault`: the case's own inputs or reference
-      met a broken context) whose worker's previous pair was a fault: the pair the record names
-      (``extra.context_broken_after``), or, in records older than that field, the latest problem of the same worker
-      slot and GPU before it in the file, when that problem is a fault.
+    - a CUDA error (:func:`~conformance.records.is_cuda_fault`, OOMs aside: in the case's own inputs or reference,
+      or in the kernel's step, where a sticky error an earlier call left behind is reported by the next call) whose
+      worker's previous pair was a fault: the pair the record names (``extra.context_broken_after``), or, in records
+      older than that field, the latest problem of the same worker slot and GPU before it in the file, when that
+      problem is a fault.
 
     Records without their time in the run (``extra.t.at``) are never collateral: their order is not known."""
     faults: dict[int, tuple[float, CheckResult, LedgerEntry]] = {}
@@ -370,7 +371,7 @@ def collateral(
             if before:
                 _, f, e = max(before, key=lambda x: x[0])
                 out[id(r)] = (e, pair(f))
-        elif is_harness_cuda_fault(r):
+        elif is_cuda_fault(r):
             after = r.extra.get("context_broken_after")
             if isinstance(after, str):
                 if after in named:

@@ -7,15 +7,12 @@
     reason = "non-TMA paged loader, d80/d96 without a mask: wrong output"
     evidence = ["reports/<run>.jsonl.gz: ...", "https://github.com/<owner>/<repo>/issues/<n>"]
     statuses = ["fail"]               # optional, default ["fail"]; any of fail/error/crash/timeout
-    messages = { error = "illegal memory access" }  # optional: per listed status, what the record's reason must
-                                      # contain (a string or a list of them, any one will do)
+    messages = { error = "illegal memory access" }  # optional: per status, a text (or list: any) the reason holds
     versions = ">=4.0.0b36"           # optional: PEP 440 specifiers the record's version must meet
     flaky = false                     # optional: true when the bug does not show on every run
     partial = "why"                   # optional: the bug shows on some cases of the predicate only, by a rule
                                       # inside it nobody knows yet (passes prove nothing; say why)
-    faults = "why"                    # optional: the cause's calls can break what runs after them in the process
-                                      # (a sticky CUDA error, memory written outside the call's tensors) or, back
-                                      # to back, the device (say how it was shown); read by the audit's collateral
+    faults = "how"                    # optional: how the cause's calls break the calls after them (the audit)
     [failure.when]                    # the cause, as conditions on the case (predicate.py)
     head_dim = [80, 96]
     fa4_sm90_paged_loader = "non_tma"
@@ -25,23 +22,21 @@ Several ``[[failure.when]]`` tables are OR'd.  ``pattern`` (an fnmatch glob on t
 is still read, but only with ``glob_reason = "..."`` saying why no predicate can say it; an entry needs a
 ``when`` or a ``pattern``.  Field names are checked when the file loads (``attnconf ledger fields``).
 
-A result is *known* when an entry of its backend matches its case, its version is in the entry's ``versions``
-and the entry lists its status (with one of the entry's ``messages`` for that status in its reason, where the entry
-gives any); a problem no entry explains is *unexpected*.  A harness error (a reason starting ``harness error``:
-the inputs or the reference failed, :mod:`conformance.running.pairs`) is never the kernel's, so no entry explains
-it.  A problem of a case an entry matches at a version in range, in a status or with a message the entry does not
-list, is unexpected too (its cause may show that way, but nobody has shown it: widen the entry, with evidence), and
-:attr:`LedgerVerdict.unlisted` names the entry.  A pass of a case an entry
-matches at a version in range is an *unexpected pass* (the bug may be fixed: narrow ``versions`` or drop the
-entry) unless the entry says ``flaky = true`` or ``partial = "..."`` (the predicate is the envelope of the
-cause: every failure inside it is of that cause, but not every case inside it fails); a pass at a version past
-the range (an upper bound excludes it) is *fixed* ("fixed in <version>"); a failure at a version outside the
-range is unexpected (the entry does not claim it).  A record whose version is not a PEP 440 version (older runs
-wrote 'not installed' for vLLM's fork) is judged on its case alone.  An entry matching no case of a backend that
-ran, nor any case of the built-in suites, is *stale*; an entry whose cases this run simply did not include is
-neither.  An entry with ``faults`` explains, in :func:`conformance.ledger.audit.audit` only, the *collateral* of
-its records (:func:`conformance.ledger.audit.collateral`): the pairs a broken context or a lost device left
-unjudged after them.
+A result is *known* when an entry of its backend matches its case, its version is in the entry's ``versions`` and
+the entry lists its status (with one of the entry's ``messages`` for that status in its reason, where the entry
+gives any); a problem no entry explains is *unexpected*.  A harness error (a reason starting ``harness error``: the
+inputs or the reference failed, :mod:`conformance.running.pairs`) is never the kernel's, so no entry explains it.  A
+problem of a case an entry matches at a version in range, in a status or with a message the entry does not list, is
+unexpected too (its cause may show that way, but nobody has shown it: widen the entry, with evidence), and
+:attr:`LedgerVerdict.unlisted` names the entry.  A pass of a case an entry matches at a version in range is an
+*unexpected pass* (the bug may be fixed: narrow ``versions`` or drop the entry) unless the entry says ``flaky =
+true`` or ``partial = "..."`` (the predicate is the envelope of the cause: every failure inside it is of that cause,
+but not every case inside it fails); a pass at a version past the range (an upper bound excludes it) is *fixed*
+("fixed in <version>"); a failure at a version outside the range is unexpected (the entry does not claim it).  A
+record whose version is not a PEP 440 version (older runs wrote 'not installed' for vLLM's fork) is judged on its
+case alone.  An entry matching no case of a backend that ran, nor any case of the built-in suites, is *stale*; an
+entry whose cases this run simply did not include is neither.  An entry with ``faults`` explains, in the audit only,
+the pairs its faults left unjudged after them (:func:`conformance.ledger.audit.collateral`).
 """
 
 from __future__ import annotations

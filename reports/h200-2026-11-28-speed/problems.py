@@ -1,5 +1,9 @@
 """Copy a results file's header and its problem records (fail, error, crash, timeout) to a gzip file."""
-import gzip, json, sys
+
+import gzip
+import json
+import sys
+
 src, dst = sys.argv[1], sys.argv[2]
 n = 0
 with gzip.open(src, "rt") as fh, gzip.open(dst, "wt", compresslevel=9) as out:

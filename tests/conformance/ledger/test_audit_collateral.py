@@ -1,7 +1,8 @@
 """The audit's collateral (:func:`conformance.ledger.audit.collateral`): a pair a lost device or a broken CUDA
-context left unjudged is explained by the entry whose fault came before it in the same run, and by nothing else:
-not before the fault, not on another GPU, not after a known problem of an entry that does not say it faults, not
-without its time in the run, and a broken context only after a fault of its own worker."""
+context (a CUDA error in the harness or the kernel's step) left unjudged is explained by the entry whose fault came
+before it in the same run, and by nothing else: not before the fault, not on another GPU, not after a known problem
+of an entry that does not say it faults, not without its time in the run, and a broken context only after a fault of
+its own worker."""
 
 from __future__ import annotations
 
@@ -151,14 +152,33 @@ def test_a_broken_context_naming_its_pair_is_judged_by_that_pair(tmp_path: Path)
     assert result.unexplained_count == 1
 
 
-def test_other_problems_after_a_fault_are_not_collateral(tmp_path: Path) -> None:
-    """Only a lost device or a harness CUDA fault can be collateral: a kernel's own error or fail after a fault
-    is the kernel's answer, unexplained unless an entry explains it."""
+def test_a_kernels_cuda_error_after_its_workers_fault_is_collateral(tmp_path: Path) -> None:
+    """A sticky CUDA error is reported by the next call of the process, the kernel's own step included: a kernel's
+    CUDA error right after its worker's fault is collateral too."""
     fault = rec(case(80), "error", FAULT, 10.0, worker=3)
     own = rec(case(64, 41), "error", "AcceleratorError: CUDA error: an illegal instruction", 11.0, worker=3)
-    wrong = rec(case(64, 42), "fail", "max_error", 12.0, worker=3)
-    result = run_audit(tmp_path, [fault, own, wrong])
-    assert (result.collateral_count, result.unexplained_count) == (0, 2)
+    result = run_audit(tmp_path, [fault, own])
+    assert (result.collateral_count, result.unexplained_count) == (1, 0)
+
+
+def test_other_problems_after_a_fault_are_not_collateral(tmp_path: Path) -> None:
+    """Only a lost device or a CUDA error (OOMs aside) can be collateral: a kernel's fail, another exception or an
+    OOM after a fault is the kernel's answer, unexplained unless an entry explains it."""
+    fault = rec(case(80), "error", FAULT, 10.0, worker=3)
+    records = [fault]
+    for i, (status, reason) in enumerate(
+        [
+            ("fail", "max_error"),
+            ("error", "ValueError: bad call"),
+            ("error", "OutOfMemoryError: CUDA out of memory."),
+            ("crash", "worker killed by SIGSEGV"),
+        ]
+    ):
+        records.append(
+            rec(case(64, 41 + i), status, reason, 11.0 + i, worker=3, context_broken_after=f"{case(80).id} kern")
+        )
+    result = run_audit(tmp_path, records)
+    assert (result.collateral_count, result.unexplained_count) == (0, 4)
 
 
 def test_collateral_is_per_run(tmp_path: Path) -> None:
