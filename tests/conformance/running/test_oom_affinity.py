@@ -117,6 +117,16 @@ def case_json(tmp_path: Path, cases: list[AttentionCase]) -> str:
     return "@" + str(path)
 
 
+def run_pool(tmp_path: Path, backends: tuple[str, ...], cases: list[AttentionCase], jobs: int = 2):
+    """``attnconf run`` of ``cases`` on ``backends`` with ``jobs`` workers on CPU into ``tmp_path/r.jsonl``: the
+    summary and the records written."""
+    config = RunConfig(
+        backends=backends, case_json=case_json(tmp_path, cases), out=tmp_path / "r.jsonl", progress=False, jobs=jobs
+    )
+    summary = run(config)
+    return summary, read_records(tmp_path / "r.jsonl")[1]
+
+
 def oom_config(tmp_path: Path, **kw) -> RunConfig:
     return RunConfig(
         backends=(f"{HERE}:OomOnceBackend", "tests.conformance.fakes:ExactBackend"),
@@ -216,15 +226,8 @@ def test_a_pair_whose_context_was_broken_is_run_again_alone(tmp_path: Path, monk
     # pair its worker ran before.  On the H100 (reports/h100-2026-11-27-warm6, warm6-nospare) FA2's keyless paged case
     # got "harness error ...: an illegal instruction" this way, a verdict lost.
     monkeypatch.setenv(OOM, str(tmp_path / "ctx"))
-    config = RunConfig(
-        backends=(f"{HERE}:BrokenContextOnceBackend", "tests.conformance.fakes:ExactBackend"),
-        case_json=case_json(tmp_path, tiny_cases(4)),
-        out=tmp_path / "r.jsonl",
-        progress=False,
-        jobs=2,
-    )
-    summary = run(config)
-    _, records = read_records(tmp_path / "r.jsonl")
+    backends = (f"{HERE}:BrokenContextOnceBackend", "tests.conformance.fakes:ExactBackend")
+    summary, records = run_pool(tmp_path, backends, tiny_cases(4))
     assert Counter((r.backend, r.status) for r in records) == {
         ("test-broken-context", Status.PASS): 4,
         ("fake-exact", Status.PASS): 4,
@@ -431,30 +434,14 @@ def test_an_unavailable_jit_backend_gets_no_compile_phase(tmp_path: Path) -> Non
     finally:
         client.close()
     cases = tiny_cases(3) + tiny_cases(3, head_dim=64)
-    config = RunConfig(
-        backends=(absent, "tests.conformance.fakes:ExactBackend"),
-        case_json=case_json(tmp_path, cases),
-        out=tmp_path / "r.jsonl",
-        progress=False,
-        jobs=2,
-    )
-    summary = run(config)
+    summary, records = run_pool(tmp_path, (absent, "tests.conformance.fakes:ExactBackend"), cases)
     assert summary.compile is None  # no compile phase at all
-    _, records = read_records(tmp_path / "r.jsonl")
     assert Counter(r.status for r in records if r.backend == "test-keyed-absent") == Counter({"unsupported": 6})
 
 
 def test_a_pool_sweep_with_compile_keys_gives_the_records_of_one(tmp_path: Path) -> None:
     cases = tiny_cases(4) + tiny_cases(4, head_dim=64)
-    config = RunConfig(
-        backends=(f"{HERE}:KeyedBackend", "tests.conformance.fakes:ExactBackend"),
-        case_json=case_json(tmp_path, cases),
-        out=tmp_path / "r.jsonl",
-        progress=False,
-        jobs=2,
-    )
-    summary = run(config)
-    _, records = read_records(tmp_path / "r.jsonl")
+    summary, records = run_pool(tmp_path, (f"{HERE}:KeyedBackend", "tests.conformance.fakes:ExactBackend"), cases)
     assert summary.exit_code == 0 and summary.written == 16
     assert Counter((r.case_id, r.backend) for r in records) == Counter(
         {(c.id, b): 1 for c in cases for b in ("test-keyed", "fake-exact")}
@@ -477,15 +464,8 @@ class KernelCudaErrorBackend(ExactBackend):
 def test_a_kernel_cuda_error_names_the_workers_previous_pair(tmp_path: Path) -> None:
     # One worker, cases outer and backends inner: the faulting pair's previous pair is the same case on fake-exact,
     # and that is what the record names (the ledger audit's collateral reads it); no retry for the kernel's own step.
-    config = RunConfig(
-        backends=("tests.conformance.fakes:ExactBackend", f"{HERE}:KernelCudaErrorBackend"),
-        case_json=case_json(tmp_path, tiny_cases(2)),
-        out=tmp_path / "r.jsonl",
-        progress=False,
-        jobs=1,
-    )
-    summary = run(config)
-    _, records = read_records(tmp_path / "r.jsonl")
+    backends = ("tests.conformance.fakes:ExactBackend", f"{HERE}:KernelCudaErrorBackend")
+    summary, records = run_pool(tmp_path, backends, tiny_cases(2), jobs=1)
     errors = [r for r in records if r.backend == "test-kernel-cuda-error"]
     assert [r.status for r in errors] == [Status.ERROR, Status.ERROR]
     assert [r.extra["context_broken_after"] for r in errors] == [f"{r.case_id} fake-exact" for r in errors]
