@@ -131,6 +131,7 @@ class EntryAudit:
             "messages": {status: list(m) for status, m in e.messages},
             "flaky": e.flaky,
             "partial": e.partial,
+            "harness_fix": None if e.fixed is None else {"commit": e.fixed[0], "date": e.fixed[1].isoformat()},
             "explained": self.explained,
             "explained_cases": len(self.explained_cases),
             "files": dict(sorted(self.files.items())),
@@ -270,6 +271,11 @@ def audit(
         except ResultsFileError as exc:
             raise ValueError(str(exc)) from None
         results, nonfinite = judged_results(loaded.results)
+        # the time each record's run started (its header's): a harness defect's entry applies to runs before its fix
+        starts = {
+            id(r): loaded.headers[h].started if 0 <= h < len(loaded.headers) else None
+            for r, h in zip(results, loaded.result_headers)
+        }
         out.nonfinite_passes += nonfinite
         if loaded.skipped:
             out.skipped[str(path)] = len(loaded.skipped)
@@ -279,7 +285,7 @@ def audit(
         every.extend(results)
         name = str(path)
         out.records += len(results)
-        verdict = ledger.classify(results)
+        verdict = ledger.classify(results, started=lambda r: starts.get(id(r)))
         for r, e in verdict.known:
             a = per_entry[id(e)]
             a.explained += 1
@@ -312,7 +318,9 @@ def audit(
             groups.setdefault(key, Group(*key)).records.append((name, r))
         for r in results:
             if r.status.value == "pass":
-                flaky = [e for e in ledger.for_backend(r.backend) if not e.claims_passes and e.matches(r)]
+                flaky = [
+                    e for e in ledger.for_backend(r.backend) if e.fixed is None and not e.claims_passes and e.matches(r)
+                ]
                 for e in flaky[:1]:
                     per_entry[id(e)].flaky_passes += 1
         out.problems += len(verdict.known) + len(verdict.unexpected)

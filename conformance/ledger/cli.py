@@ -116,6 +116,8 @@ def _print(result, out) -> None:
     w("\nentries:\n")
     for e in result.entries:
         flag = " [flaky]" if e.entry.flaky else " [partial]" if e.entry.partial else ""
+        if e.entry.fixed is not None:
+            flag += f" [harness defect, fixed in {e.entry.fixed[0]} at {e.entry.fixed[1].isoformat()}]"
         w(
             f"  {e.entry.source}{flag}: explains {e.explained} records ({len(e.explained_cases)} cases), "
             f"claims {len(e.passes_claimed)} passes, flaky or partial passes {e.flaky_passes}, fixed {len(e.fixed)}, "

@@ -10,9 +10,9 @@
     messages = { error = "illegal memory access" }  # optional: per status, a text (or list: any) the reason holds
     versions = ">=4.0.0b36"           # optional: PEP 440 specifiers the record's version must meet
     flaky = false                     # optional: true when the bug does not show on every run
-    partial = "why"                   # optional: the bug shows on some cases of the predicate only, by a rule
-                                      # inside it nobody knows yet (passes prove nothing; say why)
+    partial = "why"                   # optional: the bug shows on some cases of the predicate only (say why)
     faults = "how"                    # optional: how the cause's calls break the calls after them (the audit)
+    fixed = { commit = "703452a", date = "2026-11-24T17:38:07+00:00" }  # optional: a defect of this harness
     [failure.when]                    # the cause, as conditions on the case (predicate.py)
     head_dim = [80, 96]
     fa4_sm90_paged_loader = "non_tma"
@@ -23,9 +23,8 @@ is still read, but only with ``glob_reason = "..."`` saying why no predicate can
 ``when`` or a ``pattern``.  Field names are checked when the file loads (``attnconf ledger fields``).
 
 A result is *known* when an entry of its backend matches its case, its version is in the entry's ``versions`` and
-the entry lists its status (with one of the entry's ``messages`` for that status in its reason, where the entry
-gives any); a problem no entry explains is *unexpected*.  A harness error (a reason starting ``harness error``: the
-inputs or the reference failed, :mod:`conformance.running.pairs`) is never the kernel's, so no entry explains it.  A
+the entry lists its status (with one of its ``messages`` for that status in the reason, where it gives any); a problem
+no entry explains is *unexpected*.  A harness error (a reason starting ``harness error``) is never a kernel's.  A
 problem of a case an entry matches at a version in range, in a status or with a message the entry does not list, is
 unexpected too (its cause may show that way, but nobody has shown it: widen the entry, with evidence), and
 :attr:`LedgerVerdict.unlisted` names the entry.  A pass of a case an entry matches at a version in range is an
@@ -35,15 +34,18 @@ but not every case inside it fails); a pass at a version past the range (an uppe
 ("fixed in <version>"); a failure at a version outside the range is unexpected (the entry does not claim it).  A
 record whose version is not a PEP 440 version (older runs wrote 'not installed' for vLLM's fork) is judged on its
 case alone.  An entry matching no case of a backend that ran, nor any case of the built-in suites, is *stale*; an
-entry whose cases this run simply did not include is neither.  An entry with ``faults`` explains, in the audit only,
-the pairs its faults left unjudged after them (:func:`conformance.ledger.audit.collateral`).
+entry whose cases this run simply did not include is neither.  ``faults``: the audit explains by the entry the pairs
+its faults left unjudged (:func:`conformance.ledger.audit.collateral`).  ``fixed``: a defect of this harness (the
+adapter's call, the verdict), explaining problems (harness errors too) of runs begun before its fix only, no pass.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,7 @@ _KEYS = {
     "flaky",
     "partial",
     "faults",
+    "fixed",
 }
 _PROBLEMS = [s.value for s in Status if s.is_problem]
 
@@ -111,11 +114,23 @@ class LedgerEntry:
     #: how the cause's calls break what runs after them (a sticky CUDA error, memory written outside the call's
     #: tensors, a device that refuses new processes after faults back to back), with the evidence; empty: they do not
     faults: str = ""
+    #: a defect of this harness, not the kernel's: (the commit that fixed it, when, an aware datetime); None: a kernel's
+    fixed: tuple[str, datetime] | None = None
 
     @property
     def claims_passes(self) -> bool:
-        """Whether a pass of a matching case contradicts the entry (neither flaky nor partial)."""
-        return not (self.flaky or self.partial)
+        """Whether a pass of a matching case contradicts the entry (neither flaky nor partial nor a fixed defect of
+        the harness)."""
+        return not (self.flaky or self.partial or self.fixed)
+
+    def before_fix(self, started: str | None) -> bool:
+        """Whether the entry applies to a run that started at ``started`` (a results-file header's ISO time): always
+        for a kernel's cause; for a harness defect (``fixed``), only a run that started before its fix (a time that
+        is missing, unreadable or without its zone: no, so a record of unknown age is never excused)."""
+        if self.fixed is None:
+            return True
+        when = _aware(started or "")
+        return when is not None and when < self.fixed[1]
 
     @property
     def pattern(self) -> str:
@@ -157,14 +172,15 @@ class LedgerEntry:
         """Whether the entry expects ``result``'s status and message, whatever its case: the status is listed, the
         reason contains one of the entry's messages for it (when the entry gives any), and it is no harness error."""
         status, reason = result.status.value, result.reason or ""
-        if status not in self.statuses or reason.startswith(HARNESS_ERROR):
+        if status not in self.statuses or (reason.startswith(HARNESS_ERROR) and self.fixed is None):
             return False
         wanted = dict(self.messages).get(status)
         return wanted is None or any(m in reason for m in wanted)
 
-    def explains(self, result: CheckResult) -> bool:
-        """Matches, and the result's status and message are ones this entry expects (:meth:`lists`)."""
-        return self.matches(result) and self.lists(result)
+    def explains(self, result: CheckResult, started: str | None = None) -> bool:
+        """Matches, the result's status and message are ones this entry expects (:meth:`lists`), and its run (which
+        ``started`` then; None: unknown) is one the entry applies to (:meth:`before_fix`)."""
+        return self.before_fix(started) and self.matches(result) and self.lists(result)
 
 
 @dataclass
@@ -217,6 +233,7 @@ class Ledger:
         self,
         results: Iterable[CheckResult],
         suite_case_ids: Callable[[], Iterable[str | AttentionCase]] | None = None,
+        started: Callable[[CheckResult], str | None] | None = None,
     ) -> LedgerVerdict:
         """Known and unexpected problems (those of an entry's case in a status or with a message it does not list
         named in ``unlisted``), unexpected passes, fixed defects, stale entries (of backends that ran).
@@ -224,7 +241,9 @@ class Ledger:
         ``suite_case_ids`` returns every case the harness can generate, as ids or cases (called only when some
         entry matched no result, and read only until each such entry has matched one; :func:`builtin_suite_cases`
         gives the cases): an entry matching one of them is not stale, only not exercised.  Globs are tested on ids,
-        predicates on cases.  Without it, every entry that matched no result of its backend is stale.
+        predicates on cases.  Without it, every entry that matched no result of its backend is stale.  ``started``
+        gives the time the record's run started (its results file's header): a harness defect's entry (``fixed``)
+        applies only to runs before its fix, and to none without it.
         """
         verdict = LedgerVerdict()
         used: set[int] = set()
@@ -240,7 +259,8 @@ class Ledger:
             for i, e in entries:
                 if e.matches_view(view, r.case_id):
                     used.add(i)
-                    matching.append((e, e.version_side(r.version)))
+                    if e.fixed is None or e.before_fix(started(r) if started is not None else None):
+                        matching.append((e, e.version_side(r.version)))
             in_range = [e for e, side in matching if side in ("in", "unknown")]
             if r.status.is_problem:
                 entry = next((e for e in in_range if e.lists(r)), None)
@@ -294,6 +314,32 @@ def _messages(where: str, raw: Any, statuses: tuple[str, ...]) -> tuple[tuple[st
     return tuple((status, _strings(where, f"messages.{status}", value)) for status, value in raw.items())
 
 
+def _aware(text: str) -> datetime | None:
+    """An ISO 8601 time with its zone, else None."""
+    try:
+        when = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        return None
+    return when if when.tzinfo is not None else None
+
+
+def _fixed(where: str, raw: Any) -> tuple[str, datetime]:
+    commit = raw.get("commit") if isinstance(raw, dict) else None
+    date = raw.get("date") if isinstance(raw, dict) else None
+    when = _aware(date) if isinstance(date, str) else None
+    if (
+        set(raw if isinstance(raw, dict) else ()) != {"commit", "date"}
+        or not isinstance(commit, str)
+        or not re.fullmatch(r"[0-9a-f]{7,40}", commit)
+        or when is None
+    ):
+        raise ValueError(
+            f'{where}: \'fixed\' must be {{ commit = "<7 to 40 hex digits>", date = "<ISO 8601 time with its zone>" '
+            f"}}, got {raw!r}"
+        )
+    return commit, when
+
+
 def _entry(backend: str, raw: Any, source: str, where: str) -> LedgerEntry:
     if not isinstance(raw, dict):
         # ValueError rather than TypeError: a malformed file is a value problem, like every other one here.
@@ -334,6 +380,7 @@ def _entry(backend: str, raw: Any, source: str, where: str) -> LedgerEntry:
     faults = raw.get("faults", "")
     if "faults" in raw and (not isinstance(faults, str) or not faults.strip()):
         raise ValueError(f"{where}: 'faults' must say how the cause's calls break later ones, got {faults!r}")
+    fixed = _fixed(where, raw["fixed"]) if "fixed" in raw else None
     return LedgerEntry(
         backend,
         patterns,
@@ -348,6 +395,7 @@ def _entry(backend: str, raw: Any, source: str, where: str) -> LedgerEntry:
         partial,
         messages,
         faults,
+        fixed,
     )
 
 

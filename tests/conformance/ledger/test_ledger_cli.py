@@ -187,6 +187,7 @@ def test_audit_json_states_each_entry_in_full(tmp_path: Path, ledger_dir: Path, 
         "messages": {},
         "unlisted": [],
         "collateral": [],
+        "harness_fix": None,
     }
     assert loader["source"].endswith("kern.toml[0]") and flaky["source"].endswith("kern.toml[1]")
     assert (flaky["flaky"], flaky["flaky_passes"], flaky["explained"], flaky["files"]) == (True, 1, 0, {})
