@@ -384,9 +384,6 @@ NAMED = {
     # that passes in every other run; its worker's last problem, 20 s before, was no fault (a q_v fail of
     # fa3-vllm.toml[0]), and the pair it ran just before is not in the problems file: not explained
     ("fa3-vllm", "error", "AcceleratorError: CUDA error: an illegal instruction"): 1,
-    # the FA4 probe's (reports/h100-2026-11-26-ledger): an IndexError in the harness after about 25 illegal memory
-    # accesses, once the GPU refused new workers; not reproduced since
-    ("fa4", "error", "harness error"): 1,
 }
 
 
@@ -394,7 +391,7 @@ NAMED = {
 def test_the_shipped_ledger_over_every_committed_run() -> None:
     """Issue 31: over every committed GPU run and fuzz campaign (25 s on 2 cores) no entry claims a pass, the
     problems no entry explains are exactly the named ones, the error records of calls the adapters refuse since are
-    exactly the refused-now ones, and the harness's own fixed defects (``fixed`` entries) explain 17 records."""
+    exactly the refused-now ones, and the harness's own fixed defects (``fixed`` entries) explain 18 records."""
     from conformance.ledger.audit import audit
     from conformance.records import is_lost_device
 
@@ -411,7 +408,7 @@ def test_the_shipped_ledger_over_every_committed_run() -> None:
     lost = sum(1 for a in result.entries for _, r, _ in a.collateral if is_lost_device(r))
     assert (lost, result.collateral_count - lost) == (102, 11)
     harness = {a.entry.source: a.explained for a in result.entries if a.entry.fixed is not None}
-    assert sum(harness.values()) == 17 and all(harness.values()), harness
+    assert sum(harness.values()) == 18 and all(harness.values()), harness
     left = [r for g in result.unexplained for _, r in g.records] + [r for a in result.entries for _, r in a.unlisted]
     counts: dict[tuple[str, str, str], int] = {}
     for r in left:
