@@ -376,10 +376,6 @@ def test_the_window_entry_against_the_h100_window_run() -> None:
 REFUSED_NOW = {"torch-flash": 16, "fa3-vllm": 12, "sdpa-cuda": 6}
 
 NAMED = {
-    # fa3-vllm's NaN outputs on a context FA2's keyless paged call had just written into (k4-after of
-    # reports/h100-2026-11-26-verdict-reads; fa2.toml[1]: the guard fails such calls and rebuilds the context since,
-    # scripts/investigate_fa2_keyless_writes.py): a fail, the kernel's answer on bad inputs, which no rule excuses
-    ("fa3-vllm", "fail", "nonfinite: "): 1,
     # old5 of reports/h200-2026-11-28-speed (the tree of 66617e6): an illegal instruction in fa3-vllm's step of a case
     # that passes in every other run; its worker's last problem, 20 s before, was no fault (a q_v fail of
     # fa3-vllm.toml[0]), and the pair it ran just before is not in the problems file: not explained
@@ -391,7 +387,7 @@ NAMED = {
 def test_the_shipped_ledger_over_every_committed_run() -> None:
     """Issue 31: over every committed GPU run and fuzz campaign (25 s on 2 cores) no entry claims a pass, the
     problems no entry explains are exactly the named ones, the error records of calls the adapters refuse since are
-    exactly the refused-now ones, and the harness's own fixed defects (``fixed`` entries) explain 18 records."""
+    exactly the refused-now ones, and the harness's own fixed defects (``fixed`` entries) explain 19 records."""
     from conformance.ledger.audit import audit
     from conformance.records import is_lost_device
 
@@ -408,7 +404,7 @@ def test_the_shipped_ledger_over_every_committed_run() -> None:
     lost = sum(1 for a in result.entries for _, r, _ in a.collateral if is_lost_device(r))
     assert (lost, result.collateral_count - lost) == (102, 11)
     harness = {a.entry.source: a.explained for a in result.entries if a.entry.fixed is not None}
-    assert sum(harness.values()) == 18 and all(harness.values()), harness
+    assert sum(harness.values()) == 19 and all(harness.values()), harness
     left = [r for g in result.unexplained for _, r in g.records] + [r for a in result.entries for _, r in a.unlisted]
     counts: dict[tuple[str, str, str], int] = {}
     for r in left:
