@@ -71,20 +71,9 @@ __all__ = [
 ]
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "ledgers"
-_KEYS = {
-    "pattern",
-    "glob_reason",
-    "when",
-    "versions",
-    "reason",
-    "evidence",
-    "statuses",
-    "messages",
-    "flaky",
-    "partial",
-    "faults",
-    "fixed",
-}
+_KEYS = frozenset(  # the keys of a [[failure]] table
+    "pattern glob_reason when versions reason evidence statuses messages flaky partial faults fixed".split()
+)
 _PROBLEMS = [s.value for s in Status if s.is_problem]
 
 
@@ -324,19 +313,12 @@ def _aware(text: str) -> datetime | None:
 
 
 def _fixed(where: str, raw: Any) -> tuple[str, datetime]:
-    commit = raw.get("commit") if isinstance(raw, dict) else None
-    date = raw.get("date") if isinstance(raw, dict) else None
+    table = raw if isinstance(raw, dict) else {}
+    commit, date = table.get("commit"), table.get("date")
     when = _aware(date) if isinstance(date, str) else None
-    if (
-        set(raw if isinstance(raw, dict) else ()) != {"commit", "date"}
-        or not isinstance(commit, str)
-        or not re.fullmatch(r"[0-9a-f]{7,40}", commit)
-        or when is None
-    ):
-        raise ValueError(
-            f'{where}: \'fixed\' must be {{ commit = "<7 to 40 hex digits>", date = "<ISO 8601 time with its zone>" '
-            f"}}, got {raw!r}"
-        )
+    commit = commit if isinstance(commit, str) else ""
+    if set(table) != {"commit", "date"} or not re.fullmatch(r"[0-9a-f]{7,40}", commit) or when is None:
+        raise ValueError(f'{where}: \'fixed\' must be {{ commit = "<hex>", date = "<ISO time, zone>" }}, got {raw!r}')
     return commit, when
 
 

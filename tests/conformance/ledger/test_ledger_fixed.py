@@ -112,6 +112,7 @@ def test_a_fixed_entry_matching_cases_is_not_stale(tmp_path: Path) -> None:
         f'{{ date = "{FIX}" }}',
         f'{{ commit = "70345", date = "{FIX}" }}',  # too short
         f'{{ commit = "703452G", date = "{FIX}" }}',  # not hex
+        f'{{ commit = 7034520, date = "{FIX}" }}',  # not a string
         '{ commit = "703452a", date = "2026-11-24T17:38:07" }',  # no zone
         '{ commit = "703452a", date = "soon" }',
         '{ commit = "703452a", date = 2026 }',
