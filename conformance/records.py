@@ -274,7 +274,7 @@ def is_cuda_oom(record: CheckResult) -> bool:
 def is_cuda_fault(record: CheckResult) -> bool:
     """Whether ``record`` is an ``error`` from a CUDA error other than an OOM, in the harness or in the kernel's step:
     a sticky error may be the pair's own or one an earlier call of the process left behind."""
-    reason = record.reason or ""
+    reason = str(record.reason)  # None reads "None": no CUDA error
     return record.status is Status.ERROR and "CUDA error" in reason and not _CUDA_OOM.search(reason)
 
 
@@ -283,10 +283,10 @@ def is_harness_cuda_fault(record: CheckResult) -> bool:
     baseline) by a CUDA error other than an OOM (:func:`is_cuda_fault`): pure PyTorch ops on the case's own
     tensors, so the worker's CUDA context was already broken by an earlier call in that process (a kernel that
     faulted asynchronously or wrote into memory it was not given), not by this pair."""
-    return is_cuda_fault(record) and (record.reason or "").startswith(HARNESS_ERROR)
+    return is_cuda_fault(record) and str(record.reason).startswith(HARNESS_ERROR)
 
 
 def is_lost_device(record: CheckResult) -> bool:
     """Whether ``record`` is an ``error`` of a backend missing from its worker though available when the run
     began (:data:`LOST_DEVICE`): the pair was not judged."""
-    return record.status is Status.ERROR and (record.reason or "").startswith(LOST_DEVICE)
+    return record.status is Status.ERROR and str(record.reason).startswith(LOST_DEVICE)

@@ -273,7 +273,7 @@ def audit(
         results, nonfinite = judged_results(loaded.results)
         # the time each record's run started (its header's): a harness defect's entry applies to runs before its fix
         starts = {
-            id(r): loaded.headers[h].started if 0 <= h < len(loaded.headers) else None
+            id(r): loaded.headers[h].started if h >= 0 else None  # -1: a record before any header
             for r, h in zip(results, loaded.result_headers)
         }
         out.nonfinite_passes += nonfinite

@@ -118,7 +118,7 @@ class LedgerEntry:
         is missing, unreadable or without its zone: no, so a record of unknown age is never excused)."""
         if self.fixed is None:
             return True
-        when = _aware(started or "")
+        when = _aware(started) if started else None
         return when is not None and when < self.fixed[1]
 
     @property
@@ -303,8 +303,8 @@ def _messages(where: str, raw: Any, statuses: tuple[str, ...]) -> tuple[tuple[st
     return tuple((status, _strings(where, f"messages.{status}", value)) for status, value in raw.items())
 
 
-def _aware(text: str) -> datetime | None:
-    """An ISO 8601 time with its zone, else None."""
+def _aware(text: Any) -> datetime | None:
+    """``text`` as an ISO 8601 time with its zone, else None (not a string, not such a time, no zone)."""
     try:
         when = datetime.fromisoformat(text)
     except (TypeError, ValueError):
@@ -314,12 +314,11 @@ def _aware(text: str) -> datetime | None:
 
 def _fixed(where: str, raw: Any) -> tuple[str, datetime]:
     table = raw if isinstance(raw, dict) else {}
-    commit, date = table.get("commit"), table.get("date")
-    when = _aware(date) if isinstance(date, str) else None
-    commit = commit if isinstance(commit, str) else ""
-    if set(table) != {"commit", "date"} or not re.fullmatch(r"[0-9a-f]{7,40}", commit) or when is None:
+    commit, when = table.get("commit"), _aware(table.get("date"))
+    named = isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{7,40}", commit)
+    if set(table) != {"commit", "date"} or not named or when is None:
         raise ValueError(f'{where}: \'fixed\' must be {{ commit = "<hex>", date = "<ISO time, zone>" }}, got {raw!r}')
-    return commit, when
+    return str(commit), when
 
 
 def _entry(backend: str, raw: Any, source: str, where: str) -> LedgerEntry:

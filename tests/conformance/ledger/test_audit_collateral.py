@@ -226,3 +226,60 @@ def test_faults_must_say_how(tmp_path: Path) -> None:
             ledger(tmp_path, FAULTS.replace('"a sticky CUDA error"', bad))
     assert ledger(tmp_path).entries[0].faults == "a sticky CUDA error"
     assert ledger(tmp_path).entries[1].faults == ""
+
+
+# ------------------------------------------------------------------------------- mutants the first tests let through
+def test_a_lost_device_follows_a_fault_on_its_own_named_gpu(tmp_path: Path) -> None:
+    """Both on GPU 1: collateral (the GPU is read from each record, not assumed absent on both)."""
+    fault = rec(case(80), "error", FAULT, 10.0, gpu="1")
+    lost = rec(case(64), "error", LOST, 12.0, gpu="1")
+    assert run_audit(tmp_path, [fault, lost]).collateral_count == 1
+
+
+def test_a_broken_context_follows_a_fault_of_its_worker_on_its_own_named_gpu(tmp_path: Path) -> None:
+    fault = rec(case(80), "error", FAULT, 10.0, worker=3, gpu="1")
+    broken = rec(case(64, 41), "error", BROKEN, 11.0, worker=3, gpu="1")
+    elsewhere = rec(case(64, 42), "error", BROKEN, 12.0, worker=3, gpu="0")  # slot 3 of another GPU's placement
+    result = run_audit(tmp_path, [fault, broken, elsewhere])
+    assert [r.case_id for _, r, _ in result.entries[0].collateral] == [broken.case_id]
+
+
+def test_a_fault_at_the_same_moment_is_not_before(tmp_path: Path) -> None:
+    fault = rec(case(80), "error", FAULT, 11.0, worker=3)
+    broken = rec(case(64, 41), "error", BROKEN, 11.0, worker=3)
+    assert run_audit(tmp_path, [fault, broken]).collateral_count == 0
+
+
+def test_faults_at_one_moment_name_the_first_of_them(tmp_path: Path) -> None:
+    """Two faults received at the same moment: the first in the file is named (max over the times alone; records
+    themselves are not ordered)."""
+    one, two = rec(case(80, 40), "error", FAULT, 10.0, worker=3), rec(case(80, 41), "error", FAULT, 10.0, worker=3)
+    lost = rec(case(64), "error", LOST, 12.0)
+    result = run_audit(tmp_path, [one, two, lost])
+    assert [after for _, _, after in result.entries[0].collateral] == [f"{one.case_id} kern"]
+    broken = rec(case(64, 41), "error", BROKEN, 12.0, worker=3)
+    result = run_audit(tmp_path, [one, two, broken], name="broken.jsonl")
+    assert [after for _, _, after in result.entries[0].collateral] == [f"{one.case_id} kern"]
+
+
+def test_a_record_that_is_not_collateral_does_not_end_the_search(tmp_path: Path) -> None:
+    """A record without its time, or naming a previous pair that is no fault, comes first: the records after it
+    are still judged."""
+    fault = rec(case(80), "error", FAULT, 10.0, worker=3)
+    timeless = rec(case(64, 40), "error", LOST, None)
+    not_a_fault = rec(case(64, 41), "error", BROKEN, 11.0, worker=4, context_broken_after=f"{case(64, 44).id} kern")
+    lost = rec(case(64, 42), "error", LOST, 12.0)
+    result = run_audit(tmp_path, [fault, timeless, not_a_fault, lost])
+    assert [r.case_id for _, r, _ in result.entries[0].collateral] == [lost.case_id]
+
+
+def test_a_collateral_record_is_not_also_refused_now(tmp_path: Path) -> None:
+    """torch-flash refuses head dim 20 today; its lost-device record after a fault is collateral, and only that."""
+    text = FAULTS.replace("head_dim = 80", "head_dim = 32")
+    d = tmp_path / "ledgers"
+    d.mkdir()
+    (d / "torch-flash.toml").write_text(text)
+    fault = rec(case(32), "error", FAULT, 10.0, backend="torch-flash")
+    lost = rec(case(20), "error", LOST, 12.0, backend="torch-flash")
+    result = audit(load_ledger_dir(d), [write(tmp_path / "r.jsonl", [fault, lost])], suites=False)
+    assert (result.collateral_count, result.refused_now, result.unexplained_count) == (1, [], 0)

@@ -132,3 +132,17 @@ def test_the_text_and_json_name_the_fix(tmp_path: Path) -> None:
     assert f"kern.toml[0] [harness defect, fixed in 703452a at {FIX}]: explains 1 records" in out.getvalue()
     entries = json.loads(json.dumps(result.to_json()))["entries"]
     assert entries[0]["harness_fix"] == {"commit": "703452a", "date": FIX} and entries[0]["explained"] == 1
+
+
+def test_a_run_begun_at_the_fix_is_after_it(tmp_path: Path) -> None:
+    runs = write(tmp_path / "r.jsonl", [rec(case(80))], FIX)
+    assert audit(ledger(tmp_path), [runs], suites=False).unexplained_count == 1
+
+
+def test_a_kernels_entry_applies_to_every_run(tmp_path: Path) -> None:
+    """``before_fix`` is True for an entry that is no harness defect, whenever (or whether) its run began: a live
+    classification (``explain``) finds it."""
+    kernels = '[[failure]]\nreason = "d80 errors"\nstatuses = ["error"]\n[failure.when]\nhead_dim = 80\n'
+    entry = ledger(tmp_path, kernels).entries[0]
+    assert entry.before_fix(None) and entry.before_fix(AFTER) and entry.before_fix("")
+    assert ledger(tmp_path, kernels).explain(rec(case(80))) is not None
