@@ -118,7 +118,7 @@ class LedgerEntry:
         is missing, unreadable or without its zone: no, so a record of unknown age is never excused)."""
         if self.fixed is None:
             return True
-        when = _aware(started) if started else None
+        when = _aware(started)
         return when is not None and when < self.fixed[1]
 
     @property

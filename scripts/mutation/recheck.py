@@ -32,6 +32,8 @@ FOLDERS = {
         "tests/conformance/engines",
         "--ignore=tests/conformance/engines/test_layout.py",
     ],
+    "conformance.ledger.": ["tests/conformance/ledger"],
+    "conformance.records.": ["tests/conformance/ledger", "tests/conformance/running/test_oom_affinity.py"],
 }
 
 
