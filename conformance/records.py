@@ -268,7 +268,7 @@ class Header:
 
 def is_cuda_oom(record: CheckResult) -> bool:
     """Whether ``record`` is an ``error`` whose reason is a CUDA out-of-memory error (kernel or harness)."""
-    return record.status is Status.ERROR and bool(_CUDA_OOM.search(record.reason or ""))
+    return record.status is Status.ERROR and bool(_CUDA_OOM.search(str(record.reason)))
 
 
 def is_cuda_fault(record: CheckResult) -> bool:
