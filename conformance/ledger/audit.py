@@ -302,17 +302,17 @@ def audit(
             if id(r) in caused:
                 entry, after = caused[id(r)]
                 per_entry[id(entry)].collateral.append((name, r, after))
-        refused = set(caused)
+        set_aside = set(caused)  # collateral, then refused now: neither unlisted nor in a group
         for r in verdict.unexpected:
             if id(r) not in caused and (why := refused_now(r)) is not None:
-                refused.add(id(r))
+                set_aside.add(id(r))
                 out.refused_now.append((name, r, why))
         for r, e in verdict.unlisted:
-            if id(r) not in refused:
+            if id(r) not in set_aside:
                 per_entry[id(e)].unlisted.append((name, r))
         unlisted = {id(r) for r, _ in verdict.unlisted}
         for r in verdict.unexpected:
-            if id(r) in unlisted or id(r) in refused:  # refused: refused now, or collateral
+            if id(r) in unlisted or id(r) in set_aside:
                 continue
             key = (r.backend, signature(r))
             groups.setdefault(key, Group(*key)).records.append((name, r))
@@ -364,11 +364,11 @@ def collateral(
     if not faults:
         return out
     problems = [(at, r) for r in [*(r for r, _ in known), *unexpected] if (at := _at(r)) is not None]
-    named = {f"{r.case_id} {r.backend}": (r, e) for _, r, e in faults.values()}
 
-    def pair(r: CheckResult) -> str:
+    def pair(r: CheckResult) -> str:  # as the runner names a pair in ``extra.context_broken_after``
         return f"{r.case_id} {r.backend}"
 
+    named = {pair(r): e for _, r, e in faults.values()}
     for r in unexpected:
         at = _at(r)
         if at is None:
@@ -383,13 +383,11 @@ def collateral(
             after = r.extra.get("context_broken_after")
             if isinstance(after, str):
                 if after in named:
-                    out[id(r)] = (named[after][1], after)
+                    out[id(r)] = (named[after], after)
                 continue
             worker = r.extra.get("worker")
             earlier = [
-                (a, p)
-                for a, p in problems
-                if a < at and p.extra.get("worker") == worker and p.extra.get("gpu") == gpu and p is not r
+                (a, p) for a, p in problems if a < at and p.extra.get("worker") == worker and p.extra.get("gpu") == gpu
             ]
             if worker is not None and earlier:
                 _, last = max(earlier, key=lambda x: x[0])

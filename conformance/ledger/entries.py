@@ -248,7 +248,7 @@ class Ledger:
             for i, e in entries:
                 if e.matches_view(view, r.case_id):
                     used.add(i)
-                    if e.fixed is None or e.before_fix(started(r) if started is not None else None):
+                    if e.before_fix(started(r) if started is not None else None):
                         matching.append((e, e.version_side(r.version)))
             in_range = [e for e, side in matching if side in ("in", "unknown")]
             if r.status.is_problem:
